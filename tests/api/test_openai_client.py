@@ -1,0 +1,108 @@
+"""The official openai client, unchanged, against a live tokenomy on the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+MODEL = "smollm2-135m-instruct"
+HELLO = [{"role": "user", "content": "Name three colors."}]
+
+
+def test_models_health_and_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    r = httpx.get(server.root + "/health")
+    assert r.status_code == 200 and r.json()["models"][MODEL] is True
+    text = httpx.get(server.root + "/metrics").text
+    for name in ("tokenomy_queue_depth", "tokenomy_engine_running_seqs", "tokenomy_engine_kv_usage_ratio",
+                 "tokenomy_engine_batch_tokens", "tokenomy_engine_prefix_hit_tokens_total",
+                 "tokenomy_engine_preemptions_total", "tokenomy_ttft_seconds", "tokenomy_tpot_seconds",
+                 "tokenomy_e2e_seconds", "tokenomy_tokens_total"):
+        assert name in text, name
+
+
+def test_chat_stream_and_non_stream_agree(client):
+    full = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0)
+    assert full.object == "chat.completion" and full.model == MODEL
+    assert full.choices[0].message.role == "assistant" and full.choices[0].message.content
+    assert full.usage.completion_tokens <= 24 and full.usage.prompt_tokens > 5
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_stream_and_non_stream_agree(client):
+    full = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12,
+                                     temperature=0)
+    assert full.object == "text_completion" and full.choices[0].finish_reason in ("stop", "length")
+    chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+
+
+def test_max_tokens_length_and_stop_strings(client):
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    free = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+    text = free.choices[0].text
+    assert "," in text
+    stop = text.split(",")[1] + ","     # cut at the second comma that the model would write
+    cut = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
+                                    stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
+    assert text.startswith(cut.choices[0].text)
+
+
+def test_seeded_sampling_is_reproducible_and_logprobs_are_reported(client):
+    kw = dict(model=MODEL, messages=HELLO, max_tokens=10, temperature=1.0, top_p=0.9, seed=7)
+    a = client.chat.completions.create(**kw).choices[0].message.content
+    b = client.chat.completions.create(**kw).choices[0].message.content
+    assert a == b
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob
+        assert abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4      # greedy picks the top token
+
+
+def test_prefix_hit_reports_cached_tokens_and_same_text(client):
+    system = "You are a helpful assistant for a bakery. " * 30
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "What do you sell?"}]
+    cold = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+    warm = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+    assert cold.usage.prompt_tokens_details.cached_tokens < cold.usage.prompt_tokens // 2
+    assert warm.usage.prompt_tokens_details.cached_tokens >= warm.usage.prompt_tokens - 1
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+    other = msgs[:1] + [{"role": "user", "content": "Are you open on Sunday?"}]
+    part = client.chat.completions.create(model=MODEL, messages=other, max_tokens=4, temperature=0)
+    assert part.usage.prompt_tokens_details.cached_tokens > 250       # the shared system prompt
+
+
+def test_concurrent_requests_match_their_solo_answers(client):
+    prompts = ["Count from one to five.", "Spell the word cat.", "What is 2+2?", "Say hello in French."]
+    solo = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
+                                           max_tokens=16, temperature=0).choices[0].message.content
+            for p in prompts]
+    out: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        out[i] = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompts[i]}],
+                                                max_tokens=16, temperature=0).choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [out[i] for i in range(len(prompts))] == solo

@@ -1,0 +1,71 @@
+"""Shared fixtures: real servers on loopback ports, real models."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, app: Any, gateway: Any, port: int) -> None:
+        self.app, self.gateway, self.port = app, gateway, port
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.root = f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def live_server(config_data: dict[str, Any] | None = None, config_path: str | None = None) -> Iterator[LiveServer]:
+    from tokenomy.api.app import create_app
+    from tokenomy.config import Config, load_config
+    from tokenomy.gateway import Gateway
+
+    cfg = load_config(config_path) if config_path else Config.model_validate(config_data or {})
+    gateway = Gateway(cfg, config_path)
+    app = create_app(gateway)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield LiveServer(app, gateway, port)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+SMALL_ENGINE = {"n_ctx": 4096, "max_model_len": 2048, "max_running": 8, "max_retired": 8, "max_batch_tokens": 256}
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[LiveServer]:
+    with live_server({"engine": SMALL_ENGINE}) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def client(server: LiveServer) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)

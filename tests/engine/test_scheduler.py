@@ -1,0 +1,70 @@
+from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.scheduler import Scheduler, SchedulerConfig
+from tokenomy.engine.sequence import Sequence, Status
+
+
+class KVLog:
+    """Records the memory operations the scheduler asks llama.cpp for."""
+
+    def __init__(self):
+        self.ops = []
+
+    def copy_prefix(self, src, dst, length):
+        self.ops.append(("cp", src, dst, length))
+
+    def remove(self, slot):
+        self.ops.append(("rm", slot))
+
+
+def seq(tokens, max_tokens=8):
+    return Sequence(prompt=list(tokens), params=SamplingParams(max_tokens=max_tokens), on_event=lambda e: None)
+
+
+def run_plan(s, plan):
+    for q, n in plan:
+        s.committed(q, q.tokens[q.n_kv:q.n_kv + n])
+
+
+def test_chunked_prefill_respects_token_budget_and_decodes_first():
+    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=8), KVLog())
+    a, b = seq(range(20)), seq(range(100, 105))
+    s.waiting.extend([a, b])
+    plan = s.schedule()
+    assert [(q is a, n) for q, n in plan] == [(True, 8)]
+    run_plan(s, plan)
+    plan = s.schedule()
+    assert [(q is a, n) for q, n in plan] == [(True, 8)]
+    run_plan(s, plan)
+    plan = s.schedule()                            # a finishes its prompt (4), b gets the remaining 4
+    assert [(q is a, n) for q, n in plan] == [(True, 4), (False, 4)]
+
+
+def test_prefix_hit_copies_kv_and_skips_prefill():
+    kv = KVLog()
+    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=64), kv)
+    a = seq([1, 2, 3, 4, 5, 6, 7, 8])
+    s.waiting.append(a)
+    run_plan(s, s.schedule())
+    s.finish(a)                                    # retired: its KV stays as a prefix
+    b = seq([1, 2, 3, 4, 5, 6, 9, 9])
+    s.waiting.append(b)
+    plan = s.schedule()
+    assert plan == [(b, 2)] and b.cached_tokens == 6 and b.n_kv == 6
+    assert ("cp", a_slot := kv.ops[-1][1], b.slot, 6) == kv.ops[-1] and a_slot != b.slot
+
+
+def test_kv_exhaustion_evicts_retired_then_preempts_newest_and_requeues_it():
+    kv = KVLog()
+    s = Scheduler(SchedulerConfig(n_ctx=10, n_slots=4, max_batch_tokens=64, prefix_caching=False), kv)
+    a, b = seq([1, 2, 3, 4]), seq([5, 6, 7, 8])
+    s.waiting.extend([a, b])
+    run_plan(s, s.schedule())
+    a.output.append(10)
+    b.output.append(11)
+    run_plan(s, s.schedule())                      # 10 cells used now
+    a.output.append(12)
+    b.output.append(13)
+    plan = s.schedule()                            # a needs a cell: b (newest) is preempted
+    assert plan == [(a, 1)]
+    assert b.status is Status.WAITING and s.waiting[0] is b and b.n_kv == 0 and s.preemptions == 1
+    assert ("rm", 1) in kv.ops or ("rm", 0) in kv.ops

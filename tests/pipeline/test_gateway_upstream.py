@@ -1,0 +1,150 @@
+"""The gateway in front of real upstream processes: routing, streaming passthrough, fallbacks, cool-downs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from tests.conftest import SMALL_ENGINE, free_port, live_server
+from tests.upstream_stub import Stub
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MSG = [{"role": "user", "content": "Say hi."}]
+
+
+def start_tokenomy(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("upstream tokenomy did not start")
+
+
+class StubServer:
+    def __init__(self, stub: Stub) -> None:
+        self.stub, self.port = stub, free_port()
+        self.server = uvicorn.Server(uvicorn.Config(stub, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> StubServer:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def gateway_config(upstream_port: int, **remote: object) -> dict:
+    return {
+        "engine": SMALL_ENGINE,
+        "models": [
+            {"name": "remote", "backend": "openai", "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+             "model": "smollm2-135m-instruct", "tokenizer": "smollm2-135m-instruct", "max_retries": 0,
+             "timeout_s": 30, **remote},
+            {"name": "local", "backend": "embedded", "gguf": "smollm2-135m-instruct"},
+        ],
+        "routes": {"chat": {"strategy": "fixed", "models": ["remote", "local"]}},
+        "cooldown": {"failures": 2, "window_s": 60, "cooldown_s": 60},
+    }
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    port = free_port()
+    proc = start_tokenomy(port)
+    yield proc, port
+    proc.kill()
+
+
+def test_routes_to_upstream_streams_then_falls_back_when_it_dies(upstream):
+    proc, port = upstream
+    with live_server(gateway_config(port)) as gw:
+        c = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+        raw = c.chat.completions.with_raw_response.create(model="chat", messages=MSG, max_tokens=8, temperature=0)
+        r = raw.parse()
+        assert r.model == "remote" and raw.headers["x-tokenomy-route"].startswith("remote")
+        assert raw.headers["x-tokenomy-request-id"].startswith("req_")
+        direct = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x").chat.completions.create(
+            model="smollm2-135m-instruct", messages=MSG, max_tokens=8, temperature=0)
+        assert r.choices[0].message.content == direct.choices[0].message.content
+        assert r.usage.prompt_tokens == direct.usage.prompt_tokens
+        chunks = list(c.chat.completions.create(model="chat", messages=MSG, max_tokens=8, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
+        assert "".join(x.choices[0].delta.content or "" for x in chunks if x.choices) == r.choices[0].message.content
+        assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+
+        proc.kill()
+        proc.wait()
+        for stream in (False, True):
+            raw = c.chat.completions.with_raw_response.create(model="chat", messages=MSG, max_tokens=8,
+                                                              temperature=0, stream=stream)
+            assert "local" in raw.headers["x-tokenomy-route"]
+            if stream:
+                body = raw.parse()
+                text = "".join(x.choices[0].delta.content or "" for x in body if x.choices)
+            else:
+                text = raw.parse().choices[0].message.content
+            assert text == r.choices[0].message.content          # same model, same greedy answer
+        # after two failures the dead upstream is cooled down and skipped without a connection attempt
+        assert gw.gateway.registry.cooling("remote")
+        # a pinned dead model has no fallback: 503 in OpenAI's error format
+        resp = httpx.post(gw.base_url + "/chat/completions", json={"model": "remote", "messages": MSG})
+        assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_backend"
+
+
+def test_failure_mid_stream_ends_with_an_error_event_not_a_silent_cut():
+    with StubServer(Stub(stall_after=2)) as stub, live_server(gateway_config(stub.port, timeout_s=1.5)) as gw:
+        body = {"model": "chat", "messages": MSG, "stream": True}
+        with httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert any('"content":"Hello"' in x for x in lines)
+        assert '"error"' in lines[-1] and "mid-stream" in lines[-1]
+        assert "data: [DONE]" not in lines[:-1]
+
+
+def test_slow_upstream_times_out_and_falls_back():
+    with StubServer(Stub(delay=5)) as stub, live_server(gateway_config(stub.port, timeout_s=0.5)) as gw:
+        t0 = time.time()
+        r = httpx.post(gw.base_url + "/chat/completions", json={"model": "chat", "messages": MSG,
+                                                                 "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "local"
+        assert time.time() - t0 < 5
+        assert stub.stub.hits == 1
+
+
+def test_upstream_429_is_retried_then_falls_back():
+    stub = Stub(fail_status=429, fail_times=100)
+    with StubServer(stub) as s, live_server(gateway_config(s.port, max_retries=2)) as gw:
+        r = httpx.post(gw.base_url + "/chat/completions", json={"model": "chat", "messages": MSG,
+                                                                 "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == "local"
+        assert stub.hits == 3                                   # one try + two retries
+        metrics = httpx.get(gw.root + "/metrics").text
+        assert 'tokenomy_upstream_errors_total{backend="remote",kind="429"} 3.0' in metrics
+
+
+def test_upstream_without_usage_is_counted_and_marked():
+    with StubServer(Stub(no_usage=True)) as s, live_server(gateway_config(s.port)) as gw:
+        r = httpx.post(gw.base_url + "/chat/completions", json={"model": "remote", "messages": MSG}, timeout=60)
+        assert r.status_code == 200
+        u = r.json()["usage"]
+        assert u["completion_tokens"] > 0 and u["prompt_tokens"] > 0
+        assert r.headers.get("x-tokenomy-usage") == "counted"

@@ -1,0 +1,66 @@
+"""The one YAML file: defaults, field-naming errors, and no code execution."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from tokenomy.cli import app
+from tokenomy.config import Config, ConfigError, load_config
+
+
+def test_no_file_runs_the_embedded_default():
+    cfg = load_config(None)
+    assert [m.name for m in cfg.models] == ["smollm2-135m-instruct"]
+    assert cfg.models[0].backend == "embedded" and cfg.models[0].price.notional
+
+
+def test_errors_name_the_bad_field(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("models:\n  - name: a\n    backend: embedded\n    gguf: smollm2-135m-instruct\n"
+                 "    price: {input: -1}\nroutes:\n  r: {models: [a, ghost]}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "models.0.price.input" in str(e.value)
+    p.write_text("models:\n  - {name: a, gguf: smollm2-135m-instruct}\nroutes:\n  r: {models: [a, ghost]}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert "ghost" in str(e.value)
+    p.write_text("server: {port: 99999}\n")
+    with pytest.raises(ConfigError, match="server.port"):
+        load_config(p)
+    p.write_text("modles: []\n")
+    with pytest.raises(ConfigError, match="modles"):
+        load_config(p)
+
+
+def test_python_object_tags_are_rejected_not_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    p = tmp_path / "evil.yaml"
+    p.write_text(f"models: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ConfigError, match="tag"):
+        load_config(p)
+    assert not marker.exists()
+
+
+def test_config_check_command(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("models:\n  - {name: up, backend: openai, base_url: 'http://127.0.0.1:1/v1', "
+                    "api_key_env: UP_KEY}\n")
+    r = CliRunner().invoke(app, ["config", "check", str(good)])
+    assert r.exit_code == 0 and "ok" in r.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  - {name: up, backend: openai}\n")
+    r = CliRunner().invoke(app, ["config", "check", str(bad)])
+    assert r.exit_code == 1 and "base_url" in r.output
+
+
+def test_upstream_keys_come_from_the_environment_and_never_show(monkeypatch):
+    monkeypatch.setenv("UP_KEY", "sk-secret-123")
+    cfg = Config.model_validate({"models": [{"name": "up", "backend": "openai", "base_url": "http://127.0.0.1:1/v1",
+                                             "api_key_env": "UP_KEY"}]})
+    from tokenomy.backends.openai import OpenAIBackend
+
+    b = OpenAIBackend(cfg.models[0])
+    assert b.client.headers["authorization"] == "Bearer sk-secret-123"
+    assert "sk-secret" not in repr(b) and "sk-secret" not in str(cfg.model_dump())

@@ -1,0 +1,3 @@
+"""tokenomy: serve LLMs so the same hardware yields more useful tokens."""
+
+__version__ = "0.1.0"

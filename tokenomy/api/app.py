@@ -1,0 +1,179 @@
+"""The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tokenomy.api.errors import (
+    api_error_handler,
+    error_response,
+    http_error_handler,
+    unhandled_handler,
+    validation_handler,
+)
+from tokenomy.api.schemas import ChatCompletionRequest, CompletionRequest
+from tokenomy.api.wire import ChunkWriter, chat_body, completion_body
+from tokenomy.backends.base import GenRequest
+from tokenomy.errors import APIError
+from tokenomy.gateway import Gateway
+from tokenomy.pipeline.request import RequestContext
+
+
+def create_app(gateway: Gateway) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await gateway.close()
+
+    app = FastAPI(title="tokenomy", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = gateway
+    app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(Exception, unhandled_handler)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest, gateway.config.server.max_body_bytes)
+        assert isinstance(body, ChatCompletionRequest)
+        gen = GenRequest(model=body.model, kind="chat", messages=[m.plain() for m in body.messages],
+                         params=body.sampling(), tools=body.tools, tool_choice=body.tool_choice,
+                         response_format=body.response_format)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await _serve(request, gateway, gen, body.stream, include_usage)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest, gateway.config.server.max_body_bytes)
+        assert isinstance(body, CompletionRequest)
+        if body.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        gen = GenRequest(model=body.model, kind="completion", prompt=body.text, params=body.sampling())
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return await _serve(request, gateway, gen, body.stream, include_usage,
+                            echo=body.text if body.echo else "")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy"}
+            for name in gateway.model_names()]}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id not in gateway.model_names():
+            raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy"}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        states = {n: await b.health() for n, b in gateway.registry.backends.items()}
+        ok = any(states.values())
+        return JSONResponse({"status": "ok" if ok else "unavailable", "models": states},
+                            status_code=200 if ok else 503)
+
+    @app.get("/admin/keys")
+    async def admin_keys(request: Request) -> dict[str, Any]:
+        gateway.keyring.admin(request.headers.get("authorization"))
+        return {"object": "list", "data": [
+            {"key_id": k.key_id, "name": k.name, "tenant": k.tenant, "admin": k.admin, "rpm": k.rpm, "tpm": k.tpm}
+            for k in gateway.keyring.by_hash.values()]}
+
+    @app.post("/admin/reload")
+    async def admin_reload(request: Request) -> dict[str, Any]:
+        gateway.keyring.admin(request.headers.get("authorization"))
+        return gateway.reload()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
+    raw = await request.body()
+    if len(raw) > limit:
+        raise APIError(413, f"Request body is {len(raw)} bytes; the limit is {limit}.", code="body_too_large")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
+                       f"column {e.colno}.", code="invalid_json") from e
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from e
+
+
+def _headers(ctx: RequestContext) -> dict[str, str]:
+    h = {"x-tokenomy-request-id": ctx.request_id, "x-tokenomy-cache": ctx.cache}
+    if ctx.model:
+        h["x-tokenomy-route"] = f"{ctx.model}; {ctx.route_reason}"
+    if ctx.usage is not None and ctx.usage.counted:
+        h["x-tokenomy-usage"] = "counted"
+    h.update(ctx.response_headers)
+    return h
+
+
+async def _serve(request: Request, gateway: Gateway, gen: GenRequest, stream: bool, include_usage: bool,
+                 echo: str = "") -> Response:
+    ctx = RequestContext(gen=gen, stream=stream, headers={k.lower(): v for k, v in request.headers.items()})
+    task = asyncio.ensure_future(gateway.handle(ctx))
+    watcher = asyncio.ensure_future(_disconnected(request))
+    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task not in done:            # the client left before the answer was ready: stop generating
+        task.cancel()
+        try:
+            await task
+        except BaseException:
+            pass
+        return Response(status_code=499)
+    watcher.cancel()
+    try:
+        task.result()
+    except APIError as e:
+        e.headers = {**_headers(ctx), **e.headers}
+        return error_response(e)
+    if not stream:
+        body = chat_body(ctx) if gen.kind == "chat" else completion_body(ctx, echo)
+        return JSONResponse(body, headers=_headers(ctx))
+    assert ctx.deltas is not None
+    writer = ChunkWriter(ctx, include_usage, echo)
+
+    async def events() -> AsyncIterator[bytes]:
+        deltas = ctx.deltas
+        assert deltas is not None
+        try:
+            async for d in deltas:
+                for chunk in writer.chunks(d):
+                    yield chunk
+            yield writer.done()
+        finally:
+            await deltas.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={**_headers(ctx), "cache-control": "no-cache"})
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,157 @@
+"""OpenAI request bodies. Unknown fields are ignored (as vLLM does), known ones are type-checked."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content(self) -> ChatMessage:
+        if isinstance(self.content, list):
+            texts = []
+            for part in self.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part of type {part.get('type')!r} is not supported; "
+                                     "only text parts are")
+                texts.append(part["text"])
+            self.content = "".join(texts)
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        return self
+
+    def plain(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                             "content": self.content or ""}
+        if self.name:
+            d["name"] = self.name
+        if self.tool_calls:
+            d["tool_calls"] = self.tool_calls
+        if self.tool_call_id:
+            d["tool_call_id"] = self.tool_call_id
+        return d
+
+
+class _Sampling(_Body):
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    user: str | None = None
+    # vLLM-style extras (ride in extra_body)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    ignore_eos: bool | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > 4:
+            raise ValueError("at most 4 stop sequences are allowed")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k, b in (v or {}).items():
+            if not k.lstrip("-").isdigit() or int(k) < 0:
+                raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
+            if not -100 <= b <= 100:
+                raise ValueError("logit_bias values must be between -100 and 100")
+        return v
+
+    def sampling(self) -> dict[str, Any]:
+        keys = ("max_tokens", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty",
+                "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _chat(self) -> ChatCompletionRequest:
+        if self.max_completion_tokens is not None and self.max_tokens is None:
+            self.max_tokens = self.max_completion_tokens
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    def sampling(self) -> dict[str, Any]:
+        d = super().sampling()
+        if self.logprobs:
+            d["logprobs"] = True
+            d["top_logprobs"] = self.top_logprobs or 0
+        return d
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(v, list):
+            if len(v) != 1 or not isinstance(v[0], str):
+                raise ValueError("prompt must be a string (batched or token-id prompts are not supported)")
+        return v
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else str(self.prompt[0])
+
+    def sampling(self) -> dict[str, Any]:
+        d = super().sampling()
+        if d.get("max_tokens") is None:
+            d["max_tokens"] = 16        # OpenAI's legacy default
+        if self.logprobs is not None:
+            d["logprobs"] = True
+            d["top_logprobs"] = self.logprobs
+        return d

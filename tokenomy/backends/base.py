@@ -1,0 +1,103 @@
+"""The backend protocol: what the pipeline's generate stage needs from any model server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class GenRequest:
+    """One generation, already validated. `messages` for chat, `prompt` for completions."""
+
+    model: str
+    kind: str = "chat"                                  # chat | completion
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)   # OpenAI sampling fields, normalised
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    request_id: str = ""
+
+
+@dataclass
+class Delta:
+    """A piece of a streamed answer. The last one carries finish_reason and usage."""
+
+    text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] | None = None      # OpenAI delta tool_calls, passed through
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    counted: bool = False        # True when we counted because the upstream sent no usage
+    queue_s: float = 0.0
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    mean_logprob: float | None = None
+    min_logprob: float | None = None
+
+
+@dataclass
+class TokenCount:
+    tokens: int
+    exact: bool                  # False: an estimate, and callers say so
+
+
+class BackendError(Exception):
+    """A backend could not serve. `retryable`: another deployment may succeed (5xx, timeouts, 429)."""
+
+    def __init__(self, message: str, status: int = 502, retryable: bool = True,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class InvalidRequest(ValueError):
+    """Bad input detected by the backend (e.g. the prompt is longer than the context window)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class Overloaded(RuntimeError):
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Backend(Protocol):
+    name: str
+
+    def stream(self, req: GenRequest) -> AsyncIterator[Delta]: ...
+
+    def count_tokens(self, req: GenRequest) -> TokenCount: ...
+
+    async def health(self) -> bool: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+async def collect(stream: AsyncIterator[Delta]) -> tuple[str, list[Delta]]:
+    """Run a stream to its end: the full text and all deltas (the last one carries usage)."""
+    parts: list[str] = []
+    deltas: list[Delta] = []
+    async for d in stream:
+        parts.append(d.text)
+        deltas.append(d)
+    return "".join(parts), deltas

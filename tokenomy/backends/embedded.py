@@ -1,0 +1,125 @@
+"""The embedded backend: requests run on tokenomy's own engine in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Overloaded, TokenCount, Usage
+from tokenomy.engine.engine import Engine, EngineConfig, QueueFull
+from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.sequence import TokenEvent
+from tokenomy.engine.tokenizer import TemplateError
+
+
+def sampling_params(params: dict[str, Any], default_max: int) -> SamplingParams:
+    stop = params.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    temperature = params.get("temperature")
+    return SamplingParams(
+        max_tokens=params.get("max_tokens") or default_max,
+        temperature=1.0 if temperature is None else float(temperature),
+        top_p=1.0 if params.get("top_p") is None else float(params["top_p"]),
+        top_k=int(params.get("top_k") or 0),
+        min_p=float(params.get("min_p") or 0.0),
+        seed=params.get("seed"),
+        presence_penalty=float(params.get("presence_penalty") or 0.0),
+        frequency_penalty=float(params.get("frequency_penalty") or 0.0),
+        repetition_penalty=float(params.get("repetition_penalty") or 1.0),
+        stop=list(stop),
+        logprobs=bool(params.get("logprobs")),
+        top_logprobs=int(params.get("top_logprobs") or 0),
+        logit_bias={int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()},
+        ignore_eos=bool(params.get("ignore_eos")),
+    )
+
+
+class EmbeddedBackend:
+    def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None) -> None:
+        self.name = name
+        self.path = gguf_path
+        self.engine = Engine(gguf_path, cfg, name=name).start()
+
+    # ---- prompt ----------------------------------------------------------------------------------------
+    def prompt_tokens(self, req: GenRequest) -> list[int]:
+        tok = self.engine.tokenizer
+        if req.kind == "chat":
+            try:
+                return tok.encode_chat(req.messages or [], req.tools)
+            except TemplateError as e:
+                raise InvalidRequest(str(e), param="messages") from e
+        return tok.encode(req.prompt or "")
+
+    def count_tokens(self, req: GenRequest) -> TokenCount:
+        return TokenCount(len(self.prompt_tokens(req)), exact=True)
+
+    def _check_length(self, prompt: list[int], params: dict[str, Any]) -> int:
+        limit = self.engine.max_model_len
+        if len(prompt) >= limit:
+            raise InvalidRequest(
+                f"This model's maximum context length is {limit} tokens. However, your prompt is "
+                f"{len(prompt)} tokens long.", param="messages", code="context_length_exceeded")
+        max_tokens = params.get("max_tokens")
+        if max_tokens is not None and len(prompt) + max_tokens > limit:
+            raise InvalidRequest(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} for the "
+                f"completion). Please reduce the prompt or max_tokens.", param="max_tokens",
+                code="context_length_exceeded")
+        return limit - len(prompt)
+
+    # ---- generation ------------------------------------------------------------------------------------
+    async def stream(self, req: GenRequest, constraint: Any = None) -> AsyncIterator[Delta]:
+        t0 = time.perf_counter()
+        prompt = self.prompt_tokens(req)
+        room = self._check_length(prompt, req.params)
+        try:
+            sp = sampling_params(req.params, default_max=room)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from e
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def on_event(ev: TokenEvent) -> None:   # called on the engine thread
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+        try:
+            seq = self.engine.submit(prompt, sp, on_event, constraint=constraint)
+        except QueueFull as e:
+            raise Overloaded(str(e), retry_after=1.0) from e
+        finished = False
+        try:
+            while True:
+                ev = await queue.get()
+                if ev.finish_reason is None:
+                    yield Delta(text=ev.text, logprobs=ev.logprobs)
+                    continue
+                finished = True
+                if ev.finish_reason == "error":
+                    raise BackendError(f"engine error: {ev.error}", status=500, retryable=True)
+                n = max(len(seq.output), 1)
+                usage = Usage(
+                    prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
+                    cached_tokens=ev.cached_tokens,
+                    queue_s=(seq.first_scheduled or t0) - seq.arrival,
+                    ttft_s=(seq.first_token - seq.arrival) if seq.first_token else None,
+                    e2e_s=time.perf_counter() - t0,
+                    mean_logprob=seq.sum_logprob / n, min_logprob=seq.min_logprob,
+                )
+                yield Delta(text=ev.text, logprobs=ev.logprobs, finish_reason=ev.finish_reason, usage=usage)
+                return
+        finally:
+            if not finished:       # the consumer went away (client disconnect): free the sequence
+                self.engine.cancel(seq)
+
+    async def health(self) -> bool:
+        return self.engine._thread is not None and self.engine._thread.is_alive()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "embedded", "path": self.path, "max_model_len": self.engine.max_model_len}
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.engine.stop)

@@ -1,0 +1,205 @@
+"""An OpenAI-compatible upstream (vLLM, SGLang, llama.cpp server, OpenAI) over httpx.
+
+Connection pooling, streaming passthrough, connect/read timeouts, bounded retries with exponential backoff on
+429 / 5xx / connection errors (only before the first byte of an answer), upstream `usage` parsed; when an upstream
+sends no usage we count tokens ourselves and mark the usage `counted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, TokenCount, Usage
+from tokenomy.context.tokens import TokenCounter
+
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class OpenAIBackend:
+    def __init__(self, spec: Any, metrics: Any = None, counter: TokenCounter | None = None) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.metrics = metrics
+        self.base_url = spec.base_url.rstrip("/")
+        key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers,
+            timeout=httpx.Timeout(spec.timeout_s, connect=spec.connect_timeout_s),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+        self.counter = counter or TokenCounter.for_model(spec.model or spec.name, spec.tokenizer)
+
+    def __repr__(self) -> str:          # never print the key
+        return f"OpenAIBackend({self.name!r}, {self.base_url!r})"
+
+    def count_tokens(self, req: GenRequest) -> TokenCount:
+        return self.counter.count_request(req)
+
+    def _body(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
+        p = dict(req.params)
+        body: dict[str, Any] = {"model": self.spec.model, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if req.kind == "chat":
+            body["messages"] = req.messages
+            if p.pop("logprobs", None):
+                body["logprobs"] = True
+                body["top_logprobs"] = p.pop("top_logprobs", 0)
+            for k in ("tools", "tool_choice", "response_format"):
+                if getattr(req, k) is not None:
+                    body[k] = getattr(req, k)
+            path = "/chat/completions"
+        else:
+            body["prompt"] = req.prompt
+            if p.pop("logprobs", None):
+                body["logprobs"] = p.pop("top_logprobs", 0)
+            path = "/completions"
+        p.pop("top_logprobs", None)
+        body.update(p)
+        return path, body
+
+    async def _open(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """Send with bounded retries; returns an open streaming response with a 200 status."""
+        attempt, delay = 0, 0.2
+        while True:
+            t0 = time.perf_counter()
+            try:
+                resp = await self.client.send(self.client.build_request("POST", path, json=body), stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError,
+                    httpx.ReadError, httpx.WriteError, httpx.PoolTimeout) as e:
+                self._count_error(type(e).__name__)
+                if attempt >= self.spec.max_retries:
+                    raise BackendError(f"{self.name} unreachable: {type(e).__name__}: {e}", status=502) from e
+            else:
+                self._observe(time.perf_counter() - t0)
+                if resp.status_code == 200:
+                    return resp
+                text = (await resp.aread()).decode("utf-8", errors="replace")[:500]
+                await resp.aclose()
+                self._count_error(str(resp.status_code))
+                if resp.status_code not in RETRY_STATUS:
+                    if 400 <= resp.status_code < 500:
+                        raise InvalidRequest(f"upstream {self.name} refused the request: {_message(text)}")
+                    raise BackendError(f"{self.name} answered {resp.status_code}: {_message(text)}", status=502)
+                if attempt >= self.spec.max_retries:
+                    raise BackendError(f"{self.name} answered {resp.status_code} after {attempt + 1} tries: "
+                                       f"{_message(text)}", status=502)
+                retry_after = resp.headers.get("retry-after")
+                if retry_after and retry_after.replace(".", "", 1).isdigit():
+                    delay = min(float(retry_after), 5.0)
+            attempt += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def stream(self, req: GenRequest, **_: Any) -> AsyncIterator[Delta]:
+        t0 = time.perf_counter()
+        path, body = self._body(req)
+        resp = await self._open(path, body)
+        usage: Usage | None = None
+        finish: str | None = None
+        ttft: float | None = None
+        text_parts: list[str] = []
+        n_chunks = 0
+        sum_lp, min_lp, n_lp = 0.0, 0.0, 0
+        try:
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except json.JSONDecodeError as e:
+                    raise BackendError(f"{self.name} sent a malformed stream chunk") from e
+                if "error" in chunk:
+                    raise BackendError(f"{self.name} stream error: {_message(json.dumps(chunk))}", status=502)
+                if chunk.get("usage"):
+                    u = chunk["usage"]
+                    details = u.get("prompt_tokens_details") or {}
+                    usage = Usage(prompt_tokens=u.get("prompt_tokens", 0),
+                                  completion_tokens=u.get("completion_tokens", 0),
+                                  cached_tokens=(details or {}).get("cached_tokens") or 0)
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") if req.kind == "chat" else None
+                    text = (delta or {}).get("content") if delta is not None else choice.get("text")
+                    tool_calls = (delta or {}).get("tool_calls")
+                    lps = _logprobs(choice.get("logprobs"), req.kind)
+                    for e in lps:
+                        lp = e.get("logprob")
+                        if isinstance(lp, (int, float)):
+                            sum_lp, min_lp, n_lp = sum_lp + lp, min(min_lp, lp), n_lp + 1
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                    if text or tool_calls or lps:
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        text_parts.append(text or "")
+                        n_chunks += 1
+                        yield Delta(text=text or "", logprobs=lps, tool_calls=tool_calls)
+        except httpx.HTTPError as e:
+            self._count_error(type(e).__name__)
+            raise BackendError(f"{self.name} connection lost mid-answer: {type(e).__name__}") from e
+        finally:
+            await resp.aclose()
+        if finish is None:
+            raise BackendError(f"{self.name} ended the stream without a finish_reason", status=502)
+        if usage is None:
+            completion = self.counter.count_text("".join(text_parts)).tokens if text_parts else 0
+            usage = Usage(prompt_tokens=self.counter.count_request(req).tokens, completion_tokens=completion,
+                          counted=True)
+        usage.e2e_s = time.perf_counter() - t0
+        usage.ttft_s = ttft
+        if n_lp:
+            usage.mean_logprob, usage.min_logprob = sum_lp / n_lp, min_lp
+        yield Delta(finish_reason=finish, usage=usage)
+
+    async def health(self) -> bool:
+        try:
+            r = await self.client.get("/models", timeout=2.0)
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "openai", "base_url": self.base_url, "model": self.spec.model}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def _observe(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.upstream_latency.labels(self.name).observe(seconds)
+
+    def _count_error(self, kind: str) -> None:
+        if self.metrics is not None:
+            self.metrics.upstream_errors.labels(self.name, kind).inc()
+
+
+def _message(text: str) -> str:
+    try:
+        obj = json.loads(text)
+        err = obj.get("error", obj)
+        return str(err.get("message", err)) if isinstance(err, dict) else str(err)
+    except (json.JSONDecodeError, AttributeError):
+        return text.strip()[:300]
+
+
+def _logprobs(lp: Any, kind: str) -> list[dict[str, Any]]:
+    if not lp:
+        return []
+    if kind == "chat":
+        return list(lp.get("content") or [])
+    out = []
+    for tok, val, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [],
+                             lp.get("top_logprobs") or [], strict=False):
+        out.append({"token": tok, "logprob": val,
+                    "top_logprobs": [{"token": t, "logprob": v} for t, v in (top or {}).items()]})
+    return out

@@ -1,0 +1,47 @@
+"""The `tokenomy` command: serve, plan, router, config, report, bench."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tokenomy.plan.command import plan
+from tokenomy.router.command import app as router_app
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app.command("plan")(plan)
+app.add_typer(router_app, name="router", help="Train, calibrate and evaluate a learned router.")
+
+
+@app.command()
+def serve(
+    host: str | None = typer.Option(None, help="Address to bind (default 127.0.0.1, or the config's)."),
+    port: int | None = typer.Option(None, help="Port to bind (default 8000, or the config's)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (optional)."),
+) -> None:
+    """Start the OpenAI-compatible server on the embedded default model (or the models in --config)."""
+    from tokenomy.api.server import run
+
+    run(host=host, port=port, config_path=config)
+
+
+config_app = typer.Typer(no_args_is_help=True, help="Check configuration files.")
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("check")
+def config_check(path: Path = typer.Argument(..., help="YAML config file")) -> None:
+    """Validate a config file without starting anything; exit 1 with the bad fields named."""
+    from tokenomy.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{path}: ok ({len(cfg.models)} models, {len(cfg.routes)} routes, {len(cfg.keys)} keys)")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,159 @@
+"""The one YAML file, validated by pydantic. Every option has a default, so no file at all runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tokenomy.models import DEFAULT_MODEL, PACKAGED
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Price(_Strict):
+    """USD per 1M tokens."""
+
+    input: float = Field(0.0, ge=0)
+    cached_input: float = Field(0.0, ge=0)
+    output: float = Field(0.0, ge=0)
+    notional: bool = False      # a made-up price for a packaged model; reports say so
+
+
+class EngineSettings(_Strict):
+    n_ctx: int = Field(16384, ge=256, description="KV cells shared by all sequences of a model")
+    max_model_len: int = Field(8192, ge=64)
+    max_running: int = Field(16, ge=1, le=128)
+    max_retired: int = Field(32, ge=0, le=128, description="finished sequences kept as reusable prefixes")
+    max_batch_tokens: int = Field(512, ge=16, description="tokens per llama_decode step (chunked prefill)")
+    max_waiting: int = Field(256, ge=1)
+    n_threads: int = Field(0, ge=0, description="0 = all cores")
+    kv_type: Literal["f16", "q8_0", "q4_0"] = "f16"
+    prefix_caching: bool = True
+
+
+class ModelSpec(_Strict):
+    name: str
+    backend: Literal["embedded", "openai"] = "embedded"
+    gguf: str | None = None                      # embedded: packaged name or path
+    base_url: str | None = None                  # openai: http://host:port/v1
+    model: str | None = None                     # openai: the upstream's model name
+    api_key_env: str | None = None               # openai: env var holding the upstream key (never the key)
+    tokenizer: str | None = None                 # a tiktoken encoding or a packaged model name to count with
+    price: Price | None = None
+    engine: EngineSettings | None = None         # per-model engine overrides
+    timeout_s: float = Field(60.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0)
+    max_retries: int = Field(2, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.backend == "embedded":
+            self.gguf = self.gguf or (self.name if self.name in PACKAGED else None)
+            if not self.gguf:
+                raise ValueError(f"model {self.name!r}: embedded models need `gguf` (a packaged model or a path)")
+            if self.price is None and self.gguf in PACKAGED:
+                p = PACKAGED[self.gguf]
+                self.price = Price(input=p.price_input, cached_input=p.price_cached_input,
+                                   output=p.price_output, notional=True)
+        else:
+            if not self.base_url:
+                raise ValueError(f"model {self.name!r}: openai backends need `base_url`")
+            self.model = self.model or self.name
+        self.price = self.price or Price()
+        return self
+
+
+class RouteSpec(_Strict):
+    strategy: Literal["fixed"] = "fixed"
+    models: list[str]
+    context_budget: int | None = Field(None, ge=1)
+    enforce: bool = False
+
+
+class CooldownSettings(_Strict):
+    failures: int = Field(3, ge=1, description="failures within window_s that cool a deployment down")
+    window_s: float = Field(60.0, gt=0)
+    cooldown_s: float = Field(30.0, gt=0)
+
+
+class KeySpec(_Strict):
+    key: str | None = None                       # plain key (hashed at load) ...
+    key_sha256: str | None = None                # ... or its sha256 hex
+    name: str = "key"
+    tenant: str = "default"
+    admin: bool = False
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> KeySpec:
+        if bool(self.key) == bool(self.key_sha256):
+            raise ValueError(f"key {self.name!r}: give exactly one of `key` or `key_sha256`")
+        return self
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(4 << 20, ge=1024)
+
+
+class Config(_Strict):
+    server: ServerSettings = ServerSettings()
+    engine: EngineSettings = EngineSettings()
+    models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec(name=DEFAULT_MODEL)])
+    routes: dict[str, RouteSpec] = Field(default_factory=dict)
+    cooldown: CooldownSettings = CooldownSettings()
+    keys: list[KeySpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _refs(self) -> Config:
+        names = [m.name for m in self.models]
+        if not names:
+            raise ValueError("models: at least one model is needed")
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"models: duplicate names {sorted(dup)}")
+        for rname, r in self.routes.items():
+            if rname in names:
+                raise ValueError(f"routes.{rname}: a route may not share a model's name")
+            missing = [m for m in r.models if m not in names]
+            if missing:
+                raise ValueError(f"routes.{rname}.models: unknown models {missing}; known: {names}")
+        return self
+
+    def model(self, name: str) -> ModelSpec:
+        return next(m for m in self.models if m.name == name)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read and validate the YAML file (safe_load only: no tags execute). None -> defaults."""
+    if path is None:
+        return Config()
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e}") from e
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML (or uses a tag that is not allowed): {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            lines.append(f"  {loc}: {err['msg']}")
+        raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(lines)) from e

@@ -1,0 +1,141 @@
+"""Automatic prefix caching: a radix tree over the token runs whose KV is resident in llama.cpp's unified cache.
+
+Each node is one physical run of KV cells (a span of positions holding those tokens). A llama.cpp sequence slot
+owns a root-to-node path; `llama_memory_seq_cp(src, dst, 0, L)` makes `dst` share the cells of `src`'s first L
+positions without copying, so two slots share exactly the nodes on their common path. A node's cells are freed
+when no slot's path passes through it, which is when llama.cpp frees the cells too. Hence
+
+    used_cells = sum(len(node.tokens) for every live node)
+
+Slots that finished but still hold their KV are *retired*: they stay matchable until evicted, least recently used
+first, when cells or slot ids are needed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Node:
+    tokens: list[int]
+    parent: Node | None
+    start: int                                   # position of tokens[0]
+    children: list[Node] = field(default_factory=list)
+    slots: set[int] = field(default_factory=set)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def _common(a: list[int], b: list[int], b_off: int) -> int:
+    n = min(len(a), len(b) - b_off)
+    i = 0
+    while i < n and a[i] == b[b_off + i]:
+        i += 1
+    return i
+
+
+class PrefixCache:
+    def __init__(self) -> None:
+        self.root = Node(tokens=[], parent=None, start=0)
+        self.paths: dict[int, list[Node]] = {}   # slot -> nodes root..leaf (root excluded)
+        self.retired: dict[int, float] = {}      # slot -> last use, for LRU eviction
+        self.used_cells = 0
+
+    # ---- lookup -------------------------------------------------------------------------------------
+    def match(self, tokens: list[int]) -> tuple[int, int | None]:
+        """Longest resident prefix of `tokens`: (length, a slot holding it) or (0, None)."""
+        node, depth, holder = self.root, 0, None
+        while True:
+            best, best_len = None, 0
+            for child in node.children:
+                n = _common(child.tokens, tokens, depth)
+                if n > best_len:
+                    best, best_len = child, n
+            if best is None:
+                return depth, holder
+            holder = next(iter(best.slots))
+            depth += best_len
+            if best_len < len(best.tokens):
+                return depth, holder
+            node = best
+
+    # ---- slot lifecycle ------------------------------------------------------------------------------
+    def attach(self, slot: int, tokens: list[int], length: int) -> None:
+        """Record that `slot` now shares the first `length` resident tokens of `tokens` (after seq_cp)."""
+        assert slot not in self.paths
+        path: list[Node] = []
+        node, depth = self.root, 0
+        while depth < length:
+            child = max(node.children, key=lambda c: _common(c.tokens, tokens, depth))
+            n = min(_common(child.tokens, tokens, depth), length - depth)
+            assert n > 0, "attach beyond the resident prefix"
+            if n < len(child.tokens):
+                child = self._split(child, n)
+            path.append(child)
+            depth += n
+            node = child
+        for n in path:
+            n.slots.add(slot)
+        self.paths[slot] = path
+
+    def extend(self, slot: int, new_tokens: list[int]) -> None:
+        """Record KV written for `new_tokens` appended to `slot`'s sequence."""
+        if not new_tokens:
+            return
+        path = self.paths.setdefault(slot, [])
+        leaf = path[-1] if path else self.root
+        self.used_cells += len(new_tokens)
+        if path and leaf.slots == {slot} and not leaf.children:
+            leaf.tokens.extend(new_tokens)
+            return
+        node = Node(tokens=list(new_tokens), parent=leaf, start=leaf.end, slots={slot})
+        leaf.children.append(node)
+        path.append(node)
+
+    def release(self, slot: int) -> None:
+        """The slot's KV was removed (llama_memory_seq_rm): free the cells no other slot shares."""
+        self.retired.pop(slot, None)
+        for node in reversed(self.paths.pop(slot, [])):
+            node.slots.discard(slot)
+            if not node.slots:
+                self.used_cells -= len(node.tokens)
+                assert node.parent is not None
+                node.parent.children.remove(node)
+
+    def retire(self, slot: int) -> None:
+        self.retired[slot] = time.monotonic()
+
+    def touch(self, slot: int) -> None:
+        if slot in self.retired:
+            self.retired[slot] = time.monotonic()
+
+    def lru_retired(self) -> int | None:
+        return min(self.retired, key=self.retired.__getitem__) if self.retired else None
+
+    def exclusive_cells(self, slot: int) -> int:
+        """Cells freed if this slot were released now."""
+        return sum(len(n.tokens) for n in self.paths.get(slot, []) if n.slots == {slot})
+
+    def resident(self, slot: int) -> int:
+        path = self.paths.get(slot)
+        return path[-1].end if path else 0
+
+    # ---- internals -----------------------------------------------------------------------------------
+    def _split(self, node: Node, n: int) -> Node:
+        """Split `node` after its first n tokens; return the new upper part, which takes node's place."""
+        upper = Node(tokens=node.tokens[:n], parent=node.parent, start=node.start, slots=set(node.slots))
+        assert node.parent is not None
+        siblings = node.parent.children
+        siblings[siblings.index(node)] = upper
+        node.tokens = node.tokens[n:]
+        node.start += n
+        node.parent = upper
+        upper.children.append(node)
+        for s in node.slots:
+            p = self.paths[s]
+            p.insert(p.index(node), upper)
+        return upper

@@ -1,0 +1,203 @@
+"""Runs batches on llama.cpp: one model, one context, many sequences; the only module that touches llama_cpp.
+
+One `decode` call is one `llama_decode`: every sequence's chunk of tokens goes into a single batch, and only the
+last token of each sequence that will sample asks for logits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+
+import llama_cpp
+import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback, which honours the level below)
+import numpy as np
+
+llama_cpp._logger.logger.setLevel(logging.ERROR)
+
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+
+_backend_ready = False
+
+
+@dataclass
+class RunnerConfig:
+    n_ctx: int = 16384           # KV cells shared by all sequences (unified cache)
+    n_seq_max: int = 48          # llama.cpp sequence slots: running sequences plus retired prefix holders
+    n_batch: int = 512           # max tokens in one llama_decode (the per-step token budget)
+    n_threads: int = 0           # 0 = all cores
+    kv_type: str = "f16"         # f16 | q8_0 | q4_0 (quantized V needs flash attention, turned on for it)
+    flash_attn: bool = False
+
+
+@dataclass
+class Chunk:
+    """A slice of one sequence fed in a step: tokens at positions start..start+len-1 of llama seq `slot`."""
+
+    slot: int
+    tokens: list[int]
+    start: int
+    logits: bool
+
+
+class ModelRunner:
+    def __init__(self, path: str, cfg: RunnerConfig) -> None:
+        global _backend_ready
+        if not _backend_ready:
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model file not found: {path}")
+        self.cfg = cfg
+        mparams = llama_cpp.llama_model_default_params()
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
+
+        cparams = llama_cpp.llama_context_default_params()
+        threads = cfg.n_threads or os.cpu_count() or 1
+        cparams.n_ctx = cfg.n_ctx
+        cparams.n_batch = cfg.n_batch
+        cparams.n_ubatch = cfg.n_batch
+        cparams.n_seq_max = cfg.n_seq_max
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = True      # shared prefixes share cells: seq_cp is metadata only
+        cparams.swa_full = True        # sliding-window models keep full KV so prefixes stay reusable
+        cparams.no_perf = True
+        kv = KV_TYPES[cfg.kv_type]
+        cparams.type_k = kv
+        cparams.type_v = kv
+        flash = cfg.flash_attn or cfg.kv_type != "f16"
+        cparams.flash_attn_type = (
+            llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context (out of memory?)")
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+
+        n = cfg.n_batch
+        self._tok = np.zeros(n, dtype=np.int32)
+        self._pos = np.zeros(n, dtype=np.int32)
+        self._nseq = np.ones(n, dtype=np.int32)
+        self._seq = np.zeros(n, dtype=np.int32)
+        self._out = np.zeros(n, dtype=np.int8)
+        base = self._seq.ctypes.data
+        p_i32 = ctypes.POINTER(ctypes.c_int32)
+        self._seq_ptrs = (p_i32 * n)(*[ctypes.cast(base + 4 * i, p_i32) for i in range(n)])
+        self._pieces = [self._piece(t) for t in range(self.n_vocab)]
+        self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
+
+    # ---- vocabulary -----------------------------------------------------------------------------------
+    def _piece(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def piece(self, token: int) -> bytes:
+        """Bytes of a token as text (control tokens render empty)."""
+        return self._pieces[token]
+
+    def special_text(self, token: int) -> str:
+        return self._piece(token, special=True).decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (llama_cpp.llama_token * cap)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def meta(self, key: str) -> str | None:
+        size = 1 << 16
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n >= size:
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def bos(self) -> int:
+        return llama_cpp.llama_vocab_bos(self.vocab)
+
+    @property
+    def eos(self) -> int:
+        return llama_cpp.llama_vocab_eos(self.vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+
+    # ---- KV memory ------------------------------------------------------------------------------------
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, length)
+
+    def remove(self, slot: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    # ---- the step ---------------------------------------------------------------------------------------
+    def decode(self, chunks: list[Chunk]) -> np.ndarray:
+        """One llama_decode over all chunks; returns logits rows (float32, n_out x n_vocab) in chunk order
+        for the chunks that asked for them. Raises KVFull if llama.cpp found no room."""
+        i = 0
+        for c in chunks:
+            n = len(c.tokens)
+            self._tok[i:i + n] = c.tokens
+            self._pos[i:i + n] = np.arange(c.start, c.start + n, dtype=np.int32)
+            self._seq[i:i + n] = c.slot
+            self._out[i:i + n] = 0
+            if c.logits:
+                self._out[i + n - 1] = 1
+            i += n
+        p_i32 = ctypes.POINTER(ctypes.c_int32)
+        batch = llama_cpp.llama_batch(
+            n_tokens=i,
+            token=self._tok.ctypes.data_as(p_i32),
+            embd=None,
+            pos=self._pos.ctypes.data_as(p_i32),
+            n_seq_id=self._nseq.ctypes.data_as(p_i32),
+            seq_id=self._seq_ptrs,
+            logits=self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
+        )
+        rc = llama_cpp.llama_decode(self.ctx, batch)
+        if rc == 1:
+            raise KVFull("llama.cpp found no KV slot for the batch")
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        n_out = int(self._out[:i].sum())
+        if n_out == 0:
+            return np.zeros((0, self.n_vocab), dtype=np.float32)
+        ptr = llama_cpp.llama_get_logits(self.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+class KVFull(RuntimeError):
+    pass

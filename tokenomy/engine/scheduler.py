@@ -1,0 +1,178 @@
+"""Decides what goes into each step: running sequences first (one token each when decoding, a chunk when still
+prefilling), then waiting sequences admitted in arrival order while the step's token budget, KV cells and slots
+allow. KV is one pool of cells (llama.cpp's unified cache); when a running sequence needs a cell and none is free,
+retired prefixes are evicted first (least recently used), then the newest running sequence is preempted and put
+back at the front of the queue to be recomputed later (its prefix may still be cached)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tokenomy.engine.prefix_cache import PrefixCache
+from tokenomy.engine.sequence import Sequence, Status
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+@dataclass
+class SchedulerConfig:
+    n_ctx: int                  # KV cells
+    n_slots: int                # llama.cpp sequence ids
+    max_running: int = 16
+    max_batch_tokens: int = 512
+    max_waiting: int = 256
+    prefix_caching: bool = True
+
+
+class KVOps:
+    """What the scheduler needs from the runner: share a prefix, drop a slot's KV."""
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None: ...
+    def remove(self, slot: int) -> None: ...
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, kv: KVOps) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.prefix = PrefixCache()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_slots: list[int] = list(range(cfg.n_slots - 1, -1, -1))
+        self.preemptions = 0
+        self.prefix_hit_tokens = 0
+        self._reserved = 0
+
+    # ---- queue ------------------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.cfg.max_waiting:
+            raise QueueFull(f"the waiting queue is full ({self.cfg.max_waiting} requests)")
+        self.waiting.append(seq)
+
+    @property
+    def free_cells(self) -> int:
+        return self.cfg.n_ctx - self.prefix.used_cells - self._reserved
+
+    @property
+    def running_cells(self) -> int:
+        """Cells on running sequences' paths (shared cells counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for s in self.running:
+            for node in self.prefix.paths.get(s.slot, []) if s.slot is not None else []:
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    total += len(node.tokens)
+        return total
+
+    # ---- the plan for one step ---------------------------------------------------------------------------
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        budget = self.cfg.max_batch_tokens
+        self._reserved = 0
+        plan: list[tuple[Sequence, int]] = []
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue                      # preempted earlier in this loop
+            n = min(seq.pending, budget)
+            if not self._make_room(n, protect=seq):
+                continue
+            self._reserved += n
+            plan.append((seq, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running:
+            seq = self.waiting[0]
+            admitted = self._admit(seq, budget)
+            if admitted == 0:
+                break
+            self.waiting.popleft()
+            plan.append((seq, admitted))
+            budget -= admitted
+        return plan
+
+    def _admit(self, seq: Sequence, budget: int) -> int:
+        tokens = seq.tokens
+        length, holder = (0, None)
+        if self.cfg.prefix_caching:
+            length, holder = self.prefix.match(tokens[:-1])   # the last token is always computed: we need logits
+        n = min(len(tokens) - length, budget)
+        if not self._evict_until(lambda: self.free_cells >= n, keep=holder):
+            return 0
+        if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder):
+            return 0
+        slot = self.free_slots.pop()
+        if length and holder is not None:
+            self.kv.copy_prefix(holder, slot, length)
+            self.prefix.attach(slot, tokens, length)
+            self.prefix.touch(holder)
+        seq.slot, seq.n_kv, seq.status = slot, length, Status.RUNNING
+        if seq.preemptions == 0:
+            seq.cached_tokens = length
+        self.prefix_hit_tokens += length
+        self.running.append(seq)
+        self._reserved += n
+        return n
+
+    def _evict_until(self, ok, keep: int | None = None) -> bool:  # noqa: ANN001
+        while not ok():
+            victims = [s for s in self.prefix.retired if s != keep]
+            if not victims:
+                return False
+            slot = min(victims, key=self.prefix.retired.__getitem__)
+            self._drop_slot(slot)
+        return True
+
+    def _make_room(self, n: int, protect: Sequence) -> bool:
+        """Free cells for `n` more tokens of `protect`: evict retired prefixes, then preempt newest running."""
+        if self._evict_until(lambda: self.free_cells >= n):
+            return True
+        while self.free_cells < n:
+            victim = next((s for s in reversed(self.running) if s is not protect), None)
+            if victim is None:
+                self.preempt(protect)
+                return False
+            self.preempt(victim)
+        return True
+
+    # ---- sequence lifecycle --------------------------------------------------------------------------------
+    def preempt(self, seq: Sequence) -> None:
+        """Drop the sequence's KV and requeue it first; it is recomputed (prompt + output so far) later."""
+        self.running.remove(seq)
+        self._drop_slot(seq.slot)
+        seq.slot, seq.n_kv, seq.status = None, 0, Status.WAITING
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def committed(self, seq: Sequence, tokens: list[int]) -> None:
+        """KV for `tokens` was written to the sequence's slot by the last step."""
+        self.prefix.extend(seq.slot, tokens)
+        seq.n_kv += len(tokens)
+
+    def finish(self, seq: Sequence, keep_prefix: bool = True) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.slot is not None:
+            if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
+                self.prefix.retire(seq.slot)
+            else:
+                self._drop_slot(seq.slot)
+        seq.slot = None
+        seq.status = Status.FINISHED
+
+    def _drop_slot(self, slot: int | None) -> None:
+        if slot is None:
+            return
+        self.kv.remove(slot)
+        self.prefix.release(slot)
+        self.free_slots.append(slot)
+
+    def clear_cache(self) -> None:
+        for slot in list(self.prefix.retired):
+            self._drop_slot(slot)

@@ -1,0 +1,79 @@
+"""One request's state inside the engine: its tokens, how many of them have KV, its slot and its output."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any
+
+from tokenomy.engine.sampling_params import SamplingParams
+
+
+class Status(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+@dataclass
+class TokenEvent:
+    """What the engine reports after each step for one sequence."""
+
+    text: str                               # newly released text (stop strings held back until resolved)
+    token_ids: list[int]
+    logprobs: list[dict[str, Any]]          # one per token when requested: token, logprob, bytes, top_logprobs
+    finish_reason: str | None = None        # stop | length | cancelled | error
+    error: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt: list[int]
+    params: SamplingParams
+    on_event: Callable[[TokenEvent], None]
+    constraint: Any = None                  # structured.Constraint, optional
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    status: Status = Status.WAITING
+    output: list[int] = field(default_factory=list)
+    slot: int | None = None                 # llama.cpp seq_id holding this sequence's KV
+    n_kv: int = 0                           # tokens[:n_kv] have KV in the slot
+    cached_tokens: int = 0                  # prompt tokens reused from the prefix cache (first admission)
+    preemptions: int = 0
+    cancelled: bool = False
+    arrival: float = field(default_factory=time.perf_counter)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished_at: float | None = None
+    # detokenisation and stop-string state, owned by the engine
+    text: str = ""
+    released: int = 0
+    finish_reason: str | None = None
+    sum_logprob: float = 0.0
+    min_logprob: float = 0.0
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def pending(self) -> int:
+        """Tokens not yet in KV: the rest of the prompt, or the last sampled token."""
+        return self.num_tokens - self.n_kv
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

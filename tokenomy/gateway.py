@@ -1,0 +1,107 @@
+"""The composition root: config -> backends, metrics and the pipeline. The API layer only talks to this."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tokenomy.backends.base import TokenCount
+from tokenomy.backends.embedded import EmbeddedBackend
+from tokenomy.backends.registry import Registry
+from tokenomy.config import Config, ConfigError, load_config
+from tokenomy.engine.engine import EngineConfig
+from tokenomy.errors import APIError
+from tokenomy.meter.metrics import Metrics
+from tokenomy.models import resolve_gguf
+from tokenomy.pipeline.admit import Admit, Keyring
+from tokenomy.pipeline.chain import Pipeline
+from tokenomy.pipeline.context import Context
+from tokenomy.pipeline.generate import Generate
+from tokenomy.pipeline.record import Record
+from tokenomy.pipeline.request import RequestContext
+from tokenomy.pipeline.route import Route
+
+log = logging.getLogger("tokenomy")
+
+
+class Gateway:
+    def __init__(self, config: Config, config_path: str | None = None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.metrics = Metrics()
+        self.registry = Registry(config.cooldown.failures, config.cooldown.window_s, config.cooldown.cooldown_s)
+        for spec in config.models:
+            self.registry.add(self._backend(spec))
+        self.metrics.watch_engines(self.engines)
+        for name, engine in self.engines():
+            self._watch_engine(name, engine)
+        self.keyring = Keyring(config.keys)
+        self.routes = dict(config.routes)     # shared with the stages, updated in place on reload
+        admit = Admit(self.keyring)
+        self.record = Record(self.metrics, sinks=[admit.on_record])
+        # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
+        self.pipeline = Pipeline([
+            self.record,
+            admit,
+            Context(self.count_tokens, self.routes),
+            Route([m.name for m in config.models], self.routes),
+            Generate(self.registry),
+        ])
+
+    def _backend(self, spec: Any) -> Any:
+        if spec.backend == "embedded":
+            settings = spec.engine or self.config.engine
+            ecfg = EngineConfig(**settings.model_dump())
+            path = str(resolve_gguf(spec.gguf))
+            log.info("loading %s from %s", spec.name, path)
+            return EmbeddedBackend(spec.name, path, ecfg)
+        from tokenomy.backends.openai import OpenAIBackend
+
+        return OpenAIBackend(spec, metrics=self.metrics)
+
+    def engines(self) -> list[tuple[str, Any]]:
+        return [(n, b.engine) for n, b in self.registry.backends.items() if isinstance(b, EmbeddedBackend)]
+
+    def _watch_engine(self, name: str, engine: Any) -> None:
+        m = self.metrics
+        batch, pre, hits = m.batch_tokens.labels(name), m.preemptions.labels(name), m.prefix_hits.labels(name)
+        last = {"pre": 0, "hits": 0}
+
+        def on_step(n_tokens: int, n_seqs: int, dt: float) -> None:
+            batch.observe(n_tokens)
+            s = engine.scheduler
+            pre.inc(s.preemptions - last["pre"])
+            hits.inc(s.prefix_hit_tokens - last["hits"])
+            last["pre"], last["hits"] = s.preemptions, s.prefix_hit_tokens
+
+        engine.stats.on_step.append(on_step)
+
+    def count_tokens(self, model: str, ctx: RequestContext) -> TokenCount:
+        return self.registry.get(model).count_tokens(ctx.gen)
+
+    def model_names(self) -> list[str]:
+        return [m.name for m in self.config.models] + list(self.routes)
+
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file: keys, routes and cool-down settings change in place; models need a restart."""
+        if self.config_path is None:
+            raise APIError(400, "tokenomy was started without a config file; nothing to reload.")
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as e:
+            raise APIError(400, str(e), code="invalid_config") from e
+        if [m.model_dump() for m in new.models] != [m.model_dump() for m in self.config.models]:
+            raise APIError(400, "models changed: restart tokenomy to load them.", code="restart_needed")
+        self.keyring.__init__(new.keys)  # type: ignore[misc]
+        self.routes.clear()
+        self.routes.update(new.routes)
+        self.registry.failures = new.cooldown.failures
+        self.registry.window_s, self.registry.cooldown_s = new.cooldown.window_s, new.cooldown.cooldown_s
+        self.config = new
+        return {"reloaded": True, "keys": len(new.keys), "routes": sorted(new.routes)}
+
+    async def handle(self, ctx: RequestContext) -> RequestContext:
+        return await self.pipeline.run(ctx)
+
+    async def close(self) -> None:
+        await self.registry.close()

@@ -1,0 +1,76 @@
+"""Prometheus metrics, grouped by the eight layers of DESIGN.md. One registry per app (tests run several)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class EngineCollector:
+    """Reads live engine state at scrape time (running, waiting, KV usage), so the engine stays unaware of us."""
+
+    def __init__(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self._engines = engines
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        running = GaugeMetricFamily("tokenomy_engine_running_seqs", "Sequences in the running batch", labels=["model"])
+        kv = GaugeMetricFamily("tokenomy_engine_kv_usage_ratio", "KV cells in use / KV cells", labels=["model"])
+        queue = GaugeMetricFamily("tokenomy_queue_depth", "Requests waiting for the engine", labels=["model"])
+        for name, engine in self._engines():
+            running.add_metric([name], engine.running)
+            kv.add_metric([name], engine.kv_usage)
+            queue.add_metric([name], engine.queue_depth)
+        yield running
+        yield kv
+        yield queue
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        # scheduling
+        self.queue_wait = Histogram("tokenomy_queue_wait_seconds", "Time from arrival to first schedule",
+                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rejections = Counter("tokenomy_rejections_total", "Requests refused", ["reason"], registry=r)
+        # engine
+        self.batch_tokens = Histogram("tokenomy_engine_batch_tokens", "Tokens per llama_decode step", ["model"],
+                                      buckets=BATCH_BUCKETS, registry=r)
+        self.preemptions = Counter("tokenomy_engine_preemptions_total", "Sequences preempted for KV", ["model"],
+                                   registry=r)
+        self.prefix_hits = Counter("tokenomy_engine_prefix_hit_tokens_total", "Prompt tokens reused from the "
+                                   "prefix cache", ["model"], registry=r)
+        self.spec_accepted = Counter("tokenomy_engine_spec_accepted_tokens_total", "Speculative tokens accepted",
+                                     ["model"], registry=r)
+        # model
+        self.ttft = Histogram("tokenomy_ttft_seconds", "Time to first token", ["model"], buckets=LATENCY_BUCKETS,
+                              registry=r)
+        self.tpot = Histogram("tokenomy_tpot_seconds", "Time per output token after the first", ["model"],
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("tokenomy_e2e_seconds", "End-to-end request time", ["model"],
+                             buckets=LATENCY_BUCKETS, registry=r)
+        # token
+        self.tokens = Counter("tokenomy_tokens_total", "Tokens by kind", ["kind", "model"], registry=r)
+        # communication
+        self.upstream_latency = Histogram("tokenomy_upstream_request_seconds", "Upstream request latency",
+                                          ["backend"], buckets=LATENCY_BUCKETS, registry=r)
+        self.upstream_errors = Counter("tokenomy_upstream_errors_total", "Upstream errors", ["backend", "kind"],
+                                       registry=r)
+        # cost
+        self.cost = Counter("tokenomy_cost_usd_total", "USD spent", ["model"], registry=r)
+        self.saved = Counter("tokenomy_saved_usd_total", "USD saved", ["by"], registry=r)
+        # business
+        self.requests = Counter("tokenomy_requests_total", "Requests by outcome", ["status", "model"], registry=r)
+        self.engine_gauge = Gauge("tokenomy_engine_info", "Embedded engines loaded", ["model"], registry=r)
+
+    def watch_engines(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self.registry.register(EngineCollector(engines))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

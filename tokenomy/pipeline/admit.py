@@ -1,0 +1,113 @@
+"""Admit stage: API keys (stored hashed), tenants, and per-key requests- and tokens-per-minute limits.
+
+With no keys configured, every request is admitted as tenant "default". Limits are sliding 60-second windows
+kept in memory (one gateway process); the 429 carries Retry-After = seconds until the window frees enough room.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tokenomy.config import KeySpec
+from tokenomy.errors import APIError
+from tokenomy.pipeline.chain import Next
+from tokenomy.pipeline.request import RequestContext
+
+WINDOW_S = 60.0
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class KeyInfo:
+    key_id: str                 # first 12 hex chars of the hash: safe to log and store
+    name: str
+    tenant: str
+    admin: bool
+    rpm: int | None
+    tpm: int | None
+    requests: deque[float] = field(default_factory=deque)
+    tokens: deque[tuple[float, int]] = field(default_factory=deque)
+
+
+class Keyring:
+    def __init__(self, keys: list[KeySpec]) -> None:
+        self.by_hash: dict[str, KeyInfo] = {}
+        for k in keys:
+            h = k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or "")
+            self.by_hash[h] = KeyInfo(h[:12], k.name, k.tenant, k.admin, k.rpm, k.tpm)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.by_hash)
+
+    def lookup(self, authorization: str | None) -> KeyInfo:
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise APIError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+                           code="missing_api_key")
+        digest = hash_key(authorization[7:].strip())
+        for h, info in self.by_hash.items():
+            if hmac.compare_digest(h, digest):
+                return info
+        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def admin(self, authorization: str | None) -> KeyInfo | None:
+        """Admin endpoints: refuse unless an admin key is presented (or no keys are configured at all)."""
+        if not self.enabled:
+            return None
+        info = self.lookup(authorization)
+        if not info.admin:
+            raise APIError(403, "This endpoint needs an admin key.", code="not_admin")
+        return info
+
+
+class Admit:
+    name = "admit"
+
+    def __init__(self, keyring: Keyring) -> None:
+        self.keyring = keyring
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
+        if self.keyring.enabled:
+            info = self.keyring.lookup(ctx.headers.get("authorization"))
+            ctx.key_id, ctx.tenant = info.key_id, info.tenant
+            self._check_limits(info, ctx)
+        await call_next(ctx)
+
+    def on_record(self, ctx: RequestContext) -> None:
+        """Record sink: count the tokens a finished request used against its key's tokens-per-minute."""
+        if ctx.key_id is None or ctx.usage is None:
+            return
+        for info in self.keyring.by_hash.values():
+            if info.key_id == ctx.key_id:
+                self.spend(info, ctx.usage.prompt_tokens + ctx.usage.completion_tokens)
+
+    def _check_limits(self, info: KeyInfo, ctx: RequestContext) -> None:
+        now = time.monotonic()
+        while info.requests and now - info.requests[0] >= WINDOW_S:
+            info.requests.popleft()
+        while info.tokens and now - info.tokens[0][0] >= WINDOW_S:
+            info.tokens.popleft()
+        if info.rpm is not None and len(info.requests) >= info.rpm:
+            wait = WINDOW_S - (now - info.requests[0])
+            raise APIError(429, f"Rate limit reached for key {info.name}: {info.rpm} requests per minute. "
+                           f"Retry in {wait:.1f}s.", code="rate_limit_exceeded",
+                           headers={"retry-after": str(max(1, int(wait + 0.999)))})
+        if info.tpm is not None:
+            used = sum(n for _, n in info.tokens)
+            if used >= info.tpm:
+                wait = WINDOW_S - (now - info.tokens[0][0])
+                raise APIError(429, f"Rate limit reached for key {info.name}: {info.tpm} tokens per minute "
+                               f"({used} used). Retry in {wait:.1f}s.", code="rate_limit_exceeded",
+                               headers={"retry-after": str(max(1, int(wait + 0.999)))})
+        info.requests.append(now)
+
+    @staticmethod
+    def spend(info: KeyInfo, tokens: int) -> None:
+        info.tokens.append((time.monotonic(), tokens))

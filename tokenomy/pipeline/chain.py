@@ -1,0 +1,48 @@
+"""The pipeline: an ordered chain of stages over one RequestContext (Starlette-middleware style).
+
+Each stage is `async def __call__(ctx, call_next)`. A stage may end the request early by returning without
+calling `call_next` (a cache hit does). Stages never import each other; the chain is built from config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from tokenomy.pipeline.request import RequestContext
+
+Next = Callable[[RequestContext], Awaitable[None]]
+
+
+class Stage(Protocol):
+    name: str
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> None: ...
+
+
+class Pipeline:
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        self.stages = list(stages)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def stage(self, name: str) -> Stage | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    async def run(self, ctx: RequestContext) -> RequestContext:
+        async def end(_: RequestContext) -> None:
+            return None
+
+        call: Next = end
+        for stage in reversed(self.stages):
+            call = _bind(stage, call)
+        await call(ctx)
+        return ctx
+
+
+def _bind(stage: Stage, nxt: Next) -> Next:
+    async def run(ctx: RequestContext) -> None:
+        await stage(ctx, nxt)
+    return run

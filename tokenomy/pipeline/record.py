@@ -1,0 +1,79 @@
+"""Record stage: runs for every request (errors and early endings too) once its answer is complete.
+
+For streams that is when the last delta has been sent (or the client went away), so the record wraps the stream.
+The record observes; it never changes a response.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from tokenomy.backends.base import Delta
+from tokenomy.errors import APIError
+from tokenomy.meter.metrics import Metrics
+from tokenomy.pipeline.chain import Next
+from tokenomy.pipeline.request import RequestContext
+
+log = logging.getLogger("tokenomy.record")
+
+Sink = Callable[[RequestContext], None]
+
+
+class Record:
+    name = "record"
+
+    def __init__(self, metrics: Metrics, sinks: list[Sink] | None = None) -> None:
+        self.metrics = metrics
+        self.sinks = sinks or []
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
+        try:
+            await call_next(ctx)
+        except APIError as e:
+            ctx.error, ctx.status = e, e.status
+            self.finish(ctx)
+            raise
+        except BaseException as e:  # cancelled (client gone) or a bug: still one record
+            if isinstance(e, Exception):
+                ctx.error, ctx.status = APIError(500, f"internal error: {type(e).__name__}"), 500
+            else:
+                ctx.finish_reason = ctx.finish_reason or "cancelled"
+            self.finish(ctx)
+            raise
+        if ctx.deltas is not None:
+            ctx.deltas = self._wrap(ctx.deltas, ctx)
+        else:
+            self.finish(ctx)
+
+    async def _wrap(self, deltas: AsyncIterator[Delta], ctx: RequestContext) -> AsyncIterator[Delta]:
+        try:
+            async for d in deltas:
+                yield d
+        finally:
+            if ctx.finish_reason is None:
+                ctx.finish_reason = "cancelled"
+            self.finish(ctx)
+
+    def finish(self, ctx: RequestContext) -> None:
+        m, model = self.metrics, ctx.model or ctx.asked_model
+        status = "ok" if ctx.error is None and ctx.finish_reason not in ("error",) else "error"
+        m.requests.labels(status, model).inc()
+        u = ctx.usage
+        if u is not None:
+            m.tokens.labels("prompt", model).inc(u.prompt_tokens)
+            m.tokens.labels("cached", model).inc(u.cached_tokens)
+            m.tokens.labels("completion", model).inc(u.completion_tokens)
+            m.e2e.labels(model).observe(u.e2e_s)
+            m.queue_wait.labels(model).observe(max(u.queue_s, 0.0))
+            if u.ttft_s is not None:
+                m.ttft.labels(model).observe(u.ttft_s)
+                if u.completion_tokens > 1:
+                    m.tpot.labels(model).observe((u.e2e_s - u.ttft_s) / (u.completion_tokens - 1))
+        if ctx.error is not None and ctx.error.status == 429:
+            m.rejections.labels(ctx.error.code or "rate_limit").inc()
+        for sink in self.sinks:
+            try:
+                sink(ctx)
+            except Exception:       # a broken sink must never break the request path
+                log.exception("record sink failed")
