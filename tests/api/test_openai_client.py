@@ -6,6 +6,8 @@ import threading
 
 import httpx
 
+from tests.noise import assert_same_up_to_noise
+
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name three colors."}]
 
@@ -91,18 +93,20 @@ def test_prefix_hit_reports_cached_tokens_and_same_text(client):
 
 def test_concurrent_requests_match_their_solo_answers(client):
     prompts = ["Count from one to five.", "Spell the word cat.", "What is 2+2?", "Say hello in French."]
-    solo = [client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}],
-                                           max_tokens=16, temperature=0).choices[0].message.content
-            for p in prompts]
-    out: dict[int, str] = {}
 
-    def ask(i: int) -> None:
-        out[i] = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompts[i]}],
-                                                max_tokens=16, temperature=0).choices[0].message.content
+    def ask(p: str) -> list[tuple[str, float, float]]:
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": p}], max_tokens=12,
+                                           temperature=0, logprobs=True, top_logprobs=2)
+        return [(e.token, e.logprob, e.top_logprobs[0].logprob - e.top_logprobs[1].logprob)
+                for e in r.choices[0].logprobs.content]
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    solo = [ask(p) for p in prompts]
+    out: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, ask(prompts[i]))) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [out[i] for i in range(len(prompts))] == solo
+    for i in range(len(prompts)):
+        assert_same_up_to_noise(out[i], solo[i])
+        assert out[i][0][0] == solo[i][0][0]
