@@ -164,6 +164,8 @@ async def _serve(request: Request, gateway: Gateway, gen: GenRequest, stream: bo
             async for d in deltas:
                 for chunk in writer.chunks(d):
                     yield chunk
+                if d.error:         # an error event ends the stream; [DONE] would claim a clean finish
+                    return
             yield writer.done()
         finally:
             await deltas.aclose()
