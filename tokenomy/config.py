@@ -68,11 +68,80 @@ class ModelSpec(_Strict):
         return self
 
 
+class RuleWhen(_Strict):
+    """All given conditions must hold for the rule to match."""
+
+    min_prompt_tokens: int | None = Field(None, ge=0)
+    max_prompt_tokens: int | None = Field(None, ge=0)
+    regex: str | None = None                     # searched in the last user message
+    keywords: list[str] | None = None            # any of them, case-insensitive, in the last user message
+    has_tools: bool | None = None
+    has_response_format: bool | None = None
+    tenant: str | None = None
+    metadata: dict[str, str] | None = None       # request header x-tokenomy-meta-<key>: <value>
+
+    @model_validator(mode="after")
+    def _regex(self) -> RuleWhen:
+        if self.regex is not None:
+            import re
+
+            try:
+                re.compile(self.regex)
+            except re.error as e:
+                raise ValueError(f"invalid regex {self.regex!r}: {e}") from e
+        return self
+
+
+class RuleSpec(_Strict):
+    when: RuleWhen
+    model: str
+
+
+class CascadeSettings(_Strict):
+    min_mean_logprob: float = -1.0               # escalate when the answer's mean token logprob is below
+    min_token_logprob: float = -9.0              # ... or any single token is below this
+    escalate_on_invalid_json: bool = True
+    escalate_on_empty: bool = True
+    escalate_on_refusal: bool = True
+    escalate_on_truncated: bool = True
+    stream_buffer_tokens: int = Field(24, ge=1, description="streams: tokens judged before the first byte is sent")
+
+
+class ClassifierSettings(_Strict):
+    path: str                                    # a router file from `tokenomy router train`
+    threshold: float | None = Field(None, ge=0, le=1)   # None: the calibrated threshold stored in the file
+
+
+class LoadSettings(_Strict):
+    slo_queue_s: float = Field(1.0, gt=0, description="preferred model's expected queue wait above this -> cheaper")
+
+
+Strategy = Literal["fixed", "rules", "classifier", "load", "cascade"]
+
+
 class RouteSpec(_Strict):
-    strategy: Literal["fixed"] = "fixed"
-    models: list[str]
+    """Candidate models cheapest first. Strategies compose in this order: rules, classifier, load, cascade."""
+
+    strategy: Strategy | list[Strategy] = "fixed"
+    models: list[str] = Field(min_length=1)
     context_budget: int | None = Field(None, ge=1)
     enforce: bool = False
+    rules: list[RuleSpec] = Field(default_factory=list)
+    classifier: ClassifierSettings | None = None
+    load: LoadSettings = LoadSettings()
+    cascade: CascadeSettings = CascadeSettings()
+
+    @property
+    def strategies(self) -> list[str]:
+        return [self.strategy] if isinstance(self.strategy, str) else list(self.strategy)
+
+    @model_validator(mode="after")
+    def _check(self) -> RouteSpec:
+        if "classifier" in self.strategies and self.classifier is None:
+            raise ValueError("strategy classifier needs `classifier: {path: ...}`")
+        if "rules" in self.strategies and not self.rules:
+            raise ValueError("strategy rules needs at least one rule")
+        return self
 
 
 class CooldownSettings(_Strict):
@@ -122,7 +191,7 @@ class Config(_Strict):
         for rname, r in self.routes.items():
             if rname in names:
                 raise ValueError(f"routes.{rname}: a route may not share a model's name")
-            missing = [m for m in r.models if m not in names]
+            missing = [m for m in r.models + [rule.model for rule in r.rules] if m not in names]
             if missing:
                 raise ValueError(f"routes.{rname}.models: unknown models {missing}; known: {names}")
         return self

@@ -44,7 +44,9 @@ class Gateway:
             self.record,
             admit,
             Context(self.count_tokens, self.routes),
-            Route([m.name for m in config.models], self.routes),
+            Route([m.name for m in config.models], self.routes,
+                  expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
+                  registry=self.metrics.registry),
             Generate(self.registry),
         ])
 

@@ -32,6 +32,7 @@ class Delta:
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when the backend knows them
 
 
 @dataclass
@@ -87,6 +88,8 @@ class Backend(Protocol):
     def count_tokens(self, req: GenRequest) -> TokenCount: ...
 
     async def health(self) -> bool: ...
+
+    def expected_wait_s(self) -> float: ...
 
     def describe(self) -> dict[str, Any]: ...
 

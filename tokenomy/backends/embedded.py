@@ -42,6 +42,7 @@ class EmbeddedBackend:
         self.name = name
         self.path = gguf_path
         self.engine = Engine(gguf_path, cfg, name=name).start()
+        self._wait_ewma = 0.0
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
@@ -95,7 +96,7 @@ class EmbeddedBackend:
             while True:
                 ev = await queue.get()
                 if ev.finish_reason is None:
-                    yield Delta(text=ev.text, logprobs=ev.logprobs)
+                    yield Delta(text=ev.text, logprobs=ev.logprobs, confidence=ev.token_logprobs)
                     continue
                 finished = True
                 if ev.finish_reason == "error":
@@ -109,11 +110,19 @@ class EmbeddedBackend:
                     e2e_s=time.perf_counter() - t0,
                     mean_logprob=seq.sum_logprob / n, min_logprob=seq.min_logprob,
                 )
-                yield Delta(text=ev.text, logprobs=ev.logprobs, finish_reason=ev.finish_reason, usage=usage)
+                self._wait_ewma = 0.8 * self._wait_ewma + 0.2 * max(usage.queue_s, 0.0)
+                yield Delta(text=ev.text, logprobs=ev.logprobs, finish_reason=ev.finish_reason, usage=usage,
+                            confidence=ev.token_logprobs)
                 return
         finally:
             if not finished:       # the consumer went away (client disconnect): free the sequence
                 self.engine.cancel(seq)
+
+    def expected_wait_s(self) -> float:
+        """Queue wait a new request should expect: the current head-of-queue age, or recent waits if busier."""
+        if self.engine.queue_depth == 0:
+            return 0.0
+        return max(self.engine.oldest_wait_s, self._wait_ewma)
 
     async def health(self) -> bool:
         return self.engine._thread is not None and self.engine._thread.is_alive()

@@ -143,7 +143,8 @@ class OpenAIBackend:
                             ttft = time.perf_counter() - t0
                         text_parts.append(text or "")
                         n_chunks += 1
-                        yield Delta(text=text or "", logprobs=lps, tool_calls=tool_calls)
+                        conf = [e["logprob"] for e in lps if isinstance(e.get("logprob"), (int, float))]
+                        yield Delta(text=text or "", logprobs=lps, tool_calls=tool_calls, confidence=conf)
         except httpx.HTTPError as e:
             self._count_error(type(e).__name__)
             raise BackendError(f"{self.name} connection lost mid-answer: {type(e).__name__}") from e
@@ -160,6 +161,10 @@ class OpenAIBackend:
         if n_lp:
             usage.mean_logprob, usage.min_logprob = sum_lp / n_lp, min_lp
         yield Delta(finish_reason=finish, usage=usage)
+
+    def expected_wait_s(self) -> float:
+        """Unknown for an upstream (it queues on its side); treated as no wait."""
+        return 0.0
 
     async def health(self) -> bool:
         try:

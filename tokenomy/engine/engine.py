@@ -107,6 +107,12 @@ class Engine:
         return len(self._inbox) + len(self.scheduler.waiting)
 
     @property
+    def oldest_wait_s(self) -> float:
+        """How long the head of the queue has waited so far (0 when nothing waits)."""
+        waiting = list(self._inbox) + list(self.scheduler.waiting)
+        return time.perf_counter() - min(s.arrival for s in waiting) if waiting else 0.0
+
+    @property
     def running(self) -> int:
         return len(self.scheduler.running)
 
@@ -189,6 +195,7 @@ class Engine:
         token = sampler.sample(raw, mask)
         new = [token]
         lps: list[dict[str, Any]] = []
+        chosen: list[float] = []
         if p.logprobs:
             lp, tops = token_logprobs(raw, token, p.top_logprobs)
             entry = describe([(token, lp)], self.runner.piece)[0]
@@ -198,12 +205,14 @@ class Engine:
             lp = chosen_logprob(raw, token)
         seq.sum_logprob += lp
         seq.min_logprob = min(seq.min_logprob, lp)
+        chosen.append(lp)
         if seq.constraint is not None:
             seq.constraint.advance([token])
             forced = seq.constraint.forced()
             if forced and token not in self.runner.eog:
                 seq.constraint.advance(forced)
                 new += forced
+                chosen += [0.0] * len(forced)
                 if p.logprobs:  # forced tokens have probability 1 under the constrained distribution
                     lps += [dict(d, top_logprobs=[]) for d in describe([(t, 0.0) for t in forced],
                                                                        self.runner.piece)]
@@ -232,10 +241,11 @@ class Engine:
         out, stop_hit = self._release(seq, final=finish is not None)
         if stop_hit:
             finish = "stop"
+        chosen = chosen[:len(emitted)]
         if finish:
-            self._finish(seq, finish, text=out, tokens=emitted, logprobs=lps)
+            self._finish(seq, finish, text=out, tokens=emitted, logprobs=lps, token_logprobs=chosen)
         else:
-            seq.on_event(TokenEvent(text=out, token_ids=emitted, logprobs=lps))
+            seq.on_event(TokenEvent(text=out, token_ids=emitted, logprobs=lps, token_logprobs=chosen))
 
     def _release(self, seq: Sequence, final: bool) -> tuple[str, bool]:
         """Text that can be sent now. Holds back a tail that could start a stop string; cuts at a stop string."""
@@ -266,7 +276,8 @@ class Engine:
         return out, False
 
     def _finish(self, seq: Sequence, reason: str, text: str = "", tokens: list[int] | None = None,
-                logprobs: list[dict[str, Any]] | None = None, error: str | None = None) -> None:
+                logprobs: list[dict[str, Any]] | None = None, error: str | None = None,
+                token_logprobs: list[float] | None = None) -> None:
         if seq.status is Status.FINISHED:
             return
         seq.finish_reason = reason
@@ -274,5 +285,6 @@ class Engine:
         self.scheduler.finish(seq, keep_prefix=reason not in ("cancelled", "error"))
         seq.on_event(TokenEvent(
             text=text, token_ids=tokens or [], logprobs=logprobs or [], finish_reason=reason, error=error,
+            token_logprobs=token_logprobs or [],
             prompt_tokens=len(seq.prompt), cached_tokens=seq.cached_tokens, completion_tokens=len(seq.output),
         ))

@@ -27,6 +27,7 @@ class TokenEvent:
     logprobs: list[dict[str, Any]]          # one per token when requested: token, logprob, bytes, top_logprobs
     finish_reason: str | None = None        # stop | length | cancelled | error
     error: str | None = None
+    token_logprobs: list[float] = field(default_factory=list)   # always: the chosen tokens' logprobs
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0

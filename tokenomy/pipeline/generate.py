@@ -70,17 +70,18 @@ class Generate:
 
 
 async def _collect(stream: AsyncIterator[Delta]) -> Result:
-    parts, lps, tool_calls = [], [], None
+    parts, lps, tool_calls, conf = [], [], None, []
     last = Delta()
     async for d in stream:
         parts.append(d.text)
         lps += d.logprobs
+        conf += d.confidence
         if d.tool_calls:
             tool_calls = (tool_calls or []) + d.tool_calls
         last = d
     assert last.usage is not None and last.finish_reason is not None, "a backend stream ended without usage"
     return Result(text="".join(parts), finish_reason=last.finish_reason, usage=last.usage, logprobs=lps,
-                  tool_calls=tool_calls)
+                  tool_calls=tool_calls, confidence=conf)
 
 
 async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContext) -> AsyncIterator[Delta]:

@@ -25,6 +25,7 @@ class Result:
     usage: Usage
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] | None = None
+    confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when known
 
 
 @dataclass

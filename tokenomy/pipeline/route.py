@@ -1,31 +1,199 @@
-"""Route stage: turn the asked-for model or route name into an ordered list of candidate models."""
+"""Route stage: pick the cheapest model that will do, and say why.
+
+A request names a model (pinned) or a route. A route lists candidate models cheapest first; its strategies compose
+in this order: `rules` (first matching rule picks), `classifier` (a learned probability that the cheaper model is
+good enough, against a calibrated threshold), `load` (when the preferred model's expected queue wait exceeds the
+route's SLO, the most capable cheaper model within the SLO serves; alone, `load` prefers the most capable model), `cascade` (the chosen model answers first and the answer is escalated up the
+list when a confidence signal fails). `fixed` is the first healthy model. Failures of a model fall back to the
+next candidate in the generate stage.
+
+Cascade and streams: a streamed answer is judged on its first `stream_buffer_tokens` tokens (or all of it, if it
+ends sooner) before the first byte reaches the client; escalation happens only then. The cost is TTFT: the client
+sees nothing until the buffer is judged. Signals that need the whole answer (JSON validity, truncation) are only
+judged when the answer ends inside the buffer.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from prometheus_client import Counter
+
+from tokenomy.backends.base import Delta
 from tokenomy.config import RouteSpec
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
+from tokenomy.router.cascade import Verdict, judge
+from tokenomy.router.rules import first_match, last_user_text
+
+log = logging.getLogger("tokenomy.route")
 
 
 class Route:
     name = "route"
 
-    def __init__(self, models: list[str], routes: dict[str, RouteSpec]) -> None:
+    def __init__(self, models: list[str], routes: dict[str, RouteSpec], expected_wait: Callable[[str], float]
+                 | None = None, registry: Any = None) -> None:
         self.models = models
         self.routes = routes
+        self.expected_wait = expected_wait or (lambda _: 0.0)
+        self._classifiers: dict[str, Any] = {}
+        self.decisions = self.escalations = None
+        if registry is not None:
+            self.decisions = Counter("tokenomy_route_decisions_total", "Routing decisions", ["route", "model", "by"],
+                                     registry=registry)
+            self.escalations = Counter("tokenomy_route_escalations_total", "Cascade escalations", ["route", "from"],
+                                       registry=registry)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         asked = ctx.gen.model
-        if asked in self.routes:
-            ctx.route = asked
-            ctx.candidates = list(self.routes[asked].models)
-            ctx.route_reason = f"route {asked}: fixed, first healthy of {','.join(ctx.candidates)}"
-        elif asked in self.models:
+        if asked in self.models and asked not in self.routes:
             ctx.candidates = [asked]
             ctx.route_reason = "pinned model"
-        else:
+            ctx.extras["route"] = {"chosen": asked, "candidates": [asked], "by": "pinned"}
+            await call_next(ctx)
+            return
+        spec = self.routes.get(asked)
+        if spec is None:
             known = ", ".join(self.models + list(self.routes))
             raise APIError(404, f"The model '{asked}' does not exist. Available: {known}.", param="model",
                            code="model_not_found")
-        await call_next(ctx)
+        ctx.route = asked
+        ladder, by, signals = self.choose(spec, ctx)
+        decision = {"route": asked, "candidates": list(spec.models), "strategies": spec.strategies,
+                    "chosen": ladder[0], "by": by, "signals": signals, "escalations": []}
+        ctx.extras["route"] = decision
+        ctx.route_reason = f"route {asked}: {by}"
+        if self.decisions is not None:
+            self.decisions.labels(asked, ladder[0], by.split(" ")[0]).inc()
+        if "cascade" in spec.strategies and len(ladder) > 1:
+            await self._cascade(ctx, call_next, spec, ladder, decision)
+        else:
+            ctx.candidates = ladder
+            await call_next(ctx)
+        decision["served"] = ctx.model
+
+    # ---- choosing the first model ------------------------------------------------------------------------
+    def choose(self, spec: RouteSpec, ctx: RequestContext) -> tuple[list[str], str, dict[str, Any]]:
+        """The ladder (chosen model first, then the more capable ones for fallback/escalation), why, signals."""
+        models = list(spec.models)
+        start, by, signals = 0, "fixed: first healthy", {}
+        s = spec.strategies
+        gen = ctx.gen
+        text = last_user_text(gen.messages, gen.prompt)
+        if "rules" in s:
+            meta = {k.removeprefix("x-tokenomy-meta-"): v for k, v in ctx.headers.items()
+                    if k.startswith("x-tokenomy-meta-")}
+            hit = first_match(spec.rules, prompt_tokens=ctx.prompt_tokens, text=text, has_tools=bool(gen.tools),
+                              has_response_format=bool(gen.response_format), tenant=ctx.tenant, metadata=meta)
+            if hit is not None:
+                model, i = hit
+                signals["rule"] = i
+                ladder = [model] + [m for m in models if m != model]
+                return ladder, f"rules: rule {i} matched", signals
+        if "classifier" in s and spec.classifier is not None:
+            router = self._classifier(spec.classifier.path)
+            p = float(router.p_weak_ok(text))
+            threshold = spec.classifier.threshold if spec.classifier.threshold is not None else router.threshold
+            signals.update(p_cheap_ok=round(p, 4), threshold=round(float(threshold), 4))
+            start = 0 if p >= threshold else len(models) - 1
+            by = f"classifier: p={p:.2f} {'>=' if start == 0 else '<'} {threshold:.2f}"
+        if "load" in s:
+            if not {"rules", "classifier"} & set(s):
+                start = len(models) - 1           # load alone: prefer the most capable, shed to cheaper ones
+                by = f"load: {models[start]} within SLO"
+            wait = self.expected_wait(models[start])
+            signals["expected_wait_s"] = round(wait, 3)
+            if wait > spec.load.slo_queue_s and start > 0:
+                cheaper = [i for i in range(start) if self.expected_wait(models[i]) <= spec.load.slo_queue_s]
+                if cheaper:
+                    by = f"load: {models[start]} wait {wait:.2f}s > SLO {spec.load.slo_queue_s}s"
+                    start = cheaper[-1]
+        if "cascade" in s and by.startswith("fixed"):
+            by = "cascade: cheapest first"
+        return models[start:] + models[:start], by, signals
+
+    def _classifier(self, path: str) -> Any:
+        if path not in self._classifiers:
+            from tokenomy.router.classifier import Router
+
+            self._classifiers[path] = Router.load(path)
+        return self._classifiers[path]
+
+    # ---- cascade ------------------------------------------------------------------------------------------
+    async def _cascade(self, ctx: RequestContext, call_next: Next, spec: RouteSpec, ladder: list[str],
+                       decision: dict[str, Any]) -> None:
+        for i, model in enumerate(ladder):
+            last = i == len(ladder) - 1
+            ctx.candidates = ladder[i:]           # errors still fall back up the ladder
+            ctx.result, ctx.deltas, ctx.usage, ctx.finish_reason, ctx.text = None, None, None, None, ""
+            await call_next(ctx)
+            if last:
+                return
+            if ctx.stream:
+                verdict, replay = await self._judge_stream(ctx, spec)
+            else:
+                r = ctx.result
+                assert r is not None
+                verdict = judge(r.text, r.confidence or _usage_logprobs(r.usage), r.finish_reason,
+                                ctx.gen.response_format, spec.cascade)
+                replay = None
+            decision["signals"][ctx.model or model] = verdict.signals
+            if not verdict.escalate:
+                if replay is not None:
+                    ctx.deltas = replay
+                return
+            decision["escalations"].append({"from": ctx.model, "reasons": verdict.reasons})
+            ctx.route_reason += f"; escalated from {ctx.model} ({', '.join(verdict.reasons)})"
+            ctx.extras.setdefault("escalated_usage", []).append(ctx.usage)
+            if self.escalations is not None:
+                self.escalations.labels(ctx.route or "", ctx.model or model).inc()
+
+    async def _judge_stream(self, ctx: RequestContext, spec: RouteSpec
+                            ) -> tuple[Verdict, AsyncIterator[Delta] | None]:
+        assert ctx.deltas is not None
+        stream = ctx.deltas
+        buffered: list[Delta] = []
+        conf: list[float] = []
+        finished = False
+        while len(conf) < spec.cascade.stream_buffer_tokens:
+            try:
+                d = await anext(stream)
+            except StopAsyncIteration:
+                finished = True
+                break
+            buffered.append(d)
+            conf += d.confidence or [0.0] * (1 if d.text else 0)
+            if d.finish_reason is not None:
+                finished = True
+                break
+        text = "".join(d.text for d in buffered)
+        finish = buffered[-1].finish_reason if buffered else None
+        verdict = judge(text, conf, finish, ctx.gen.response_format, spec.cascade, complete=finished)
+        if verdict.escalate:
+            await stream.aclose()           # frees the cheap model's sequence at its next step
+            return verdict, None
+
+        async def replay() -> AsyncIterator[Delta]:
+            try:
+                for d in buffered:
+                    yield d
+                if not finished:
+                    async for d in stream:
+                        yield d
+            finally:
+                await stream.aclose()
+        return verdict, replay()
+
+
+def _usage_logprobs(usage: Any) -> list[float]:
+    """Without per-token values, judge on the summary: mean and minimum as two pseudo-tokens."""
+    if usage is None or usage.mean_logprob is None:
+        return []
+    n = max(usage.completion_tokens, 2)
+    # Reconstruct a list whose mean and minimum equal the reported ones.
+    rest = (usage.mean_logprob * n - usage.min_logprob) / (n - 1)
+    return [usage.min_logprob] + [rest] * (n - 1)
