@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2)
@@ -30,6 +30,53 @@ class EngineCollector:
         yield running
         yield kv
         yield queue
+
+
+class HardwareCollector:
+    """Hardware layer, read at scrape time from an EnergyMeter: energy (labelled by source: nvml | rapl |
+    estimate), power (the source's own reading, else mean power since the previous scrape), memory."""
+
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        from tokenomy.meter.energy import process_rss_bytes
+
+        source = self.meter.source_name
+        energy = CounterMetricFamily("tokenomy_hw_energy_joules", "Energy since start; nvml and rapl are measured, "
+                                     "estimate is CPU time x watts per core", labels=["source"])
+        energy.add_metric([source], self.meter.total_joules())
+        yield energy
+        power = GaugeMetricFamily("tokenomy_hw_power_watts", "Power draw", labels=["source"])
+        watts = self.meter.power_watts()
+        if watts is not None:
+            power.add_metric([source], watts)
+        yield power
+        memory = GaugeMetricFamily("tokenomy_hw_memory_bytes", "Memory in use: gpu (NVML) and this process's rss",
+                                   labels=["kind"])
+        gpu, rss = self.meter.memory_bytes(), process_rss_bytes()
+        if gpu is not None:
+            memory.add_metric(["gpu"], gpu)
+        if rss is not None:
+            memory.add_metric(["rss"], rss)
+        yield memory
+
+
+class LedgerCollector:
+    """The ledger writer's health: rows written, dropped (queue full) and failed (database errors), queued."""
+
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        for name, attr, doc in (("tokenomy_ledger_rows_written", "written", "Ledger rows committed"),
+                                ("tokenomy_ledger_dropped_rows", "dropped", "Ledger rows dropped: write queue full"),
+                                ("tokenomy_ledger_failed_rows", "failed", "Ledger rows the database refused")):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], getattr(self.ledger, attr))
+            yield c
+        yield GaugeMetricFamily("tokenomy_ledger_queue_depth", "Ledger rows waiting to be written",
+                                value=self.ledger.pending)
 
 
 class Metrics:
@@ -68,9 +115,25 @@ class Metrics:
         # business
         self.requests = Counter("tokenomy_requests_total", "Requests by outcome", ["status", "model"], registry=r)
         self.engine_gauge = Gauge("tokenomy_engine_info", "Embedded engines loaded", ["model"], registry=r)
+        self.feedback = Histogram("tokenomy_feedback_score", "Feedback scores (-1 to 1) joined to requests",
+                                  buckets=(-1, -0.5, 0, 0.5, 1), registry=r)
+        self.budget_used = Gauge("tokenomy_budget_used_ratio", "Share of a spend budget used this period",
+                                 ["scope", "id", "period", "unit"], registry=r)
+        self.budget_warnings = Counter("tokenomy_budget_warnings_total", "Budgets that crossed their warning "
+                                       "threshold", ["scope", "period", "unit"], registry=r)
+        # hardware: joules attributed to requests (shares of engine steps), by source
+        self.request_energy = Counter("tokenomy_request_energy_joules_total", "Energy attributed to requests",
+                                      ["model", "source"], registry=r)
 
     def watch_engines(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         self.registry.register(EngineCollector(engines))
+
+    def watch_hardware(self, meter: Any) -> None:
+        """Export the hardware layer from an energy.EnergyMeter."""
+        self.registry.register(HardwareCollector(meter))
+
+    def watch_ledger(self, ledger: Any) -> None:
+        self.registry.register(LedgerCollector(ledger))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,11 +1,14 @@
 """Route stage: pick the cheapest model that will do, and say why.
 
 A request names a model (pinned) or a route. A route lists candidate models cheapest first; its strategies compose
-in this order: `rules` (first matching rule picks), `classifier` (a learned probability that the cheaper model is
-good enough, against a calibrated threshold), `load` (when the preferred model's expected queue wait exceeds the
-route's SLO, the most capable cheaper model within the SLO serves; alone, `load` prefers the most capable model), `cascade` (the chosen model answers first and the answer is escalated up the
-list when a confidence signal fails). `fixed` is the first healthy model. Failures of a model fall back to the
-next candidate in the generate stage.
+in this order:
+- `rules`: the first matching rule picks the model;
+- `classifier`: a learned probability that the cheaper model is good enough, against a calibrated threshold;
+- `load`: when the preferred model's expected queue wait exceeds the route's SLO, the most capable cheaper model
+  within the SLO serves (alone, `load` prefers the most capable model);
+- `cascade`: the chosen model answers first; the answer is escalated up the list when a confidence signal fails;
+- `fixed`: the first healthy model.
+Failures of a model fall back to the next candidate in the generate stage.
 
 Cascade and streams: a streamed answer is judged on its first `stream_buffer_tokens` tokens (or all of it, if it
 ends sooner) before the first byte reaches the client; escalation happens only then. The cost is TTFT: the client
