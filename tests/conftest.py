@@ -31,11 +31,16 @@ class LiveServer:
 
 @contextmanager
 def live_server(config_data: dict[str, Any] | None = None, config_path: str | None = None) -> Iterator[LiveServer]:
+    import tempfile
+
     from tokenomy.api.app import create_app
     from tokenomy.config import Config, load_config
     from tokenomy.gateway import Gateway
 
-    cfg = load_config(config_path) if config_path else Config.model_validate(config_data or {})
+    data = dict(config_data or {})
+    data.setdefault("cache", {})
+    data["cache"] = {"path": tempfile.mkdtemp(prefix="tokenomy-cache-"), **data["cache"]}
+    cfg = load_config(config_path) if config_path else Config.model_validate(data)
     gateway = Gateway(cfg, config_path)
     app = create_app(gateway)
     port = free_port()
@@ -58,9 +63,12 @@ def live_server(config_data: dict[str, Any] | None = None, config_path: str | No
 SMALL_ENGINE = {"n_ctx": 4096, "max_model_len": 2048, "max_running": 8, "max_retired": 8, "max_batch_tokens": 256}
 
 
+NO_CACHE = {"exact": {"enabled": False}, "semantic": {"enabled": False}}
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[LiveServer]:
-    with live_server({"engine": SMALL_ENGINE}) as s:
+    with live_server({"engine": SMALL_ENGINE, "cache": NO_CACHE}) as s:
         yield s
 
 

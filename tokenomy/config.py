@@ -166,6 +166,35 @@ class KeySpec(_Strict):
         return self
 
 
+class ExactCacheSettings(_Strict):
+    enabled: bool = True
+    ttl_s: float = Field(86400.0, gt=0)
+    max_entries: int = Field(10000, ge=1)
+    deterministic_only: bool = True      # only temperature 0 or seeded requests (others asked for randomness)
+
+
+class SemanticCacheSettings(_Strict):
+    enabled: bool = True
+    threshold: float = Field(0.9, gt=0, le=1)
+    error_budget: float | None = Field(0.02, gt=0, lt=1, description="tolerated share of wrong hits")
+    ttl_s: float = Field(86400.0, gt=0)
+    max_entries: int = Field(100000, ge=1)
+    routes: list[str] | None = None      # models/routes allowed to use it; None = all
+
+
+class CacheSettings(_Strict):
+    path: str = "tokenomy-cache"         # SQLite files and ANN indexes (local store)
+    store: str = "local"                 # local | redis://host:port/db (payloads shared by replicas)
+    exact: ExactCacheSettings = ExactCacheSettings()
+    semantic: SemanticCacheSettings = SemanticCacheSettings()
+
+    @model_validator(mode="after")
+    def _store(self) -> CacheSettings:
+        if self.store != "local" and not self.store.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("cache.store must be 'local' or a redis:// URL")
+        return self
+
+
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -179,6 +208,7 @@ class Config(_Strict):
     routes: dict[str, RouteSpec] = Field(default_factory=dict)
     cooldown: CooldownSettings = CooldownSettings()
     keys: list[KeySpec] = Field(default_factory=list)
+    cache: CacheSettings = CacheSettings()
 
     @model_validator(mode="after")
     def _refs(self) -> Config:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tokenomy.backends.base import TokenCount
+from tokenomy.backends.base import TokenCount, Usage
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
 from tokenomy.config import Config, ConfigError, load_config
@@ -14,6 +14,7 @@ from tokenomy.errors import APIError
 from tokenomy.meter.metrics import Metrics
 from tokenomy.models import resolve_gguf
 from tokenomy.pipeline.admit import Admit, Keyring
+from tokenomy.pipeline.cache import Cache
 from tokenomy.pipeline.chain import Pipeline
 from tokenomy.pipeline.context import Context
 from tokenomy.pipeline.generate import Generate
@@ -40,10 +41,13 @@ class Gateway:
         admit = Admit(self.keyring)
         self.record = Record(self.metrics, sinks=[admit.on_record])
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
+        self.exact_cache, self.semantic_cache = self._caches(config)
         self.pipeline = Pipeline([
             self.record,
             admit,
             Context(self.count_tokens, self.routes),
+            Cache(self.exact_cache, self.semantic_cache, self.cost,
+                  set(config.cache.semantic.routes) if config.cache.semantic.routes is not None else None),
             Route([m.name for m in config.models], self.routes,
                   expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
                   registry=self.metrics.registry),
@@ -60,6 +64,43 @@ class Gateway:
         from tokenomy.backends.openai import OpenAIBackend
 
         return OpenAIBackend(spec, metrics=self.metrics)
+
+    def _caches(self, config: Config) -> tuple[Any, Any]:
+        from pathlib import Path
+
+        from tokenomy.cache.exact import ExactCache
+        from tokenomy.cache.semantic import SemanticCache
+        from tokenomy.cache.store import RedisStore, SQLiteStore
+
+        c = config.cache
+        path = Path(c.path)
+        path.mkdir(parents=True, exist_ok=True)
+
+        def store(namespace: str, max_entries: int) -> Any:
+            if c.store == "local":
+                return SQLiteStore(str(path / f"{namespace}.sqlite"), namespace, max_entries)
+            return RedisStore(c.store, namespace, max_entries)
+
+        exact = semantic = None
+        if c.exact.enabled:
+            exact = ExactCache(store("exact", c.exact.max_entries), ttl_s=c.exact.ttl_s,
+                               max_entries=c.exact.max_entries, deterministic_only=c.exact.deterministic_only)
+        if c.semantic.enabled:
+            s = c.semantic
+            semantic = SemanticCache(path / "semantic", store=store("semantic", s.max_entries),
+                                     threshold=s.threshold, error_budget=s.error_budget, ttl_s=s.ttl_s,
+                                     max_entries=s.max_entries)
+        return exact, semantic
+
+    def cost(self, model: str, usage: Usage) -> float:
+        """USD for a generation: uncached input, cached input and output each at their own price."""
+        try:
+            p = self.config.model(model).price
+        except StopIteration:
+            return 0.0
+        assert p is not None
+        fresh = max(usage.prompt_tokens - usage.cached_tokens, 0)
+        return (fresh * p.input + usage.cached_tokens * p.cached_input + usage.completion_tokens * p.output) / 1e6
 
     def engines(self) -> list[tuple[str, Any]]:
         return [(n, b.engine) for n, b in self.registry.backends.items() if isinstance(b, EmbeddedBackend)]
@@ -107,3 +148,5 @@ class Gateway:
 
     async def close(self) -> None:
         await self.registry.close()
+        if self.semantic_cache is not None:
+            self.semantic_cache.close()

@@ -7,14 +7,14 @@ import hashlib
 import httpx
 import pytest
 
-from tests.conftest import SMALL_ENGINE, live_server
+from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
 @pytest.fixture(scope="module")
 def gw():
-    cfg = {"engine": SMALL_ENGINE, "keys": [
+    cfg = {"engine": SMALL_ENGINE, "cache": NO_CACHE, "keys": [
         {"key": "sk-alice", "name": "alice", "tenant": "acme", "rpm": 2},
         {"key_sha256": hashlib.sha256(b"sk-bob").hexdigest(), "name": "bob", "tenant": "globex", "tpm": 10},
         {"key": "sk-admin", "name": "ops", "tenant": "ops", "admin": True},

@@ -13,7 +13,7 @@ import openai
 import pytest
 import uvicorn
 
-from tests.conftest import SMALL_ENGINE, free_port, live_server
+from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
 from tests.upstream_stub import Stub
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,6 +54,7 @@ class StubServer:
 def gateway_config(upstream_port: int, **remote: object) -> dict:
     return {
         "engine": SMALL_ENGINE,
+        "cache": NO_CACHE,
         "models": [
             {"name": "remote", "backend": "openai", "base_url": f"http://127.0.0.1:{upstream_port}/v1",
              "model": "smollm2-135m-instruct", "tokenizer": "smollm2-135m-instruct", "max_retries": 0,

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import live_server
+from tests.conftest import NO_CACHE, live_server
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 
@@ -16,7 +16,7 @@ ENGINE = {"n_ctx": 2048, "max_model_len": 1024, "max_running": 4, "max_retired":
 
 
 def config(extra_models=(), **routes):
-    return {"engine": ENGINE,
+    return {"engine": ENGINE, "cache": NO_CACHE,
             "models": [{"name": "small", "gguf": "smollm2-135m-instruct"},
                        {"name": "big", "gguf": "gemma3-270m", "engine": {**ENGINE, "max_running": 1}},
                        *extra_models],

@@ -1,0 +1,123 @@
+"""The cache stage in the live gateway: exact and semantic hits, stream replay, opt-outs, tenants, Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import SMALL_ENGINE, free_port, live_server
+
+MODEL = "smollm2-135m-instruct"
+REDIS_URL = os.environ.get("TOKENOMY_TEST_REDIS_URL", "redis://127.0.0.1:6390/0")
+
+
+def chat(gw, content, key=None, stream=False, headers=None, **kw):
+    h = dict(headers or {})
+    if key:
+        h["authorization"] = f"Bearer {key}"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8,
+            "temperature": 0, "stream": stream, **kw}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return httpx.post(gw.base_url + "/chat/completions", json=body, headers=h, timeout=120)
+
+
+def stream_events(r):
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+@pytest.fixture(scope="module")
+def gw():
+    cfg = {"engine": SMALL_ENGINE, "keys": [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]}
+    with live_server(cfg) as s:
+        yield s
+
+
+def test_exact_hit_replays_the_answer_and_streams_keep_their_shape(gw):
+    first = chat(gw, "Name a red fruit.", "sk-a")
+    assert first.headers["x-tokenomy-cache"] == "miss"
+    again = chat(gw, "Name a red fruit.", "sk-a")
+    assert again.headers["x-tokenomy-cache"] == "exact"
+    assert again.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+    assert again.json()["usage"]["completion_tokens"] == first.json()["usage"]["completion_tokens"]
+    # a streamed request is stored as a stream and replayed with the same event shape
+    s1 = chat(gw, "Name a green fruit.", "sk-a", stream=True)
+    s2 = chat(gw, "Name a green fruit.", "sk-a", stream=True)
+    assert s1.headers["x-tokenomy-cache"] == "miss" and s2.headers["x-tokenomy-cache"] == "exact"
+    e1, e2 = stream_events(s1), stream_events(s2)
+    assert e2[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = lambda ev: "".join(c["choices"][0]["delta"].get("content") or "" for c in ev if c["choices"])  # noqa: E731
+    assert text(e1) == text(e2) and e2[-1]["usage"] == e1[-1]["usage"] and s2.text.endswith("data: [DONE]\n\n")
+
+
+def test_never_across_tenants(gw):
+    chat(gw, "Name a blue flower.", "sk-a")
+    assert chat(gw, "Name a blue flower.", "sk-a").headers["x-tokenomy-cache"] == "exact"
+    assert chat(gw, "Name a blue flower.", "sk-b").headers["x-tokenomy-cache"] == "miss"
+
+
+def test_cache_control_and_randomness(gw):
+    chat(gw, "Name a yellow fruit.", "sk-a", headers={"cache-control": "no-store"})
+    assert chat(gw, "Name a yellow fruit.", "sk-a").headers["x-tokenomy-cache"] == "miss"      # was not stored
+    assert chat(gw, "Name a yellow fruit.", "sk-a", headers={"cache-control": "no-cache"}
+                ).headers["x-tokenomy-cache"] == "miss"                                          # not looked up
+    assert chat(gw, "Name a yellow fruit.", "sk-a").headers["x-tokenomy-cache"] == "exact"
+    chat(gw, "Name a purple fruit.", "sk-a", temperature=1.0)
+    assert chat(gw, "Name a purple fruit.", "sk-a", temperature=1.0).headers["x-tokenomy-cache"] == "miss"
+    chat(gw, "Name an orange fruit.", "sk-a", temperature=1.0, seed=3)
+    assert chat(gw, "Name an orange fruit.", "sk-a", temperature=1.0, seed=3).headers["x-tokenomy-cache"] == "exact"
+
+
+def test_semantic_hit_on_a_paraphrase_but_not_on_a_different_question(gw):
+    first = chat(gw, "What is the capital city of France?", "sk-a")
+    para = chat(gw, "what's the capital city of france?", "sk-a")
+    assert para.headers["x-tokenomy-cache"] == "semantic"
+    assert para.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    assert chat(gw, "What is the capital city of Germany?", "sk-a").headers["x-tokenomy-cache"] == "miss"
+    assert chat(gw, "what's the capital city of france?", "sk-b").headers["x-tokenomy-cache"] == "miss"
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_timeout=0.5).ping()
+        yield REDIS_URL
+        return
+    except redis.RedisError:
+        pass
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed (.ci/run installs it)")
+    port = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL)
+    time.sleep(0.5)
+    yield REDIS_URL
+    proc.terminate()
+
+
+def test_replicas_share_the_exact_cache_through_redis(redis_url):
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    cfg = {"engine": SMALL_ENGINE, "cache": {"store": redis_url, "semantic": {"enabled": False}}}
+    with live_server(cfg) as one, live_server(cfg) as two:
+        assert chat(one, "Name a white animal.").headers["x-tokenomy-cache"] == "miss"
+        assert chat(two, "Name a white animal.").headers["x-tokenomy-cache"] == "exact"
+
+
+def test_redis_down_serves_uncached_and_counts_errors():
+    cfg = {"engine": SMALL_ENGINE, "cache": {"store": f"redis://127.0.0.1:{free_port()}/0",
+                                             "semantic": {"enabled": False}}}
+    with live_server(cfg) as g:
+        for _ in range(2):
+            r = chat(g, "Name a black animal.")
+            assert r.status_code == 200 and r.headers["x-tokenomy-cache"] == "miss"
+        assert g.gateway.exact_cache.errors >= 1

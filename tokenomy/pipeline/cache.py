@@ -1,0 +1,148 @@
+"""Cache stage: exact, then semantic; a hit ends the request here with the stored answer.
+
+Opt-outs ride in the request's `cache-control` header: `no-cache` skips the lookup, `no-store` skips the write.
+Only finished, successful answers are stored (finish_reason stop or length); streamed answers are stored as
+their text pieces and replayed as a stream with the same event shape. A cache that fails (Redis down) never
+fails the request: the stores count errors and answer "miss". A hit carries the tokens and USD it saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from tokenomy.backends.base import Delta, Usage
+from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.pipeline.chain import Next
+from tokenomy.pipeline.request import RequestContext, Result
+
+log = logging.getLogger("tokenomy.cache")
+
+CostFn = Callable[[str, Usage], float]
+
+
+def cache_messages(ctx: RequestContext) -> list[dict[str, Any]]:
+    if ctx.gen.kind == "chat":
+        return list(ctx.gen.messages or [])
+    return [{"role": "user", "content": ctx.gen.prompt or ""}]
+
+
+def cache_params(ctx: RequestContext) -> dict[str, Any]:
+    p = dict(ctx.gen.params)
+    p["kind"] = ctx.gen.kind
+    for k in ("tools", "tool_choice", "response_format"):
+        v = getattr(ctx.gen, k)
+        if v is not None:
+            p[k] = v
+    return p
+
+
+class Cache:
+    name = "cache"
+
+    def __init__(self, exact: Any | None, semantic: Any | None, cost: CostFn,
+                 semantic_routes: set[str] | None = None) -> None:
+        self.exact = exact
+        self.semantic = semantic
+        self.cost = cost
+        self.semantic_routes = semantic_routes   # None: every model and route may use the semantic cache
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
+        control = ctx.headers.get("cache-control", "").lower()
+        lookup, store = "no-cache" not in control, "no-store" not in control
+        msgs, params, model = cache_messages(ctx), cache_params(ctx), ctx.gen.model
+        eligible = self.exact is not None and self.exact.cacheable(params)
+        use_semantic = self.semantic is not None and eligible and ctx.gen.kind == "chat" and \
+            (self.semantic_routes is None or model in self.semantic_routes)
+        if not eligible:
+            ctx.extras["cache_bypass"] = "not deterministic" if self.exact is not None else "disabled"
+        elif lookup:
+            hit = await asyncio.to_thread(self._lookup, ctx.tenant, model, msgs, params, use_semantic)
+            if hit is not None:
+                self._serve(ctx, hit)
+                return
+        await call_next(ctx)
+        if not (eligible and store):
+            return
+        if ctx.deltas is not None:
+            ctx.deltas = self._capture(ctx, ctx.deltas, msgs, params, use_semantic)
+        elif ctx.result is not None:
+            self._store(ctx, msgs, params, use_semantic, ctx.result.text, None, ctx.result)
+
+    def _lookup(self, tenant: str, model: str, msgs: list[dict[str, Any]], params: dict[str, Any],
+                use_semantic: bool) -> CacheHit | None:
+        try:
+            hit = self.exact.lookup(tenant, model, msgs, params) if self.exact is not None else None
+            if hit is None and use_semantic:
+                hit = self.semantic.lookup(tenant, model, msgs, params)
+            return hit
+        except Exception:                         # a broken cache is a miss, never a failed request
+            log.exception("cache lookup failed")
+            return None
+
+    def _serve(self, ctx: RequestContext, hit: CacheHit) -> None:
+        e = hit.entry
+        r = e.response
+        ctx.cache = hit.kind
+        ctx.model = e.model or ctx.gen.model
+        ctx.route_reason = f"cache {hit.kind} hit" + (f" (similarity {hit.similarity:.3f})"
+                                                        if hit.kind == "semantic" else "")
+        usage = Usage(prompt_tokens=e.prompt_tokens, completion_tokens=e.completion_tokens,
+                      cached_tokens=int(r.get("cached_tokens", 0)))
+        ctx.usage = usage
+        ctx.finish_reason = r.get("finish_reason", "stop")
+        ctx.text = r.get("text", "")
+        ctx.extras["saved"] = {"by": hit.kind, "tokens": hit.saved_tokens, "usd": hit.saved_usd,
+                               "similarity": hit.similarity, "entry_id": hit.entry_id}
+        result = Result(text=ctx.text, finish_reason=ctx.finish_reason, usage=usage,
+                        tool_calls=r.get("tool_calls"))
+        if ctx.stream:
+            pieces = e.chunks or [{"text": ctx.text}]
+            ctx.deltas = _replay(pieces, result)
+        else:
+            ctx.result = result
+
+    def _store(self, ctx: RequestContext, msgs: list[dict[str, Any]], params: dict[str, Any], use_semantic: bool,
+               text: str, chunks: list[dict[str, Any]] | None, result: Result | None) -> None:
+        if ctx.error is not None or ctx.finish_reason not in ("stop", "length", "tool_calls") or ctx.usage is None:
+            return
+        if ctx.cache in ("exact", "semantic"):
+            return
+        u = ctx.usage
+        entry = CacheEntry(
+            response={"text": text, "finish_reason": ctx.finish_reason, "cached_tokens": u.cached_tokens,
+                      "tool_calls": result.tool_calls if result is not None else None},
+            chunks=chunks, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+            cost_usd=self.cost(ctx.model or ctx.gen.model, u), model=ctx.model or "")
+        try:
+            if self.exact is not None:
+                self.exact.put(ctx.tenant, ctx.gen.model, msgs, params, entry)
+            if use_semantic:
+                self.semantic.add(ctx.tenant, ctx.gen.model, msgs, params, entry)
+        except Exception:
+            log.exception("cache write failed")
+
+    async def _capture(self, ctx: RequestContext, deltas: AsyncIterator[Delta], msgs: list[dict[str, Any]],
+                       params: dict[str, Any], use_semantic: bool) -> AsyncIterator[Delta]:
+        pieces: list[dict[str, Any]] = []
+        complete = False
+        try:
+            async for d in deltas:
+                if d.text or d.tool_calls:
+                    pieces.append({"text": d.text, **({"tool_calls": d.tool_calls} if d.tool_calls else {})})
+                if d.finish_reason is not None and d.error is None:
+                    complete = True
+                yield d
+        finally:
+            await deltas.aclose()
+        if complete:
+            text = "".join(p["text"] for p in pieces)
+            await asyncio.to_thread(self._store, ctx, msgs, params, use_semantic, text, pieces, None)
+
+
+async def _replay(pieces: list[dict[str, Any]], result: Result) -> AsyncIterator[Delta]:
+    for p in pieces:
+        yield Delta(text=p.get("text", ""), tool_calls=p.get("tool_calls"))
+    yield Delta(finish_reason=result.finish_reason, usage=result.usage)
