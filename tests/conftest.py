@@ -40,6 +40,7 @@ def live_server(config_data: dict[str, Any] | None = None, config_path: str | No
     data = dict(config_data or {})
     data.setdefault("cache", {})
     data["cache"] = {"path": tempfile.mkdtemp(prefix="tokenomy-cache-"), **data["cache"]}
+    data.setdefault("ledger", "sqlite:///" + tempfile.mkdtemp(prefix="tokenomy-ledger-") + "/ledger.db")
     cfg = load_config(config_path) if config_path else Config.model_validate(data)
     gateway = Gateway(cfg, config_path)
     app = create_app(gateway)

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import typer
 
+from tokenomy.meter.command import report
 from tokenomy.plan.command import plan
 from tokenomy.router.command import app as router_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.command("plan")(plan)
+app.command("report")(report)
 app.add_typer(router_app, name="router", help="Train, calibrate and evaluate a learned router.")
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tokenomy.meter.budget import BudgetLimits
 from tokenomy.models import DEFAULT_MODEL, PACKAGED
 
 
@@ -158,6 +159,7 @@ class KeySpec(_Strict):
     admin: bool = False
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
+    budget: BudgetLimits | None = None
 
     @model_validator(mode="after")
     def _one(self) -> KeySpec:
@@ -195,6 +197,15 @@ class CacheSettings(_Strict):
         return self
 
 
+class EnergySettings(_Strict):
+    source: Literal["auto", "nvml", "rapl", "estimate"] = "auto"
+    watts_per_core: float = Field(15.0, gt=0, description="CPU estimate: watts per busy core")
+
+
+class TenantSpec(_Strict):
+    budget: BudgetLimits | None = None
+
+
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -209,6 +220,9 @@ class Config(_Strict):
     cooldown: CooldownSettings = CooldownSettings()
     keys: list[KeySpec] = Field(default_factory=list)
     cache: CacheSettings = CacheSettings()
+    ledger: str | None = "sqlite:///tokenomy.db"      # postgresql://user@host/db; null: no ledger
+    energy: EnergySettings = EnergySettings()
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _refs(self) -> Config:

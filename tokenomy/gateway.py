@@ -11,9 +11,14 @@ from tokenomy.backends.registry import Registry
 from tokenomy.config import Config, ConfigError, load_config
 from tokenomy.engine.engine import EngineConfig
 from tokenomy.errors import APIError
+from tokenomy.meter import pricing
+from tokenomy.meter.budget import Budgets
+from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
+from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
+from tokenomy.meter.sink import MeterSink
 from tokenomy.models import resolve_gguf
-from tokenomy.pipeline.admit import Admit, Keyring
+from tokenomy.pipeline.admit import Admit, Keyring, hash_key
 from tokenomy.pipeline.cache import Cache
 from tokenomy.pipeline.chain import Pipeline
 from tokenomy.pipeline.context import Context
@@ -38,8 +43,20 @@ class Gateway:
             self._watch_engine(name, engine)
         self.keyring = Keyring(config.keys)
         self.routes = dict(config.routes)     # shared with the stages, updated in place on reload
-        admit = Admit(self.keyring)
-        self.record = Record(self.metrics, sinks=[admit.on_record])
+        self.ledger = Ledger(config.ledger) if config.ledger else None
+        e = config.energy
+        self.energy_meter = EnergyMeter(detect(e.watts_per_core, prefer=None if e.source == "auto" else e.source))
+        self.energy = EnergyAccount(self.energy_meter)
+        self.metrics.watch_hardware(self.energy_meter)
+        if self.ledger is not None:
+            self.metrics.watch_ledger(self.ledger)
+        for _, engine in self.engines():
+            engine.stats.on_step_seqs.append(self.energy.on_step)
+        self.budgets = self._budgets(config)
+        admit = Admit(self.keyring, self.budgets)
+        self.meter = MeterSink(self.ledger, {m.name: m.price for m in config.models}, self.metrics,
+                               self.budgets, self.energy, {m.name: m.backend for m in config.models})
+        self.record = Record(self.metrics, sinks=[admit.on_record, self.meter])
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
         self.exact_cache, self.semantic_cache = self._caches(config)
         self.pipeline = Pipeline([
@@ -64,6 +81,15 @@ class Gateway:
         from tokenomy.backends.openai import OpenAIBackend
 
         return OpenAIBackend(spec, metrics=self.metrics)
+
+    def _budgets(self, config: Config) -> Budgets:
+        keys = {(k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or ""))[:12]: k.budget
+                for k in config.keys if k.budget}
+        b = Budgets(keys=keys, tenants={t: s.budget for t, s in config.tenants.items() if s.budget},
+                    key_names={i.key_id: i.name for i in self.keyring.by_hash.values()}, metrics=self.metrics)
+        if self.ledger is not None:
+            b.seed(self.ledger)
+        return b
 
     def _caches(self, config: Config) -> tuple[Any, Any]:
         from pathlib import Path
@@ -99,8 +125,8 @@ class Gateway:
         except StopIteration:
             return 0.0
         assert p is not None
-        fresh = max(usage.prompt_tokens - usage.cached_tokens, 0)
-        return (fresh * p.input + usage.cached_tokens * p.cached_input + usage.completion_tokens * p.output) / 1e6
+        cached = min(usage.cached_tokens, usage.prompt_tokens)
+        return pricing.cost(p, usage.prompt_tokens, cached, usage.completion_tokens).total_usd
 
     def engines(self) -> list[tuple[str, Any]]:
         return [(n, b.engine) for n, b in self.registry.backends.items() if isinstance(b, EmbeddedBackend)]
@@ -136,6 +162,8 @@ class Gateway:
         if [m.model_dump() for m in new.models] != [m.model_dump() for m in self.config.models]:
             raise APIError(400, "models changed: restart tokenomy to load them.", code="restart_needed")
         self.keyring.__init__(new.keys)  # type: ignore[misc]
+        fresh = self._budgets(new)
+        self.budgets.__dict__.update(fresh.__dict__)
         self.routes.clear()
         self.routes.update(new.routes)
         self.registry.failures = new.cooldown.failures
@@ -150,3 +178,5 @@ class Gateway:
         await self.registry.close()
         if self.semantic_cache is not None:
             self.semantic_cache.close()
+        if self.ledger is not None:
+            self.ledger.close()

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokenomy.api.dashboard import dashboard_router
 from tokenomy.api.errors import (
     api_error_handler,
     error_response,
@@ -44,7 +45,7 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = await _parse(request, ChatCompletionRequest, gateway.config.server.max_body_bytes)
+        body = await _parse_recorded(gateway, request, ChatCompletionRequest, "chat")
         assert isinstance(body, ChatCompletionRequest)
         gen = GenRequest(model=body.model, kind="chat", messages=[m.plain() for m in body.messages],
                          params=body.sampling(), tools=body.tools, tool_choice=body.tool_choice,
@@ -54,7 +55,7 @@ def create_app(gateway: Gateway) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await _parse(request, CompletionRequest, gateway.config.server.max_body_bytes)
+        body = await _parse_recorded(gateway, request, CompletionRequest, "completion")
         assert isinstance(body, CompletionRequest)
         if body.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
@@ -94,11 +95,44 @@ def create_app(gateway: Gateway) -> FastAPI:
         gateway.keyring.admin(request.headers.get("authorization"))
         return gateway.reload()
 
+    if gateway.ledger is not None:
+        app.include_router(dashboard_router(
+            gateway.ledger, gateway.metrics,
+            guard=lambda r: gateway.keyring.admin(r.headers.get("authorization")),
+            feedback_guard=lambda r, row: _own_request(gateway, r, row)))
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+def _own_request(gateway: Gateway, request: Request, row: Any) -> None:
+    """Feedback is for one's own requests (or any, with an admin key); open when no keys are configured."""
+    if not gateway.keyring.enabled:
+        return
+    info = gateway.keyring.lookup(request.headers.get("authorization"))
+    if not info.admin and info.key_id != getattr(row, "key_id", None):
+        raise APIError(403, "That request was made with another key.", code="not_your_request")
+
+
+async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseModel], kind: str) -> BaseModel:
+    """Parse the body; a refused body still gets its ledger row (status 4xx, no model)."""
+    try:
+        return await _parse(request, model, gateway.config.server.max_body_bytes)
+    except (APIError, RequestValidationError) as e:
+        err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")
+        ctx = RequestContext(gen=GenRequest(model="", kind=kind), error=err, status=err.status,
+                             headers={k.lower(): v for k, v in request.headers.items()})
+        if gateway.keyring.enabled:
+            try:
+                info = gateway.keyring.lookup(ctx.headers.get("authorization"))
+                ctx.key_id, ctx.tenant = info.key_id, info.tenant
+            except APIError:
+                pass
+        gateway.record.finish(ctx)
+        raise
 
 
 async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
@@ -122,8 +156,12 @@ async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseMo
         raise RequestValidationError(e.errors()) from e
 
 
-def _headers(ctx: RequestContext) -> dict[str, str]:
+def _headers(ctx: RequestContext, gateway: Gateway | None = None) -> dict[str, str]:
     h = {"x-tokenomy-request-id": ctx.request_id, "x-tokenomy-cache": ctx.cache}
+    if gateway is not None and ctx.usage is not None and ctx.model and not ctx.stream:
+        spent = 0.0 if ctx.cache in ("exact", "semantic") else gateway.cost(ctx.model, ctx.usage)
+        spent += sum(gateway.cost(m, u) for m, u in ctx.extras.get("escalated_usage", []))
+        h["x-tokenomy-cost-usd"] = f"{spent:.8f}"
     if ctx.model:
         h["x-tokenomy-route"] = f"{ctx.model}; {ctx.route_reason}"
     if ctx.usage is not None and ctx.usage.counted:
@@ -153,7 +191,7 @@ async def _serve(request: Request, gateway: Gateway, gen: GenRequest, stream: bo
         return error_response(e)
     if not stream:
         body = chat_body(ctx) if gen.kind == "chat" else completion_body(ctx, echo)
-        return JSONResponse(body, headers=_headers(ctx))
+        return JSONResponse(body, headers=_headers(ctx, gateway))
     assert ctx.deltas is not None
     writer = ChunkWriter(ctx, include_usage, echo)
 

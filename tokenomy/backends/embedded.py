@@ -88,7 +88,7 @@ class EmbeddedBackend:
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
         try:
-            seq = self.engine.submit(prompt, sp, on_event, constraint=constraint)
+            seq = self.engine.submit(prompt, sp, on_event, constraint=constraint, request_id=req.request_id)
         except QueueFull as e:
             raise Overloaded(str(e), retry_after=1.0) from e
         finished = False

@@ -44,6 +44,7 @@ class StepStats:
     last_batch_tokens: int = 0
     last_batch_seqs: int = 0
     on_step: list[Callable[[int, int, float], None]] = field(default_factory=list)
+    on_step_seqs: list[Callable[[float, dict[Any, int]], None]] = field(default_factory=list)  # dt, tokens by id
 
 
 class Engine:
@@ -84,12 +85,13 @@ class Engine:
         self.runner.close()
 
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[TokenEvent], None],
-               constraint: Any = None) -> Sequence:
+               constraint: Any = None, request_id: str | None = None) -> Sequence:
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) >= self.max_model_len:
             raise ValueError(f"prompt is {len(prompt)} tokens; the limit is {self.max_model_len - 1}")
-        seq = Sequence(prompt=list(prompt), params=params, on_event=on_event, constraint=constraint)
+        seq = Sequence(prompt=list(prompt), params=params, on_event=on_event, constraint=constraint,
+                       request_id=request_id)
         with self._cv:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.cfg.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({self.cfg.max_waiting} requests)")
@@ -169,6 +171,10 @@ class Engine:
         st.last_batch_tokens, st.last_batch_seqs = n_tokens, len(chunks)
         for cb in st.on_step:
             cb(n_tokens, len(chunks), dt)
+        if st.on_step_seqs:
+            by_seq = {seq.request_id or seq.seq_id: len(c.tokens) for (seq, _), c in zip(plan, chunks, strict=True)}
+            for cb2 in st.on_step_seqs:
+                cb2(dt, by_seq)
         row = 0
         for (seq, _), chunk in zip(plan, chunks, strict=True):
             self.scheduler.committed(seq, chunk.tokens)

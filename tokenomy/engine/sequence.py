@@ -42,6 +42,7 @@ class Sequence:
     params: SamplingParams
     on_event: Callable[[TokenEvent], None]
     constraint: Any = None                  # structured.Constraint, optional
+    request_id: str | None = None
     seq_id: int = field(default_factory=lambda: next(_ids))
     status: Status = Status.WAITING
     output: list[int] = field(default_factory=list)

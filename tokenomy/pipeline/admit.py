@@ -11,6 +11,7 @@ import hmac
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenomy.config import KeySpec
 from tokenomy.errors import APIError
@@ -70,14 +71,17 @@ class Keyring:
 class Admit:
     name = "admit"
 
-    def __init__(self, keyring: Keyring) -> None:
+    def __init__(self, keyring: Keyring, budgets: Any = None) -> None:
         self.keyring = keyring
+        self.budgets = budgets
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         if self.keyring.enabled:
             info = self.keyring.lookup(ctx.headers.get("authorization"))
             ctx.key_id, ctx.tenant = info.key_id, info.tenant
             self._check_limits(info, ctx)
+        if self.budgets is not None:
+            self.budgets.check(ctx.key_id, ctx.tenant)   # raises BudgetExceeded: a 429 naming the budget
         await call_next(ctx)
 
     def on_record(self, ctx: RequestContext) -> None:

@@ -151,7 +151,7 @@ class Route:
                 return
             decision["escalations"].append({"from": ctx.model, "reasons": verdict.reasons})
             ctx.route_reason += f"; escalated from {ctx.model} ({', '.join(verdict.reasons)})"
-            ctx.extras.setdefault("escalated_usage", []).append(ctx.usage)
+            ctx.extras.setdefault("escalated_usage", []).append((ctx.model or model, ctx.usage))
             if self.escalations is not None:
                 self.escalations.labels(ctx.route or "", ctx.model or model).inc()
 

@@ -1,0 +1,204 @@
+"""tokenomy/api/dashboard.py: the live page in headless Chromium, its data endpoint, and POST /v1/feedback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+
+from tests.conftest import free_port
+from tests.meter.synthetic import Spec, mixed, rows_for
+from tests.meter.test_report import check, expected
+from tokenomy.api.dashboard import dashboard_router
+from tokenomy.errors import APIError
+from tokenomy.meter.ledger import Ledger
+from tokenomy.meter.metrics import Metrics
+from tokenomy.meter.report import ROWS
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert time.time() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def site(tmp_path):
+    specs = mixed()
+    rows = rows_for(specs)
+    metrics = Metrics()
+    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
+        for r in rows:
+            led.write(r)
+        led.flush()
+        metrics.watch_ledger(led)
+        app = FastAPI()
+        app.include_router(dashboard_router(led, metrics, refresh_s=1.0))
+        with serve(app) as root:
+            yield root, led, specs, rows, metrics
+
+
+def nested(cells: dict[str, float], group: str) -> dict:
+    """Cells {"all:cost_usd.total": v} -> {"cost_usd": {"total": v}} for one column."""
+    out: dict = {}
+    for key, value in cells.items():
+        name, path = key.split(":", 1)
+        if name != group:
+            continue
+        node = out
+        *parents, leaf = path.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)")
+def test_dashboard_in_chromium_shows_the_ledgers_figures_and_refreshes(site):
+    from playwright.sync_api import sync_playwright
+
+    root, led, specs, rows, _ = site
+    hosts: set[str] = set()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.on("request", lambda req: hosts.add(urlparse(req.url).netloc))
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(root + "/dashboard")
+            page.wait_for_selector('[data-figure="all:requests"]', timeout=20_000)
+            cells = page.eval_on_selector_all(
+                "[data-figure]", "els => els.map(e => [e.dataset.figure, JSON.parse(e.dataset.value), "
+                                 "e.textContent])")
+            values = {k: v for k, v, _ in cells}
+            texts = {k: t for k, _, t in cells}
+            assert {k.split(":", 1)[1] for k in values} == {path for _, path, _ in ROWS}
+            want = expected(specs, rows)
+            shown = {k: v for k, v in want.items() if any(k == p for _, p, _ in ROWS)}
+            assert len(shown) >= 20
+            check(nested(values, "all"), shown)
+            assert texts["all:requests"] == str(len(specs))
+            assert texts["all:tokens.billed"] == f"{want['tokens.billed']:,}"
+            assert texts["all:cost_usd.total"].startswith("$")
+            assert texts["all:energy.joules"].endswith("(estimate)")
+            assert "notional" in page.inner_text("#note-notional")
+            # the charts are drawn from the same figures
+            cost_y = page.evaluate("document.getElementById('chart-cost').data.map(t => t.y[0])")
+            assert sum(cost_y) == pytest.approx(want["cost_usd.total"], rel=1e-9)
+            assert page.locator("#chart-timeline .main-svg").count() > 0
+            assert page.locator('#live [data-live="tokenomy_ledger_queue_depth"]').count() == 1
+            # live: a new request shows up within a refresh or two
+            led.write(rows_for([Spec("large", 10, 0, 5)], prefix="new")[0])
+            led.flush()
+            page.wait_for_selector(f'[data-figure="all:requests"][data-value="{len(specs) + 1}"]', timeout=10_000)
+            # grouping by model adds a column per model
+            page.select_option("#by", "model")
+            page.wait_for_selector('[data-figure="large:requests"]', timeout=10_000)
+            n_large = sum(s.model == "large" for s in specs) + 1
+            assert page.get_attribute('[data-figure="large:requests"]', "data-value") == str(n_large)
+            assert not errors, errors
+        finally:
+            browser.close()
+    assert hosts == {urlparse(root).netloc}, f"the page reached beyond the gateway: {hosts}"
+
+
+def test_data_endpoint_and_its_errors(site):
+    root, _, specs, rows, _ = site
+    r = httpx.get(root + "/dashboard/data", params={"since": "1h", "by": "tenant"})
+    assert r.status_code == 200
+    data = r.json()
+    check(data["total"], expected(specs, rows))
+    assert set(data["groups"]) == {s.tenant for s in specs}
+    assert data["live"]["tokenomy_ledger_queue_depth"] == 0
+    assert httpx.get(root + "/dashboard/data", params={"since": "5m"}).json()["total"]["requests"] == \
+        sum(s.ago_s < 300 for s in specs)
+    for params, param in (({"since": "soon"}, "since"), ({"until": "x"}, "until"), ({"by": "user"}, "by"),
+                          ({"since": "1h", "until": "2h"}, "since")):
+        r = httpx.get(root + "/dashboard/data", params=params)
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == param and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    page = httpx.get(root + "/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<script src" not in page.text
+
+
+def test_feedback_endpoint(site):
+    root, led, _, rows, metrics = site
+    rid = rows[2].request_id
+    r = httpx.post(root + "/v1/feedback", json={"request_id": rid, "score": 0.5, "comment": "good answer"})
+    assert r.status_code == 200 and r.json()["request_id"] == rid
+    assert (led.get(rid).feedback_score, led.get(rid).feedback_comment) == (0.5, "good answer")
+    assert metrics.registry.get_sample_value("tokenomy_feedback_score_count") == 1
+    fresh = rows_for([Spec("small", 3, 0, 1)], prefix="fresh")[0]
+    led.write(fresh)                                     # not flushed: feedback may follow the answer at once
+    assert httpx.post(root + "/v1/feedback", json={"request_id": fresh.request_id, "score": -1}).status_code == 200
+
+    def err(body, status, param=None, raw=None):
+        r = httpx.post(root + "/v1/feedback", **({"content": raw} if raw is not None else {"json": body}))
+        assert r.status_code == status, r.text
+        e = r.json()["error"]
+        assert set(e) == {"message", "type", "param", "code"} and e["param"] == param
+        return e
+
+    assert err({"request_id": "req_nope", "score": 1}, 404, "request_id")["code"] == "request_not_found"
+    err({"request_id": rid, "score": 2}, 400, "score")
+    err({"request_id": rid, "score": "good"}, 400, "score")
+    err({"request_id": rid, "score": True}, 400, "score")
+    err({"request_id": rid}, 400, "score")
+    err({"score": 1}, 400, "request_id")
+    err({"request_id": 7, "score": 1}, 400, "request_id")
+    err({"request_id": rid, "score": 1, "comment": "x" * 5000}, 400, "comment")
+    err({"request_id": rid, "score": 1, "stars": 5}, 400, "stars")
+    err(None, 400, raw=b"{not json")
+    err(None, 400, raw=b"[1, 2]")
+    assert led.get(rid).feedback_score == 0.5          # no bad request changed it
+
+
+def test_guards(tmp_path):
+    def admin_only(request: Request) -> None:
+        if request.headers.get("authorization") != "Bearer admin":
+            raise APIError(401, "admin key needed", code="invalid_api_key")
+
+    def own_requests(request: Request, row) -> None:
+        if request.headers.get("authorization") != f"Bearer {row.key_id}":
+            raise APIError(403, "not your request", code="not_owner")
+
+    [row] = rows_for([Spec("small", 3, 0, 1, key_id="k9")])
+    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
+        led.write(row)
+        app = FastAPI()
+        app.include_router(dashboard_router(led, guard=admin_only, feedback_guard=own_requests))
+        with serve(app) as root:
+            assert httpx.get(root + "/dashboard/data").status_code == 401
+            ok = httpx.get(root + "/dashboard/data", headers={"authorization": "Bearer admin"})
+            assert ok.status_code == 200 and ok.json()["total"]["requests"] == 1
+            body = json.dumps({"request_id": row.request_id, "score": 1})
+            assert httpx.post(root + "/v1/feedback", content=body,
+                              headers={"authorization": "Bearer k1"}).status_code == 403
+            assert httpx.post(root + "/v1/feedback", content=body,
+                              headers={"authorization": "Bearer k9"}).status_code == 200

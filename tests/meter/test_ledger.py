@@ -1,0 +1,224 @@
+"""The ledger on SQLite and (when TOKENOMY_TEST_POSTGRES_URL is set) PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from tests.meter.synthetic import Spec, mixed, rows_for
+from tokenomy.meter import schema
+from tokenomy.meter.ledger import Ledger, LedgerError, normalize_url
+from tokenomy.meter.row import LedgerRow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_rows_round_trip_in_order(ledger_url):
+    rows = rows_for(mixed())
+    with Ledger(ledger_url) as led:
+        for r in reversed(rows):
+            led.write(r)
+        assert led.flush()
+        got = led.query()
+        assert got == sorted(rows, key=lambda r: r.ts)
+        assert led.written == len(rows) and led.dropped == 0 and led.failed == 0
+        # filters and the half-open time window
+        assert [r.request_id for r in led.query(tenant="beta")] == [r.request_id for r in got if r.tenant == "beta"]
+        assert [r.request_id for r in led.query(model="small", key_id="k2")] == \
+            [r.request_id for r in got if r.model == "small" and r.key_id == "k2"]
+        t = got[3].ts
+        assert [r.request_id for r in led.query(since=t, until=got[6].ts)] == [r.request_id for r in got[3:6]]
+        assert len(led.query(limit=2)) == 2
+        assert led.get(rows[0].request_id) == rows[0] and led.get("nope") is None
+        with pytest.raises(ValueError, match="after"):
+            led.query(since=t + 1, until=t)
+
+
+def test_totals_count_cost_and_billed_tokens(ledger_url):
+    rows = rows_for(mixed())
+    with Ledger(ledger_url) as led:
+        for r in rows:
+            led.write(r)
+        led.flush()
+        by_tenant = led.totals(0, by="tenant")
+        by_key = led.totals(0, by="key_id")
+    for tenant in {r.tenant for r in rows}:
+        mine = [r for r in rows if r.tenant == tenant]
+        assert by_tenant[tenant][0] == pytest.approx(sum(r.cost_usd for r in mine))
+        assert by_tenant[tenant][1] == sum(r.billed_tokens for r in mine)
+    assert by_key[None][1] == sum(r.billed_tokens for r in rows if r.key_id is None)
+
+
+def test_feedback_joins_the_row(ledger_url):
+    rows = rows_for([Spec("small", 10, 0, 3), Spec("large", 20, 0, 4)])
+    with Ledger(ledger_url) as led:
+        for r in rows:
+            led.write(r)
+        # no flush: feedback right after the request must find the row still in the queue
+        assert led.feedback(rows[1].request_id, 0.5, "useful")
+        assert led.feedback(rows[1].request_id, -1, None)      # a second call replaces the first
+        assert not led.feedback("req_unknown", 1.0)
+        got = led.get(rows[1].request_id)
+        assert (got.feedback_score, got.feedback_comment) == (-1.0, None) and got.feedback_ts is not None
+        assert led.get(rows[0].request_id).feedback_score is None
+        for bad in (1.5, float("nan"), "1", True):
+            with pytest.raises(ValueError, match="score"):
+                led.feedback(rows[0].request_id, bad)
+        with pytest.raises(ValueError, match="comment"):
+            led.feedback(rows[0].request_id, 0, "x" * 5000)
+
+
+def test_close_drains_the_queue(ledger_url):
+    rows = rows_for([Spec("small", 10, 0, 1, ago_s=i) for i in range(600)])
+    led = Ledger(ledger_url, batch_size=50)
+    for r in rows:
+        led.write(r)
+    led.close()
+    led.close()                                     # idempotent
+    led.write(rows[0])                              # after close: counted, not raised
+    assert led.dropped == 1
+    with Ledger(ledger_url) as again:
+        assert len(again.query()) == 600
+
+
+def test_write_never_blocks_a_full_queue_drops_and_counts(ledger_url):
+    led = Ledger(ledger_url, max_queue=2)
+    gate, original = threading.Event(), led._commit
+
+    def slow_commit(rows: list[LedgerRow]) -> None:      # a stalled database
+        gate.wait(30)
+        original(rows)
+
+    led._commit = slow_commit                           # type: ignore[method-assign]
+    rows = rows_for([Spec("small", 10, 0, 1, ago_s=i) for i in range(50)])
+    led.write(rows[0])
+    deadline = time.time() + 5
+    while led.pending and time.time() < deadline:       # the writer has taken row 0 and is stuck on it
+        time.sleep(0.01)
+    t0 = time.perf_counter()
+    for r in rows[1:]:
+        led.write(r)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 0.5, f"49 writes took {elapsed:.3f}s against a stalled database"
+    assert led.dropped == 47 and led.pending == 2
+    gate.set()
+    led.close()
+    with Ledger(ledger_url) as again:
+        assert [r.request_id for r in again.query()] == [r.request_id for r in sorted(rows[:3], key=lambda r: r.ts)]
+
+
+def test_a_duplicate_request_id_fails_alone(ledger_url):
+    rows = rows_for([Spec("small", 10, 0, 1, ago_s=i) for i in range(5)])
+    with Ledger(ledger_url) as led:
+        led.write(rows[0])
+        led.flush()
+        for r in rows:                                  # rows[0] again, in one batch with the others
+            led.write(r)
+        led.flush()
+        assert led.failed == 1 and led.written == 5
+        assert len(led.query()) == 5
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from tokenomy.meter.ledger import Ledger
+    from tokenomy.meter.row import LedgerRow
+    url, n = sys.argv[1], int(sys.argv[2])
+    led = Ledger(url)
+    t = time.time()
+    for i in range(n):
+        led.write(LedgerRow(request_id=f"flushed_{i:05d}", ts=t + i, completion_tokens=i))
+    assert led.flush()
+    print("flushed", flush=True)
+    i = 0
+    while True:                      # keep writing until killed: some committed, some queued
+        led.write(LedgerRow(request_id=f"later_{i:07d}", ts=t + n + i))
+        i += 1
+        if i % 100 == 0:
+            time.sleep(0.001)
+""")
+
+
+def test_kill_9_loses_at_most_uncommitted_rows(ledger_url):
+    n = 300
+    child = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, ledger_url, str(n)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = child.stdout.readline()
+        assert line.strip() == "flushed", child.stderr.read()
+        time.sleep(0.5)                  # let it commit and queue more
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    assert child.returncode == -signal.SIGKILL
+    with Ledger(ledger_url) as led:
+        rows = led.query()
+        if ledger_url.startswith("sqlite"):
+            with led.engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA integrity_check").scalar() == "ok"
+    ids = [r.request_id for r in rows]
+    assert ids[:n] == [f"flushed_{i:05d}" for i in range(n)]           # every flushed row survived
+    assert [r.completion_tokens for r in rows[:n]] == list(range(n))
+    later = ids[n:]
+    assert later == [f"later_{i:07d}" for i in range(len(later))]     # what else survived is a committed prefix
+
+
+def test_migrates_an_old_ledger_without_losing_rows(ledger_url):
+    engine = sa.create_engine(normalize_url(ledger_url))
+    with engine.begin() as conn:
+        assert schema.migrate(conn, upto=1) == (0, 1)
+        v1 = sa.Table("ledger", sa.MetaData(), autoload_with=conn)
+        assert "feedback_score" not in v1.c
+        row = rows_for([Spec("small", 10, 0, 2)])[0].to_db()
+        conn.execute(v1.insert().values({k: v for k, v in row.items() if k in v1.c}))
+    engine.dispose()
+    with Ledger(ledger_url) as led:
+        [got] = led.query()
+        assert got.request_id == row["request_id"] and got.completion_tokens == 2
+        assert led.feedback(got.request_id, 1.0, "kept")
+        with led.engine.connect() as conn:
+            assert schema.current_version(conn) == len(schema.MIGRATIONS)
+    with Ledger(ledger_url) as again:                   # a second open is a no-op
+        assert again.get(row["request_id"]).feedback_comment == "kept"
+
+
+def test_a_newer_schema_is_refused(ledger_url):
+    Ledger(ledger_url).close()
+    engine = sa.create_engine(normalize_url(ledger_url))
+    with engine.begin() as conn:
+        conn.execute(schema.schema_version.update().values(version=len(schema.MIGRATIONS) + 1))
+    engine.dispose()
+    with pytest.raises(LedgerError, match="newer than this tokenomy"):
+        Ledger(ledger_url)
+
+
+def test_urls(tmp_path, monkeypatch):
+    assert normalize_url(None) == "sqlite:///tokenomy.db"
+    assert normalize_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert normalize_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert normalize_url("x/led.db") == "sqlite:///x/led.db"
+    with pytest.raises(LedgerError, match="use sqlite"):
+        normalize_url("mysql://u@h/db")
+    with pytest.raises(LedgerError, match="does not exist"):
+        Ledger(f"sqlite:///{tmp_path}/missing/dir/led.db")
+    monkeypatch.chdir(tmp_path)
+    with Ledger() as led:                              # default: tokenomy.db in the working directory
+        led.write(rows_for([Spec("small", 1, 0, 1)])[0])
+    assert (tmp_path / "tokenomy.db").exists()
+    with sa.create_engine(f"sqlite:///{tmp_path / 'tokenomy.db'}").connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_an_unreachable_database_is_a_clear_error():
+    with pytest.raises(LedgerError, match="cannot open the ledger"):
+        Ledger("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")

@@ -1,0 +1,62 @@
+"""`tokenomy report`: efficiency figures from the ledger, as a table, JSON or an offline HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tokenomy.meter.ledger import DEFAULT_URL, Ledger, LedgerError, normalize_url
+from tokenomy.meter.report import BY, FORMATS, parse_time
+from tokenomy.meter.report import report as make_report
+
+
+def _sqlite_path(url: str) -> Path | None:
+    if url.startswith("sqlite:///") and url not in ("sqlite:///:memory:",):
+        return Path(url[len("sqlite:///"):])
+    return None
+
+
+def report(
+    ledger: str = typer.Option(DEFAULT_URL, "--ledger", help="Ledger URL: sqlite:///FILE or postgresql://..."),
+    since: str | None = typer.Option(None, help="Start: ISO date/time (UTC if no zone), or 30m, 24h, 7d ago."),
+    until: str | None = typer.Option(None, help="End (exclusive), same forms; default now."),
+    by: str | None = typer.Option(None, help="Group by key, tenant, model or route."),
+    format: str = typer.Option("table", "--format", "-f", help="table, json or html (offline, plotly inline)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file instead of standard output."),
+) -> None:
+    """Tokens per second, per USD and per joule, cost per 1K tokens and per request, cache hit rates and
+    savings per layer, token efficiency, TTFT/TPOT percentiles and over-budget counts, from the ledger."""
+    if by is not None and by not in BY:
+        raise typer.BadParameter(f"{by!r} is not one of: {', '.join(BY)}", param_hint="--by")
+    if format not in FORMATS:
+        raise typer.BadParameter(f"{format!r} is not one of: {', '.join(FORMATS)}", param_hint="--format")
+    try:
+        lo, hi = parse_time(since), parse_time(until)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--since/--until") from None
+    if lo is not None and hi is not None and lo > hi:
+        raise typer.BadParameter("--since is after --until", param_hint="--since")
+    try:
+        url = normalize_url(ledger)
+    except LedgerError as e:
+        raise typer.BadParameter(str(e), param_hint="--ledger") from None
+    path = _sqlite_path(url)
+    if path is not None and not path.exists():     # don't create an empty ledger just to report on it
+        typer.echo(f"no ledger at {path}: run `tokenomy serve` first, or pass --ledger URL", err=True)
+        raise typer.Exit(1)
+    try:
+        with Ledger(url) as led:
+            text = make_report(led, lo, hi, by, format)
+    except LedgerError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    if out is None:
+        typer.echo(text, nl=not text.endswith("\n"))
+        return
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as e:
+        typer.echo(f"cannot write {out}: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {out} ({len(text):,} bytes)", err=True)

@@ -1,0 +1,342 @@
+"""The ledger: one row per request in SQLite (WAL) or PostgreSQL, written off the request path.
+
+Contract:
+- `write(row)` never blocks: it puts the row on a bounded queue (default 10,000 rows) and returns. A full queue
+  drops the row and counts it in `dropped` (exported as tokenomy_ledger_dropped_rows_total); blocking the
+  request path to save a row would turn a slow database into a slow gateway.
+- One background thread takes whatever is queued (up to `batch_size` rows) and commits it in one transaction,
+  so commits batch themselves under load and rows land within milliseconds when idle. A failed commit is
+  retried with backoff; rows that still fail are counted in `failed` and logged.
+- `flush()` returns once every row written before it is committed; `close()` drains the queue and stops.
+- Durability: a committed row survives `kill -9` (SQLite: WAL with synchronous=NORMAL is durable against a
+  process crash, not against power loss; PostgreSQL: a committed transaction). Rows still queued are lost.
+- The schema is migrated on open (see schema.py); migrations only add, never drop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+from tokenomy.meter.row import LedgerRow
+from tokenomy.meter.schema import SchemaError, ledger, migrate
+
+log = logging.getLogger("tokenomy.ledger")
+
+DEFAULT_URL = "sqlite:///tokenomy.db"
+FEEDBACK_RANGE = (-1.0, 1.0)
+MAX_COMMENT = 4000
+_STOP = object()
+_HITS = ("exact", "semantic")
+
+
+class LedgerError(RuntimeError):
+    pass
+
+
+def normalize_url(url: str | None) -> str:
+    """None -> sqlite:///tokenomy.db (working directory); postgres[ql]:// -> postgresql+psycopg://; a bare path
+    -> a SQLite file."""
+    if url is None or not str(url).strip():
+        return DEFAULT_URL
+    url = str(url).strip()
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    if "://" not in url:
+        return "sqlite:///" + url
+    if not (url.startswith("sqlite") or url.startswith("postgresql")):
+        raise LedgerError(f"ledger URL {url!r}: use sqlite:///FILE or postgresql://USER@HOST/DB")
+    return url
+
+
+def _timestamp(value: float | dt.datetime | None, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a datetime or UNIX seconds, got {value!r}")
+    return float(value)
+
+
+def _engine(url: str) -> Engine:
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True)
+    memory = url in ("sqlite://", "sqlite:///:memory:")
+    if not memory:
+        path = Path(sa.engine.make_url(url).database or "")
+        if not path.parent.exists():
+            raise LedgerError(f"ledger {url}: directory {path.parent} does not exist")
+    engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
+                              poolclass=StaticPool if memory else None)
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _: Any) -> None:
+        # pysqlite's implicit transactions leave DDL outside them; we emit BEGIN ourselves (SQLAlchemy's recipe)
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("immediate") else "BEGIN")
+
+    return engine
+
+
+class Ledger:
+    def __init__(self, url: str | None = None, max_queue: int = 10_000, batch_size: int = 500,
+                 retries: int = 3) -> None:
+        if max_queue < 1 or batch_size < 1:
+            raise ValueError("max_queue and batch_size must be positive")
+        self.url = normalize_url(url)
+        self.batch_size, self.retries = batch_size, retries
+        try:
+            self.engine = _engine(self.url)
+            with self._begin(immediate=True) as conn:
+                before, after = migrate(conn)
+        except SchemaError as e:
+            raise LedgerError(str(e)) from e
+        except sa.exc.SQLAlchemyError as e:
+            raise LedgerError(f"cannot open the ledger at {self.safe_url}: {e.__class__.__name__}: "
+                              f"{getattr(e, 'orig', e)}") from e
+        if after > before:
+            log.info("ledger %s: schema migrated from version %d to %d", self.safe_url, before, after)
+        self.written = 0
+        self.dropped = 0
+        self.failed = 0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._last_drop_log = 0.0
+        atexit.register(self.close)
+
+    @property
+    def safe_url(self) -> str:
+        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    @contextmanager
+    def _begin(self, immediate: bool = False) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            if immediate:
+                conn = conn.execution_options(immediate=True)
+            with conn.begin():
+                yield conn
+
+    # ---- writing -----------------------------------------------------------------------------------------
+    def write(self, row: LedgerRow) -> None:
+        """Queue a row for the writer thread; never blocks (a full queue drops and counts the row)."""
+        if self._closed:
+            self._drop("the ledger is closed")
+            return
+        if self._thread is None:
+            self._start()
+        try:
+            self._queue.put_nowait(row)
+        except queue.Full:
+            self._drop(f"the write queue is full ({self._queue.maxsize} rows)")
+
+    def _drop(self, why: str) -> None:
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._last_drop_log > 10:      # one line per 10 s, not one per row
+            self._last_drop_log = now
+            log.warning("ledger row dropped: %s (%d dropped so far)", why, self.dropped)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+                self._thread.start()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Block until every row written before this call is committed; False on timeout."""
+        if self._thread is None or not self._thread.is_alive():
+            return True
+        done = threading.Event()
+        try:
+            self._queue.put(done, timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Drain the queue, commit, stop the writer. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            try:
+                self._queue.put(_STOP, timeout=timeout)
+            except queue.Full:
+                log.error("ledger close: the writer is stuck; %d rows not written", self._queue.qsize())
+            thread.join(timeout)
+        self.engine.dispose()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            items = [self._queue.get()]
+            rows: list[LedgerRow] = []
+            markers: list[threading.Event] = []
+            while True:
+                item = items.pop()
+                if item is _STOP:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    markers.append(item)
+                else:
+                    rows.append(item)
+                if len(rows) >= self.batch_size:
+                    break
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            if stop:        # rows that raced close() in behind the stop marker still get written
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(item, LedgerRow):
+                        rows.append(item)
+                    elif isinstance(item, threading.Event):
+                        markers.append(item)
+            if rows:
+                try:
+                    self._commit(rows)
+                except Exception:       # a bug must not kill the writer: later rows still get written
+                    self.failed += len(rows)
+                    log.exception("ledger: %d rows not written", len(rows))
+            for m in markers:
+                m.set()
+
+    def _commit(self, rows: list[LedgerRow]) -> None:
+        for attempt in range(self.retries + 1):
+            try:
+                with self._begin() as conn:
+                    conn.execute(ledger.insert(), [r.to_db() for r in rows])
+                self.written += len(rows)
+                return
+            except sa.exc.IntegrityError:
+                self._commit_one_by_one(rows)
+                return
+            except sa.exc.SQLAlchemyError as e:
+                if attempt == self.retries:
+                    self.failed += len(rows)
+                    log.error("ledger: %d rows not written after %d tries: %s", len(rows), attempt + 1, e)
+                    return
+                time.sleep(0.5 * 2 ** attempt)
+
+    def _commit_one_by_one(self, rows: list[LedgerRow]) -> None:
+        for r in rows:
+            try:
+                with self._begin() as conn:
+                    conn.execute(ledger.insert(), [r.to_db()])
+                self.written += 1
+            except sa.exc.SQLAlchemyError as e:
+                self.failed += 1
+                log.error("ledger: row %s not written: %s", r.request_id, getattr(e, "orig", e))
+
+    # ---- reading -----------------------------------------------------------------------------------------
+    def query(self, since: float | dt.datetime | None = None, until: float | dt.datetime | None = None,
+              tenant: str | None = None, key_id: str | None = None, model: str | None = None,
+              route: str | None = None, limit: int | None = None) -> list[LedgerRow]:
+        """Committed rows with since <= ts < until (UNIX seconds or datetimes; naive ones are UTC), oldest first."""
+        lo, hi = _timestamp(since, "since"), _timestamp(until, "until")
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"since ({since}) is after until ({until})")
+        q = sa.select(ledger)
+        for col, value in ((ledger.c.tenant, tenant), (ledger.c.key_id, key_id), (ledger.c.model, model),
+                           (ledger.c.route, route)):
+            if value is not None:
+                q = q.where(col == value)
+        if lo is not None:
+            q = q.where(ledger.c.ts >= lo)
+        if hi is not None:
+            q = q.where(ledger.c.ts < hi)
+        q = q.order_by(ledger.c.ts, ledger.c.request_id)
+        if limit is not None:
+            q = q.limit(limit)
+        with self.engine.connect() as conn:
+            return [LedgerRow.from_db(r._mapping) for r in conn.execute(q)]
+
+    def get(self, request_id: str) -> LedgerRow | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(sa.select(ledger).where(ledger.c.request_id == request_id)).first()
+        return LedgerRow.from_db(r._mapping) if r is not None else None
+
+    def totals(self, since: float | dt.datetime, by: str, until: float | dt.datetime | None = None
+               ) -> dict[str | None, tuple[float, int]]:
+        """{key_id or tenant: (USD spent, billed tokens)} over since <= ts < until; what budgets are seeded from.
+        Billed tokens: prompt + completion of rows that were not response-cache hits (see row.py)."""
+        if by not in ("key_id", "tenant"):
+            raise ValueError(f"by must be key_id or tenant, got {by!r}")
+        col = ledger.c[by]
+        billed = sa.case((ledger.c.cache.in_(_HITS), 0),
+                         else_=ledger.c.prompt_tokens + ledger.c.completion_tokens)
+        q = (sa.select(col, sa.func.coalesce(sa.func.sum(ledger.c.cost_usd), 0.0),
+                       sa.func.coalesce(sa.func.sum(billed), 0))
+             .where(ledger.c.ts >= _timestamp(since, "since")).group_by(col))
+        hi = _timestamp(until, "until")
+        if hi is not None:
+            q = q.where(ledger.c.ts < hi)
+        with self.engine.connect() as conn:
+            return {k: (float(usd), int(tokens)) for k, usd, tokens in conn.execute(q)}
+
+    # ---- the business layer ------------------------------------------------------------------------------
+    def feedback(self, request_id: str, score: float, comment: str | None = None) -> bool:
+        """Attach a score in [-1, 1] (and an optional comment) to a request's row; False if no such request.
+        A second call replaces the first. Rows still queued are flushed first, so feedback can follow at once."""
+        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score) \
+                or not FEEDBACK_RANGE[0] <= score <= FEEDBACK_RANGE[1]:
+            raise ValueError(f"score must be a number from {FEEDBACK_RANGE[0]:g} to {FEEDBACK_RANGE[1]:g}, "
+                             f"got {score!r}")
+        if comment is not None and (not isinstance(comment, str) or len(comment) > MAX_COMMENT):
+            raise ValueError(f"comment must be a string of at most {MAX_COMMENT} characters")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        stmt = (ledger.update().where(ledger.c.request_id == request_id)
+                .values(feedback_score=float(score), feedback_comment=comment, feedback_ts=time.time()))
+        for attempt in range(2):
+            with self._begin() as conn:
+                if conn.execute(stmt).rowcount:
+                    return True
+            if attempt == 0 and not self.flush():
+                break
+        return False

@@ -1,0 +1,310 @@
+"""The efficiency report: every figure is a plain function of ledger rows (see row.py for the conventions).
+
+Per group of rows (all rows, and each key / tenant / model / route with `by`):
+    requests, ok, errors, success_rate = ok / requests
+    span_s                 = max(ts + e2e_s) - min(ts)
+    tokens_per_s           = billed / span_s ;  completion_tokens_per_s = completion of generated rows / span_s
+    tokens_per_usd         = billed / cost_usd
+    cost_per_1k_tokens_usd = 1000 * cost_usd / billed ;  cost_per_request_usd = cost_usd / requests
+    tokens_per_joule       = billed tokens of rows with energy / their joules, labelled measured only when every
+                             such row was measured (nvml, rapl), else estimate
+    cache hit rate         = exact or semantic hits / lookups (rows with cache miss|exact|semantic and status < 400);
+                             prefix: cached / prompt tokens of generated rows
+    saved                  = sums of saved_by per layer (tokens, USD)
+    token_efficiency       = delivered / billed   (delivered: completion tokens of ok rows, cache hits included)
+    ttft/tpot/e2e p50, p95 = linear-interpolated percentiles (numpy's default) over non-null values
+    over_budget            = context: rows flagged over their route's context budget; spend: rows refused 429
+                             with error code budget_exceeded
+A ratio with a zero denominator is null.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tokenomy.meter.energy import MEASURED_SOURCES
+from tokenomy.meter.row import SAVING_LAYERS, LedgerRow
+
+BY = ("key", "tenant", "model", "route")
+FORMATS = ("table", "json", "html")
+NONE_GROUP = "(none)"
+_REL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(text: str | float | None, now: float | None = None) -> float | None:
+    """'' or None -> None; '30m', '24h', '7d', '2w' -> that long before now; 'now'; an ISO 8601 date or datetime
+    (naive means UTC); or UNIX seconds. Raises ValueError with the accepted forms."""
+    if text is None:
+        return None
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    s = str(text).strip()
+    if not s:
+        return None
+    now = time.time() if now is None else now
+    if s.lower() == "now":
+        return now
+    m = _REL.match(s)
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    try:
+        d = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time: use an ISO date or datetime (2025-01-31, 2025-01-31T12:00Z), "
+                         f"a duration before now (30m, 24h, 7d, 2w), 'now', or UNIX seconds") from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=dt.UTC)
+    return d.timestamp()
+
+
+def iso(t: float | None) -> str | None:
+    if t is None:
+        return None
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (Hyndman-Fan type 7, numpy's default); None when empty."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def figures(rows: Sequence[LedgerRow]) -> dict[str, Any]:
+    """All report figures for one group of rows."""
+    n = len(rows)
+    ok = sum(r.ok for r in rows)
+    generated = [r for r in rows if not r.cache_hit]
+    billed = sum(r.billed_tokens for r in rows)
+    delivered = sum(r.delivered_tokens for r in rows)
+    gen_completion = sum(r.completion_tokens for r in generated)
+    span = (max(r.ts + (r.e2e_s or 0.0) for r in rows) - min(r.ts for r in rows)) if rows else 0.0
+    cost = {"input": sum(r.cost_input_usd for r in rows), "cached_input": sum(r.cost_cached_input_usd for r in rows),
+            "output": sum(r.cost_output_usd for r in rows), "total": sum(r.cost_usd for r in rows)}
+    metered = [r for r in rows if r.energy_j is not None and r.energy_source]
+    joules = sum(r.energy_j or 0.0 for r in metered)
+    sources = sorted({r.energy_source or "" for r in metered})
+    energy_tokens = sum(r.billed_tokens for r in metered)
+    lookups = [r for r in rows if r.cache in ("miss", "exact", "semantic") and r.status < 400]
+    saved_by: dict[str, dict[str, float]] = {}
+    for r in rows:
+        for layer, s in r.saved_by.items():
+            acc = saved_by.setdefault(layer, {"tokens": 0, "usd": 0.0})
+            acc["tokens"] += int(s["tokens"])
+            acc["usd"] += float(s["usd"])
+    cache: dict[str, dict[str, Any]] = {}
+    for layer in ("exact", "semantic"):
+        hits = sum(r.cache == layer for r in lookups)
+        s = saved_by.get(layer, {"tokens": 0, "usd": 0.0})
+        cache[layer] = {"hits": hits, "lookups": len(lookups), "hit_rate": _ratio(hits, len(lookups)),
+                        "tokens_saved": s["tokens"], "usd_saved": s["usd"]}
+    gen_prompt = sum(r.prompt_tokens for r in generated)
+    gen_cached = sum(r.cached_tokens for r in generated)
+    s = saved_by.get("prefix", {"tokens": 0, "usd": 0.0})
+    cache["prefix"] = {"hits": sum(r.cached_tokens > 0 for r in generated), "lookups": len(generated),
+                       "hit_rate": _ratio(gen_cached, gen_prompt), "tokens_saved": s["tokens"], "usd_saved": s["usd"]}
+
+    def pct(attr: str) -> dict[str, float | None]:
+        vals = [v for v in (getattr(r, attr) for r in rows) if v is not None]
+        return {"p50": percentile(vals, 0.5), "p95": percentile(vals, 0.95), "n": len(vals)}
+
+    scores = [r.feedback_score for r in rows if r.feedback_score is not None]
+    return {
+        "requests": n, "ok": ok, "errors": n - ok, "success_rate": _ratio(ok, n),
+        "tokens": {"prompt": sum(r.prompt_tokens for r in rows), "cached": sum(r.cached_tokens for r in rows),
+                   "completion": sum(r.completion_tokens for r in rows), "billed": billed, "delivered": delivered},
+        "span_s": span,
+        "tokens_per_s": _ratio(billed, span),
+        "completion_tokens_per_s": _ratio(gen_completion, span),
+        "cost_usd": cost,
+        "tokens_per_usd": _ratio(billed, cost["total"]),
+        "cost_per_1k_tokens_usd": _ratio(1000 * cost["total"], billed),
+        "cost_per_request_usd": _ratio(cost["total"], n),
+        "energy": {"joules": joules if metered else None, "tokens": energy_tokens, "sources": sources,
+                   "label": (None if not metered else
+                             "measured" if all(x in MEASURED_SOURCES for x in sources) else "estimate"),
+                   "tokens_per_joule": _ratio(energy_tokens, joules)},
+        "cache": cache,
+        "saved": {"tokens": sum(v["tokens"] for v in saved_by.values()),
+                  "usd": sum(v["usd"] for v in saved_by.values()),
+                  "by": {k: saved_by[k] for k in sorted(saved_by, key=_layer_order)}},
+        "token_efficiency": _ratio(delivered, billed),
+        "latency": {"ttft_s": pct("ttft_s"), "tpot_s": pct("tpot_s"), "e2e_s": pct("e2e_s")},
+        "over_budget": {"context": sum(r.over_budget for r in rows),
+                        "spend": sum(r.status == 429 and r.error_code == "budget_exceeded" for r in rows)},
+        "feedback": {"count": len(scores), "mean": _ratio(sum(scores), len(scores))},
+        "notional_prices": sorted({r.model for r in rows if r.price_notional and r.model}),
+    }
+
+
+def _layer_order(layer: str) -> tuple[int, str]:
+    return (SAVING_LAYERS.index(layer) if layer in SAVING_LAYERS else len(SAVING_LAYERS), layer)
+
+
+def group_key(row: LedgerRow, by: str) -> str:
+    value = {"key": row.key_id, "tenant": row.tenant, "model": row.model, "route": row.route}[by]
+    return value if value else NONE_GROUP
+
+
+def timeline(rows: Sequence[LedgerRow]) -> dict[str, Any]:
+    """Per time bucket (a minute, an hour or a day, by span): requests, billed and delivered tokens, cost."""
+    if not rows:
+        return {"bucket_s": 60, "points": []}
+    span = max(r.ts for r in rows) - min(r.ts for r in rows)
+    width = 60 if span <= 2 * 3600 else 3600 if span <= 2 * 86400 else 86400
+    points: dict[float, dict[str, Any]] = {}
+    for r in rows:
+        t = math.floor(r.ts / width) * width
+        p = points.setdefault(t, {"t": iso(t), "requests": 0, "billed": 0, "delivered": 0, "cost_usd": 0.0})
+        p["requests"] += 1
+        p["billed"] += r.billed_tokens
+        p["delivered"] += r.delivered_tokens
+        p["cost_usd"] += r.cost_usd
+    return {"bucket_s": width, "points": [points[t] for t in sorted(points)]}
+
+
+def build(rows: Iterable[LedgerRow], since: float | None = None, until: float | None = None,
+          by: str | None = None) -> dict[str, Any]:
+    """The report as one JSON-ready object: {since, until, by, total, groups, timeline}."""
+    if by is not None and by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
+    rows = list(rows)
+    groups: dict[str, list[LedgerRow]] = {}
+    if by is not None:
+        for r in rows:
+            groups.setdefault(group_key(r, by), []).append(r)
+    return {"since": iso(since), "until": iso(until), "by": by, "generated_at": iso(time.time()),
+            "total": figures(rows), "groups": {k: figures(v) for k, v in sorted(groups.items())},
+            "timeline": timeline(rows)}
+
+
+def report(ledger: Any, since: float | None = None, until: float | None = None, by: str | None = None,
+           format: str = "table") -> str:
+    """Read the ledger (a Ledger) over since <= ts < until and render the report as table, json or html."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    data = build(ledger.query(since=since, until=until), since, until, by)
+    return render(data, format)
+
+
+def render(data: dict[str, Any], format: str) -> str:
+    if format == "json":
+        return json.dumps(data, indent=2)
+    if format == "html":
+        from tokenomy.meter.page import render_page
+
+        return render_page(data)
+    if format == "table":
+        return render_table(data)
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+
+
+# ---- the table: (label, path into figures, kind) -------------------------------------------------------------
+ROWS: list[tuple[str, str, str]] = [
+    ("requests", "requests", "int"),
+    ("success rate", "success_rate", "pct"),
+    ("prompt tokens", "tokens.prompt", "int"),
+    ("  cached prompt tokens", "tokens.cached", "int"),
+    ("completion tokens", "tokens.completion", "int"),
+    ("tokens billed", "tokens.billed", "int"),
+    ("completion tokens delivered", "tokens.delivered", "int"),
+    ("token efficiency (delivered/billed)", "token_efficiency", "ratio"),
+    ("tokens/s (billed)", "tokens_per_s", "num"),
+    ("completion tokens/s", "completion_tokens_per_s", "num"),
+    ("cost USD", "cost_usd.total", "usd"),
+    ("  input", "cost_usd.input", "usd"),
+    ("  cached input", "cost_usd.cached_input", "usd"),
+    ("  output", "cost_usd.output", "usd"),
+    ("tokens per USD", "tokens_per_usd", "num"),
+    ("cost per 1K tokens", "cost_per_1k_tokens_usd", "usd"),
+    ("cost per request", "cost_per_request_usd", "usd"),
+    ("energy J", "energy.joules", "num"),
+    ("tokens per joule", "energy.tokens_per_joule", "num"),
+    ("exact cache hit rate", "cache.exact.hit_rate", "pct"),
+    ("semantic cache hit rate", "cache.semantic.hit_rate", "pct"),
+    ("prefix cache hit rate (tokens)", "cache.prefix.hit_rate", "pct"),
+    ("tokens saved", "saved.tokens", "int"),
+    ("USD saved", "saved.usd", "usd"),
+    ("TTFT p50 s", "latency.ttft_s.p50", "sec"),
+    ("TTFT p95 s", "latency.ttft_s.p95", "sec"),
+    ("TPOT p50 s", "latency.tpot_s.p50", "sec"),
+    ("TPOT p95 s", "latency.tpot_s.p95", "sec"),
+    ("over context budget", "over_budget.context", "int"),
+    ("refused over spend budget", "over_budget.spend", "int"),
+    ("feedback mean (n)", "feedback.mean", "num"),
+]
+
+
+def lookup(figs: dict[str, Any], path: str) -> Any:
+    v: Any = figs
+    for part in path.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return None
+        v = v[part]
+    return v
+
+
+def fmt(value: Any, kind: str) -> str:
+    """How a figure reads in the table (the page's JS formats the same way)."""
+    if value is None:
+        return "-"
+    if kind == "int":
+        return f"{int(value):,}"
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "usd":
+        return f"${value:.6g}"
+    if kind == "sec":
+        return f"{value:.4f}"
+    return f"{value:,.4g}" if abs(value) < 1e15 else f"{value:.4e}"
+
+
+def _cell(figs: dict[str, Any], path: str, kind: str) -> str:
+    text = fmt(lookup(figs, path), kind)
+    if path.startswith("energy.") and figs["energy"]["label"]:
+        text += f" ({figs['energy']['label']})"
+    if path == "feedback.mean" and figs["feedback"]["count"]:
+        text += f" ({figs['feedback']['count']})"
+    return text
+
+
+def render_table(data: dict[str, Any]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    window = f"{data['since'] or 'start'} .. {data['until'] or 'now'}"
+    table = Table(title=f"tokenomy report, {window}" + (f", by {data['by']}" if data["by"] else ""))
+    table.add_column("figure")
+    cols = [("all", data["total"])] + list(data["groups"].items())
+    for name, _ in cols:
+        table.add_column(name, justify="right")
+    for label_, path, kind in ROWS:
+        table.add_row(label_, *(_cell(f, path, kind) for _, f in cols))
+    out = io.StringIO()
+    console = Console(file=out, width=max(100, 40 + 18 * len(cols)), color_system=None)
+    console.print(table)
+    notional = data["total"]["notional_prices"]
+    if notional:
+        console.print(f"Prices for {', '.join(notional)} are notional (packaged models have no market price).")
+    if data["total"]["energy"]["label"] == "estimate":
+        console.print("Energy is an estimate (CPU time x watts per core), not a measurement.")
+    return out.getvalue()

@@ -1,0 +1,118 @@
+"""The ledger's tables and their migrations (SQLAlchemy Core, SQLite and PostgreSQL).
+
+`schema_version` holds one integer: how many steps of MIGRATIONS have run. A step only adds (tables, columns,
+indexes); nothing is ever dropped, so an older ledger keeps its rows through every upgrade. To change the
+schema, append a step and add the new columns to `ledger` below; never edit a step that has shipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+DOUBLE = sa.Float(precision=53)
+metadata = sa.MetaData()
+
+
+def _v1_columns() -> list[sa.Column]:
+    return [
+        sa.Column("request_id", sa.String(64), primary_key=True),
+        sa.Column("ts", DOUBLE, nullable=False),
+        sa.Column("tenant", sa.String(128), nullable=False),
+        sa.Column("key_id", sa.String(64)),
+        sa.Column("route", sa.String(128)),
+        sa.Column("model", sa.String(128)),
+        sa.Column("backend", sa.String(32)),
+        sa.Column("cache", sa.String(16), nullable=False),
+        sa.Column("prompt_tokens", sa.Integer, nullable=False),
+        sa.Column("cached_tokens", sa.Integer, nullable=False),
+        sa.Column("completion_tokens", sa.Integer, nullable=False),
+        sa.Column("queue_s", DOUBLE),
+        sa.Column("ttft_s", DOUBLE),
+        sa.Column("tpot_s", DOUBLE),
+        sa.Column("e2e_s", DOUBLE),
+        sa.Column("status", sa.Integer, nullable=False),
+        sa.Column("error_code", sa.String(64)),
+        sa.Column("error", sa.Text),
+        sa.Column("finish_reason", sa.String(32)),
+        sa.Column("price_input", DOUBLE, nullable=False),
+        sa.Column("price_cached_input", DOUBLE, nullable=False),
+        sa.Column("price_output", DOUBLE, nullable=False),
+        sa.Column("price_notional", sa.Boolean, nullable=False),
+        sa.Column("cost_input_usd", DOUBLE, nullable=False),
+        sa.Column("cost_cached_input_usd", DOUBLE, nullable=False),
+        sa.Column("cost_output_usd", DOUBLE, nullable=False),
+        sa.Column("cost_usd", DOUBLE, nullable=False),
+        sa.Column("energy_j", DOUBLE),
+        sa.Column("energy_source", sa.String(16)),
+        sa.Column("saved_tokens", sa.Integer, nullable=False),
+        sa.Column("saved_usd", DOUBLE, nullable=False),
+        sa.Column("saved_by", sa.Text, nullable=False),
+        sa.Column("over_budget", sa.Boolean, nullable=False),
+    ]
+
+
+def _v2_columns() -> list[sa.Column]:
+    """The business layer: feedback joined to its request."""
+    return [sa.Column("feedback_score", DOUBLE), sa.Column("feedback_comment", sa.Text),
+            sa.Column("feedback_ts", DOUBLE)]
+
+
+# The current shape, for queries and inserts.
+ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns())
+schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
+
+
+def add_column(conn: Connection, table: str, column: sa.Column) -> None:
+    """ALTER TABLE ... ADD COLUMN, rendered for the connection's dialect (new columns are nullable)."""
+    ddl = column.type.compile(dialect=conn.dialect)
+    conn.exec_driver_sql(f'ALTER TABLE {table} ADD COLUMN "{column.name}" {ddl}')
+
+
+def _m1_create_ledger(conn: Connection) -> None:
+    table = sa.Table("ledger", sa.MetaData(), *_v1_columns())
+    table.create(conn)
+    sa.Index("ix_ledger_ts", table.c.ts).create(conn)
+    sa.Index("ix_ledger_tenant_ts", table.c.tenant, table.c.ts).create(conn)
+    sa.Index("ix_ledger_key_ts", table.c.key_id, table.c.ts).create(conn)
+
+
+def _m2_feedback(conn: Connection) -> None:
+    for column in _v2_columns():
+        add_column(conn, "ledger", column)
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback]
+
+
+class SchemaError(RuntimeError):
+    pass
+
+
+def current_version(conn: Connection) -> int:
+    if not sa.inspect(conn).has_table("schema_version"):
+        return 0
+    v = conn.execute(sa.select(schema_version.c.version)).scalar()
+    return int(v or 0)
+
+
+def migrate(conn: Connection, upto: int | None = None) -> tuple[int, int]:
+    """Run the pending steps inside the caller's transaction; returns (version before, version after).
+    The caller holds a write lock (BEGIN IMMEDIATE on SQLite, an advisory lock on PostgreSQL)."""
+    target = len(MIGRATIONS) if upto is None else upto
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7368251)")   # one migrator at a time
+    schema_version.create(conn, checkfirst=True)
+    before = current_version(conn)
+    if before > len(MIGRATIONS):
+        raise SchemaError(f"the ledger's schema is version {before}, newer than this tokenomy knows "
+                          f"({len(MIGRATIONS)}); upgrade tokenomy to use it")
+    if before == 0 and conn.execute(sa.select(sa.func.count()).select_from(schema_version)).scalar() == 0:
+        conn.execute(schema_version.insert().values(version=0))
+    for step in range(before, target):
+        MIGRATIONS[step](conn)
+    if target > before:
+        conn.execute(schema_version.update().values(version=target))
+    return before, max(before, target)

@@ -1,0 +1,95 @@
+"""The meter's record sink: a finished RequestContext -> a ledger row, cost and saving metrics, budget spend.
+
+The Record stage calls it for every request (errors, cache hits and rejections too). It observes only: any
+failure here is logged by Record and never reaches the response.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tokenomy.meter.budget import Budgets
+from tokenomy.meter.energy import EnergyAccount
+from tokenomy.meter.ledger import Ledger
+from tokenomy.meter.pricing import PriceLike, cost, route_saving
+from tokenomy.meter.row import CACHE_HITS, LedgerRow, Saving, row_from_context
+
+log = logging.getLogger("tokenomy.meter")
+
+
+class MeterSink:
+    def __init__(self, ledger: Ledger | None, prices: Mapping[str, PriceLike], metrics: Any = None,
+                 budgets: Budgets | None = None, energy: EnergyAccount | None = None,
+                 backends: Mapping[str, str] | None = None,
+                 on_row: list[Callable[[LedgerRow], None]] | None = None) -> None:
+        """`prices` and `backends` (embedded | openai) are by model name; `energy` holds per-request joules
+        keyed by request id; `on_row` gets every row after it is queued."""
+        self.ledger = ledger
+        self.prices = prices
+        self.metrics = metrics
+        self.budgets = budgets
+        self.energy = energy
+        self.backends = backends or {}
+        self.on_row = on_row or []
+
+    def price_for(self, ctx: Any) -> PriceLike | None:
+        """The served model's price; a cache hit that set no model is priced as the model asked for."""
+        for name in (ctx.model, ctx.asked_model):
+            if name is not None and name in self.prices:
+                return self.prices[name]
+        return None
+
+    def route_saving(self, ctx: Any) -> dict[str, Saving]:
+        """A route that served on a cheaper model than its most capable candidate (the last; routes list models
+        cheapest first) saved the difference in price for the same usage."""
+        decision = ctx.extras.get("route")
+        if ctx.route is None or ctx.cache in CACHE_HITS or ctx.usage is None or not isinstance(decision, dict):
+            return {}
+        candidates = decision.get("candidates") or []
+        if not candidates or ctx.model is None or candidates[-1] == ctx.model:
+            return {}
+        top, served = self.prices.get(candidates[-1]), self.prices.get(ctx.model)
+        if top is None or served is None:
+            return {}
+        u = ctx.usage
+        cached = min(max(u.cached_tokens, 0), max(u.prompt_tokens, 0))
+        usd = route_saving(top, served, max(u.prompt_tokens, 0), cached, max(u.completion_tokens, 0))
+        return {"route": Saving(0, usd)} if usd > 0 else {}
+
+    def add_escalations(self, ctx: Any, row: LedgerRow) -> None:
+        """A cascade's discarded cheaper answers were generated and are paid for: their cost joins the row
+        (the token columns stay the usage the client received)."""
+        for model, usage in ctx.extras.get("escalated_usage", []):
+            price = self.prices.get(model)
+            if price is None or usage is None:
+                continue
+            c = cost(price, usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens),
+                     usage.completion_tokens)
+            row.cost_input_usd += c.input_usd
+            row.cost_cached_input_usd += c.cached_input_usd
+            row.cost_output_usd += c.output_usd
+            row.cost_usd += c.total_usd
+
+    def __call__(self, ctx: Any) -> None:
+        energy = self.energy.pop(ctx.request_id) if self.energy is not None else None
+        model = ctx.model or ctx.asked_model
+        row = row_from_context(ctx, self.price_for(ctx), energy, self.backends.get(model),
+                               savings=self.route_saving(ctx))
+        self.add_escalations(ctx, row)
+        if self.ledger is not None:
+            self.ledger.write(row)
+        m = self.metrics
+        if m is not None:
+            if row.cost_usd:
+                m.cost.labels(model).inc(row.cost_usd)
+            for by, s in row.saved_by.items():
+                m.saved.labels(by).inc(s["usd"])
+                m.tokens.labels("saved", model).inc(s["tokens"])
+            if row.energy_j is not None and row.energy_source is not None:
+                m.request_energy.labels(model, row.energy_source).inc(row.energy_j)
+        if self.budgets is not None:
+            self.budgets.record(row)
+        for hook in self.on_row:
+            hook(row)
