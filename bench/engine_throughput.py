@@ -31,6 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 MODEL = "smollm2-135m-instruct"
+NO_CACHE = {"cache-control": "no-cache, no-store"}   # measure the engine, not the response cache
 QUESTIONS = ["Describe the ocean.", "Explain how rain forms.", "Tell a story about a cat.", "Describe a city.",
              "Explain photosynthesis.", "Write about mountains.", "Describe a forest.", "Tell me about bread.",
              "Describe winter.", "Explain what a computer does.", "Write about the moon.", "Describe a river.",
@@ -59,7 +60,7 @@ async def one_http(client: httpx.AsyncClient, url: str, messages: list[dict], to
             "stream_options": {"include_usage": True}, "logit_bias": bias}
     t0 = time.perf_counter()
     ttft, n = None, 0
-    async with client.stream("POST", url + "/chat/completions", json=body) as r:
+    async with client.stream("POST", url + "/chat/completions", json=body, headers=NO_CACHE) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -179,7 +180,7 @@ def http_latency(url: str, tokens: int, bias: dict, repeats: int) -> float:
             body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": tokens,
                     "temperature": 0, "logit_bias": bias}
             t0 = time.perf_counter()
-            c.post(url + "/chat/completions", json=body).raise_for_status()
+            c.post(url + "/chat/completions", json=body, headers=NO_CACHE).raise_for_status()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

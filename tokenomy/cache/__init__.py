@@ -1,0 +1,10 @@
+"""Response caches: exact (canonical request hash) and semantic (MiniLM + ANN + calibrated verifier)."""
+
+from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.cache.exact import ExactCache
+from tokenomy.cache.key import context_key, exact_key, is_deterministic, last_user_text
+from tokenomy.cache.semantic import Decision, SemanticCache
+from tokenomy.cache.store import RedisStore, SQLiteStore, Store, open_store
+
+__all__ = ["CacheEntry", "CacheHit", "Decision", "ExactCache", "RedisStore", "SQLiteStore", "SemanticCache",
+           "Store", "context_key", "exact_key", "is_deterministic", "last_user_text", "open_store"]

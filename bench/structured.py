@@ -1,0 +1,358 @@
+"""Structured output: grammar coverage, compile time, mask time, and (with --generate) compliance and TPOT.
+
+For every schema in a JSONSchemaBench file (default: the dev split), per collection:
+- declared: the structured-output path compiles it (llguidance, after tokenomy's sound rewrites) within the
+  time bound; anything else is refused with a reason (counted per reason);
+- compile time p50/p95 (ms), with the SmolLM2 tokenizer and the first token mask, cold cache;
+- mask time per token (us): Constraint.allowed() along random walks through each compiled grammar
+  (Rust bitmask + numpy unpack), and the Rust bitmask alone;
+- with --extraction N: a token-saving task, N generated extraction prompts (short biographical sentences written
+  by a generator here, ground truth known) answered (a) free-form, asking for JSON in the prompt, parsed,
+  validated and retried up to 3 times with the error fed back, and (b) with the schema as a grammar:
+  completion tokens per answer (retries included), parse failures, retries, end-to-end seconds, field accuracy;
+- with --generate N: the first N schemas of each collection are answered greedily by SmolLM2 under the
+  grammar (max --max-tokens tokens); empirical = share of schemas whose finished answer validates with
+  jsonschema (format checked); compliance = empirical / declared over the same schemas; TPOT with the schema
+  vs the same prompt unconstrained.
+
+    .venv/bin/python bench/structured.py [--schemas FILE] [--generate N] [--extraction N] [--max-tokens M] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tokenomy.structured import (  # noqa: E402
+    Constraint,
+    ConstraintError,
+    GrammarCompiler,
+    SchemaError,
+    json_schema_format,
+)
+from tokenomy.structured.tokenizer import load_tokenizer, packaged_model_path  # noqa: E402
+from tokenomy.structured.validate import validate  # noqa: E402
+
+DEFAULT_SCHEMAS = os.path.join(ROOT, "..", "shared", "data", "jsonschema", "dev.jsonl")
+PROMPT_SCHEMA_CHARS = 1500  # the schema text shown to the model; the grammar carries the rest
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def compile_all(rows: list[dict], compiler: GrammarCompiler) -> list[dict]:
+    out = []
+    for row in rows:
+        t0 = time.perf_counter()
+        try:
+            grammar = compiler.compile(json_schema_format(row["schema"]))
+            rec = {"declared": True, "grammar": grammar, "reason": None}
+        except SchemaError as e:
+            rec = {"declared": False, "grammar": None, "reason": e.reason}
+        rec["ms"] = (time.perf_counter() - t0) * 1000
+        out.append(rec)
+    return out
+
+
+def mask_walks(grammars: list[Any], steps: int, seed: int = 0) -> tuple[list[float], list[float], int, int]:
+    """Random walks: at each step take the forced tokens if any, else a uniformly random allowed token.
+
+    Returns mask times (allowed(), and the Rust bitmask alone) in us, tokens walked, and walks that failed
+    (the grammar hit a lexer/parser limit mid-way: a compiled schema that could still fail in generation).
+    """
+    rng = np.random.default_rng(seed)
+    full_us: list[float] = []
+    rust_us: list[float] = []
+    tokens = failed = 0
+    for g in grammars:
+        c = Constraint(g)
+        try:
+            tokens += _walk(c, steps, rng, full_us, rust_us)
+        except ConstraintError:
+            failed += 1
+    return full_us, rust_us, tokens, failed
+
+
+def _walk(c: Constraint, steps: int, rng: np.random.Generator, full_us: list[float], rust_us: list[float]) -> int:
+    tokens = 0
+    for _ in range(steps):
+        if c.is_done():
+            break
+        ff = c.forced()
+        if ff:
+            c.advance(ff)
+            tokens += len(ff)
+            continue
+        # allowed() = Rust bitmask + numpy unpack; timed in two parts because a second mask at the same
+        # state would hit llguidance's cache and look cheaper than the first.
+        t0 = time.perf_counter()
+        bits = c.bitmask()
+        t1 = time.perf_counter()
+        mask = np.unpackbits(bits.view(np.uint8), count=c.n_vocab, bitorder="little").view(np.bool_)
+        t2 = time.perf_counter()
+        rust_us.append((t1 - t0) * 1e6)
+        full_us.append((t2 - t0) * 1e6)
+        ids = np.flatnonzero(mask)
+        eos = c.grammar.tokenizer.eos_token
+        if len(ids) > 1:
+            ids = ids[ids != eos]  # keep walking rather than stopping at the first accepting state
+        c.advance([int(rng.choice(ids))])
+        tokens += 1
+    return tokens
+
+
+def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens: int, model: str,
+             console: Console) -> dict[str, Any]:
+    from tokenomy.structured.greedy import GreedyRunner
+
+    runner = GreedyRunner(model, n_ctx=2048)
+    seen: collections.Counter[str] = collections.Counter()
+    results: dict[str, list[dict]] = collections.defaultdict(list)
+    tpot_c: list[float] = []
+    tpot_f: list[float] = []
+    for row, rec in zip(rows, recs, strict=True):
+        cat = row["category"]
+        if seen[cat] >= per_collection:
+            continue
+        seen[cat] += 1
+        if not rec["declared"]:
+            results[cat].append({"declared": False, "valid": False})
+            continue
+        schema_text = json.dumps(row["schema"], separators=(",", ":"))[:PROMPT_SCHEMA_CHARS]
+        prompt = runner.chat_prompt("You answer with JSON only.",
+                                    f"Write a short example JSON document for this JSON Schema:\n{schema_text}")
+        gen = runner.generate(prompt, Constraint(rec["grammar"]), max_tokens)
+        # An answer cut by max_tokens counts as a failure (it is not a complete document).
+        ok = gen.finish_reason == "stop" and validate(gen.text, row["schema"]).ok
+        results[cat].append({"declared": True, "valid": ok, "tokens": len(gen.tokens), "calls": gen.decode_calls,
+                             "forced": gen.forced, "finish": gen.finish_reason})
+        tpot_c.append(gen.tpot_ms)
+        # TPOT without the grammar on the same prompt; per-token decode cost hardly depends on length.
+        free = runner.generate(prompt, None, min(max(len(gen.tokens), 8), 48))
+        tpot_f.append(free.tpot_ms)
+        console.print(f"[dim]{row['id']}: {gen.finish_reason} valid={ok} tokens={len(gen.tokens)} "
+                      f"calls={gen.decode_calls} tpot={gen.tpot_ms:.1f} ms (free {free.tpot_ms:.1f})[/dim]")
+    runner.close()
+    return {"per_collection": results, "tpot_c": [t for t in tpot_c if t == t], "tpot_f": [t for t in tpot_f if t == t]}
+
+
+FIRST = ["Maria", "John", "Aiko", "Pierre", "Fatima", "Lars", "Chen", "Olga", "Diego", "Amara", "Ines", "Tomas"]
+LAST = ["Lopez", "Walker", "Tanaka", "Dubois", "Haddad", "Berg", "Wei", "Petrova", "Ruiz", "Okafor", "Costa"]
+JOBS = ["engineer", "baker", "teacher", "nurse", "pilot", "farmer", "lawyer", "painter", "chemist", "librarian"]
+CITIES = ["Lisbon", "Oslo", "Lima", "Kyoto", "Nairobi", "Dublin", "Quebec", "Perth", "Seville", "Krakow"]
+TEMPLATES = [
+    "{first} {last}, a {age}-year-old {job} from {city}, joined the cooperative in {year}.",
+    "In {year}, the {job} {first} {last} ({age}) moved to {city} and opened a small workshop.",
+    "{city} welcomed {first} {last} in {year}; the {age}-year-old {job} had never lived abroad before.",
+    "Records from {year} list {first} {last}, {age}, as the only {job} registered in {city}.",
+]
+EXTRACT_KEYS = ("name", "age", "job", "city", "year")
+EXTRACT_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "job": {"type": "string"},
+                   "city": {"type": "string"}, "year": {"type": "integer"}},
+    "required": list(EXTRACT_KEYS), "additionalProperties": False,
+}
+
+
+def extraction_tasks(n: int, seed: int = 7) -> list[tuple[str, dict]]:
+    """``n`` (sentence, truth) pairs from the templates above, deterministic for a seed."""
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        truth = {"name": f"{rng.choice(FIRST)} {rng.choice(LAST)}", "age": rng.randint(19, 78),
+                 "job": rng.choice(JOBS), "city": rng.choice(CITIES), "year": rng.randint(1950, 2023)}
+        first, last = truth["name"].split()
+        tasks.append((TEMPLATES[i % len(TEMPLATES)].format(first=first, last=last, **truth), truth))
+    return tasks
+
+
+def _parse_free(text: str) -> tuple[dict | None, str]:
+    """The first {...} span of a free-form answer, parsed and validated; (value, error)."""
+    m = re.search(r"\{.*\}", text, re.S)
+    if not m:
+        return None, "no JSON object found"
+    result = validate(m.group(0), EXTRACT_SCHEMA)
+    return (result.value, "") if result.ok else (None, "; ".join(result.errors[:2]))
+
+
+def _accuracy(value: dict | None, truth: dict) -> float:
+    if value is None:
+        return 0.0
+    return sum(str(value.get(k, "")).strip().lower() == str(truth[k]).lower() for k in EXTRACT_KEYS) / len(truth)
+
+
+def extraction(n: int, compiler: GrammarCompiler, model: str, max_tokens: int, console: Console) -> dict:
+    from tokenomy.structured.greedy import GreedyRunner
+
+    runner = GreedyRunner(model, n_ctx=2048)
+    grammar = compiler.compile(json_schema_format(EXTRACT_SCHEMA))
+    system = "You extract facts from text."
+    ask = "Return a JSON object with the keys name, age, job, city and year. Answer with JSON only."
+    out: dict[str, dict] = {}
+    for mode in ("free", "schema"):
+        tokens, fails, retries, secs, acc = [], 0, 0, [], []
+        for text, truth in extraction_tasks(n):
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": f"{text}\n{ask}"}]
+            t0 = time.perf_counter()
+            used = 0
+            if mode == "schema":
+                gen = runner.generate(runner.render(messages), Constraint(grammar), max_tokens)
+                used = len(gen.tokens)
+                value, err = _parse_free(gen.text)
+            else:
+                for attempt in range(4):  # the first try and up to 3 retries
+                    gen = runner.generate(runner.render(messages), None, max_tokens)
+                    used += len(gen.tokens)
+                    value, err = _parse_free(gen.text)
+                    if value is not None or attempt == 3:
+                        break
+                    retries += 1
+                    messages += [{"role": "assistant", "content": gen.text},
+                                 {"role": "user", "content": f"That is not a valid answer ({err}). {ask}"}]
+            secs.append(time.perf_counter() - t0)
+            tokens.append(used)
+            fails += value is None
+            acc.append(_accuracy(value, truth))
+        out[mode] = {"prompts": n, "completion_tokens_mean": round(statistics.fmean(tokens), 1),
+                     "parse_failures": fails, "retries": retries, "e2e_s_mean": round(statistics.fmean(secs), 3),
+                     "field_accuracy": round(statistics.fmean(acc), 3)}
+        console.print(f"[dim]extraction {mode}: {out[mode]}[/dim]")
+    runner.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schemas", default=DEFAULT_SCHEMAS, help="JSONSchemaBench-style JSONL file")
+    ap.add_argument("--model", default=None, help="GGUF path (default: packaged SmolLM2-135M-Instruct)")
+    ap.add_argument("--timeout", type=float, default=5.0, help="compile time bound per schema, seconds")
+    ap.add_argument("--mask-steps", type=int, default=48, help="random-walk steps per compiled schema")
+    ap.add_argument("--generate", type=int, default=0, help="greedy generations per collection (0: none)")
+    ap.add_argument("--extraction", type=int, default=0, help="extraction prompts for the token-saving task")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    args = ap.parse_args()
+    console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
+
+    try:
+        with open(args.schemas) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except OSError as e:
+        sys.exit(f"cannot read schemas: {e}")
+    model = args.model or packaged_model_path()
+    t0 = time.perf_counter()
+    tokenizer = load_tokenizer(model)
+    tok_s = time.perf_counter() - t0
+    compiler = GrammarCompiler(tokenizer, timeout_s=args.timeout)
+    recs = compile_all(rows, compiler)
+    full_us, rust_us, walked, walk_failed = mask_walks([r["grammar"] for r in recs if r["declared"]], args.mask_steps)
+    gen = generate(rows, recs, args.generate, args.max_tokens, model, console) if args.generate else None
+    extract = extraction(args.extraction, compiler, model, 128, console) if args.extraction else None
+
+    by_cat: dict[str, list[int]] = collections.defaultdict(list)
+    for i, row in enumerate(rows):
+        by_cat[row["category"]].append(i)
+    report: dict[str, Any] = {"schemas_file": os.path.relpath(args.schemas, ROOT), "collections": {}}
+    for cat in sorted(by_cat):
+        idx = by_cat[cat]
+        ms = [recs[i]["ms"] for i in idx if recs[i]["declared"]]
+        entry: dict[str, Any] = {
+            "schemas": len(idx),
+            "declared": sum(recs[i]["declared"] for i in idx) / len(idx),
+            "empirical": None, "compliance": None, "generated": 0,
+            "compile_p50_ms": round(pct(ms, 0.5), 2), "compile_p95_ms": round(pct(ms, 0.95), 2),
+            "refused": dict(collections.Counter(recs[i]["reason"] for i in idx if not recs[i]["declared"])),
+        }
+        if gen is not None:
+            res = gen["per_collection"].get(cat, [])
+            if res:
+                valid = sum(r["valid"] for r in res)
+                declared = sum(r["declared"] for r in res)
+                finished = [r for r in res if r.get("finish") == "stop"]
+                entry.update(generated=len(res), empirical=valid / len(res),
+                             compliance=valid / declared if declared else None,
+                             # the grammar's own guarantee: answers that ended by themselves all validate
+                             finished=len(finished),
+                             valid_when_finished=(sum(r["valid"] for r in finished) / len(finished)
+                                                  if finished else None))
+        report["collections"][cat] = entry
+    all_ms = [r["ms"] for r in recs if r["declared"]]
+    report.update({
+        "schemas": len(rows),
+        "declared": sum(r["declared"] for r in recs) / len(rows),
+        "compile_p50_ms": round(pct(all_ms, 0.5), 2),
+        "compile_p95_ms": round(pct(all_ms, 0.95), 2),
+        "tokenizer_build_s": round(tok_s, 2),
+        "mask_us_per_token": round(statistics.fmean(full_us), 1) if full_us else None,
+        "mask_us_p50": round(pct(full_us, 0.5), 1), "mask_us_p95": round(pct(full_us, 0.95), 1),
+        "mask_rust_us_per_token": round(statistics.fmean(rust_us), 1) if rust_us else None,
+        "mask_steps": len(full_us), "walk_tokens": walked, "walks_failed": walk_failed,
+        "tpot_ms_constrained": round(statistics.median(gen["tpot_c"]), 2) if gen and gen["tpot_c"] else None,
+        "tpot_ms_free": round(statistics.median(gen["tpot_f"]), 2) if gen and gen["tpot_f"] else None,
+        "generate_per_collection": args.generate, "max_tokens": args.max_tokens,
+        "extraction": extract,
+    })
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+
+    table = Table(title=f"structured output on {report['schemas_file']} (llguidance, SmolLM2 tokenizer)")
+    for col in ("collection", "schemas", "declared", "empirical", "compliance", "compile p50 ms", "p95 ms",
+                "refused (top reason)"):
+        table.add_column(col, justify="left" if col.startswith(("collection", "refused")) else "right")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for cat, e in report["collections"].items():
+        top = max(e["refused"].items(), key=lambda kv: kv[1], default=("", 0))
+        table.add_row(cat, str(e["schemas"]), fmt(e["declared"]), fmt(e["empirical"]), fmt(e["compliance"]),
+                      f"{e['compile_p50_ms']:.1f}", f"{e['compile_p95_ms']:.1f}",
+                      f"{top[1]}x {top[0][:50]}" if top[1] else "")
+    console.print(table)
+    reasons: collections.Counter[str] = collections.Counter()
+    for e in report["collections"].values():
+        for reason, n in e["refused"].items():
+            reasons[re.sub(r" while processing .*", "", reason)[:110]] += n
+    console.print("refused: " + "; ".join(f"{n}x {r}" for r, n in reasons.most_common(8)))
+    console.print(f"declared {report['declared']:.3f} of {len(rows)}; compile p50 {report['compile_p50_ms']} ms, "
+                  f"p95 {report['compile_p95_ms']} ms; tokenizer build {tok_s:.2f} s")
+    console.print(f"mask per token: {report['mask_us_per_token']} us mean (p50 {report['mask_us_p50']}, p95 "
+                  f"{report['mask_us_p95']}), Rust bitmask alone {report['mask_rust_us_per_token']} us, over "
+                  f"{len(full_us)} masked steps ({walked} tokens walked, {walk_failed} walks hit a grammar limit)")
+    if extract:
+        t = Table(title=f"extraction, {args.extraction} prompts: free-form JSON (parse, up to 3 retries) vs schema")
+        for col in ("mode", "completion tokens/answer", "parse failures", "retries", "e2e s/answer",
+                    "field accuracy"):
+            t.add_column(col, justify="left" if col == "mode" else "right")
+        for mode, e in extract.items():
+            t.add_row(mode, str(e["completion_tokens_mean"]), str(e["parse_failures"]), str(e["retries"]),
+                      f"{e['e2e_s_mean']:.2f}", f"{e['field_accuracy']:.2f}")
+        console.print(t)
+    if gen:
+        fin = [e for e in report["collections"].values() if e.get("finished")]
+        n_fin = sum(e["finished"] for e in fin)
+        n_ok = sum(round(e["valid_when_finished"] * e["finished"]) for e in fin)
+        console.print(f"generation: {n_ok} of {n_fin} answers that ended by themselves validate; the rest of the "
+                      f"declared schemas hit max_tokens={args.max_tokens}")
+        console.print(f"TPOT: {report['tpot_ms_constrained']} ms constrained vs {report['tpot_ms_free']} ms free "
+                      f"(median per answer)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+import copy
+
+import jsonschema
+import pytest
+
+from tokenomy.structured.normalize import normalize, rebase_refs
+
+
+def _same_verdicts(original: dict, rewritten: dict, instances: list, cls=jsonschema.Draft7Validator) -> None:
+    """The rewrite accepts exactly what the original accepts on these instances."""
+    for inst in instances:
+        assert cls(original).is_valid(inst) == cls(rewritten).is_valid(inst), inst
+
+
+def test_property_dependencies_become_exact_anyof():
+    s = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+         "dependencies": {"a": ["b"]}}
+    n = normalize(s)
+    assert "dependencies" not in n
+    _same_verdicts(s, n, [{}, {"a": "x"}, {"a": "x", "b": "y"}, {"b": "y"}])
+
+
+def test_schema_dependencies_become_exact_anyof():
+    s = {"type": "object", "dependencies": {"site": {"properties": {"kind": {"enum": ["section"]}}}}}
+    n = normalize(s)
+    _same_verdicts(s, n, [{}, {"site": 1}, {"site": 1, "kind": "section"}, {"site": 1, "kind": "x"}, {"kind": "x"}])
+
+
+def test_not_required_and_not_type_and_not_empty():
+    s = {"type": "object", "not": {"required": ["a", "b"]}}
+    _same_verdicts(s, normalize(s), [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}])
+    s = {"properties": {"x": {"not": {"type": "array"}}}}
+    n = normalize(s)
+    assert "not" not in n["properties"]["x"]
+    _same_verdicts(s, n, [{"x": []}, {"x": 1}, {"x": "s"}, {"x": None}, {"x": {}}])
+    s = {"type": "object", "properties": {"gone": {"not": {}}}}
+    _same_verdicts(s, normalize(s), [{}, {"gone": 1}, {"gone": None}])
+
+
+def test_custom_formats_dropped_standard_kept():
+    s = {"properties": {"a": {"type": "string", "format": "textarea"},
+                        "b": {"type": "string", "format": "date-time"},
+                        "format": {"type": "string"}}}  # a property named "format" is not a keyword
+    n = normalize(s)
+    assert "format" not in n["properties"]["a"]
+    assert n["properties"]["b"]["format"] == "date-time"
+    assert "format" in n["properties"]
+
+
+def test_data_values_are_never_rewritten_and_input_untouched():
+    s = {"const": {"format": "textarea", "$ref": "#/x"}, "enum": [{"not": {}}],
+         "properties": {"r": {"$ref": "#/definitions/d", "description": "doc"}}, "definitions": {"d": {}}}
+    before = copy.deepcopy(s)
+    n = normalize(s)
+    assert s == before
+    assert n["const"] == before["const"] and n["enum"] == before["enum"]
+    assert n["properties"]["r"] == {"$ref": "#/definitions/d"}  # annotation beside $ref dropped
+
+
+def test_rebase_refs_moves_local_pointers_only():
+    s = {"properties": {"a": {"$ref": "#/definitions/x"}, "b": {"$ref": "http://example.com/s.json"},
+                        "c": {"$ref": "#"}}, "const": {"$ref": "#/keep"}}
+    rebase_refs(s, "/items/0")
+    assert s["properties"]["a"]["$ref"] == "#/items/0/definitions/x"
+    assert s["properties"]["b"]["$ref"] == "http://example.com/s.json"
+    assert s["properties"]["c"]["$ref"] == "#/items/0"
+    assert s["const"] == {"$ref": "#/keep"}
+
+
+@pytest.mark.parametrize("depth", [50, 3000])
+def test_walk_is_iterative(depth):
+    s: dict = {"type": "string", "format": "custom"}
+    for _ in range(depth):
+        s = {"type": "array", "items": s}
+    # deepcopy is recursive, so a 3000-deep schema may raise RecursionError; the walk itself must not.
+    try:
+        n = normalize(s)
+    except RecursionError:
+        assert depth > 500
+        return
+    leaf = n
+    while "items" in leaf:
+        leaf = leaf["items"]
+    assert "format" not in leaf
+
+
+def test_close_objects_where_sound():
+    s = {"type": "object", "properties": {"a": {"type": "object", "properties": {"x": {}}},
+                                          "b": {"$ref": "#/definitions/base"},
+                                          "c": {"allOf": [{"$ref": "#/definitions/mixin"},
+                                                          {"properties": {"y": {}}}]},
+                                          "d": {"oneOf": [{"type": "object", "properties": {"z": {}}},
+                                                          {"type": "string"}]},
+                                          "e": {"properties": {"k": {}}, "required": ["k", "other"]},
+                                          "f": {"type": "object"},
+                                          "g": {"properties": {"m": {}}, "additionalProperties": {"type": "integer"}}},
+         "definitions": {"base": {"properties": {"p": {}}}, "mixin": {"properties": {"q": {}}}}}
+    n = normalize(s, close=True)
+    assert n["additionalProperties"] is False
+    assert n["properties"]["a"]["additionalProperties"] is False
+    assert n["definitions"]["base"]["additionalProperties"] is False  # referenced plainly
+    assert "additionalProperties" not in n["definitions"]["mixin"]  # referenced from an allOf
+    assert "additionalProperties" not in n["properties"]["c"]["allOf"][1]
+    assert "additionalProperties" not in n["properties"]["d"]["oneOf"][0]  # oneOf is not monotone
+    assert "additionalProperties" not in n["properties"]["e"]  # required names a key it does not list
+    assert n["properties"]["f"] == {"type": "object"}  # json_object stays open
+    assert n["properties"]["g"]["additionalProperties"] == {"type": "integer"}
+    assert "additionalProperties" not in normalize(s)  # close is opt-in
+    # Narrowing only: every document the closed schema accepts, the original accepts.
+    v_orig, v_new = jsonschema.Draft7Validator(s), jsonschema.Draft7Validator(n)
+    docs = [{}, {"a": {"x": 1}}, {"a": {"x": 1, "w": 2}}, {"b": {"p": 1}}, {"c": {"q": 1, "y": 2}},
+            {"d": {"z": 1}}, {"d": "s"}, {"e": {"k": 1, "other": 2}}, {"zz": 1}]
+    for doc in docs:
+        assert not v_new.is_valid(doc) or v_orig.is_valid(doc), doc
+    assert v_new.is_valid({"c": {"q": 1, "y": 2}}) and v_new.is_valid({"e": {"k": 1, "other": 2}})
+
+
+def test_close_objects_leaves_nested_intersections_open():
+    # What normalize makes of not-required: anyOf branches inside an allOf must stay open, or {b} dies.
+    s = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["b"],
+         "allOf": [{"anyOf": [{"properties": {"a": False}}, {"properties": {"b": False}}]}]}
+    n = normalize(s, close=True)
+    assert all("additionalProperties" not in br for br in n["allOf"][0]["anyOf"])
+    assert jsonschema.Draft7Validator(n).is_valid({"b": 1})

@@ -1,0 +1,419 @@
+"""Semantic response cache: serve a stored answer to a differently worded question, within an error budget.
+
+Only the last user turn is embedded (MiniLM, ``tokenomy.embedder``). Everything else in the request is reduced
+to ``context_key`` and must match exactly: each context has its own ANN partition (a usearch HNSW index), so an
+entry of another tenant or another conversation is never even a candidate; every candidate's context is checked
+again before it is served. A lookup serves the nearest entry only when
+
+    cos(query, entry) >= threshold                     (the route's similarity gate)
+    p(right) >= verifier.operating_point(budget, gate)  (calibrated verifier, see verify.py)
+    p(right) >= entry.bar                               (per-entry bar raised by wrong-hit feedback)
+
+Persistence: entry metadata and vectors in ``<path>/semantic.sqlite`` (the source of truth), one usearch file
+per partition under ``<path>/index/`` (saved on ``flush``/``close`` and every ``flush_every`` writes); on open,
+index files are reconciled with the metadata, so a crash loses no entry. Payloads live in a ``Store``
+(SQLite by default, Redis to share them), with the same TTL. The entry count is bounded with LRU eviction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.cache.key import context_key, last_user_text
+from tokenomy.cache.store import SQLiteStore, Store
+from tokenomy.cache.verify import Verifier, load_default, pair_features
+
+DIM = 384
+
+Reason = Literal["hit", "exact-text", "empty", "below-threshold", "rejected", "entry-bar", "payload-missing"]
+
+
+@dataclass
+class _Meta:
+    ctx: str
+    text: str
+    expires_at: float | None
+    used: int
+    bar: float = 0.0
+    right: int = 0
+    wrong: int = 0
+
+
+@dataclass
+class Decision:
+    """Why a lookup did or did not hit; ``hit`` is set only when an answer is served."""
+
+    reason: Reason
+    hit: CacheHit | None = None
+    candidate_id: int | None = None
+    candidate_text: str | None = None
+    similarity: float = 0.0
+    second_similarity: float | None = None
+    score: float | None = None
+
+
+def _normalise(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+class SemanticCache:
+    def __init__(self, path: str | Path | None = None, *, store: Store | None = None,
+                 embedder: Any | None = None, threshold: float = 0.9, error_budget: float | None = 0.02,
+                 verifier: Verifier | None | Literal["default"] = "default", ttl_s: float | None = 86_400.0,
+                 max_entries: int = 100_000, candidates: int = 8, dtype: str = "f16",
+                 expansion_search: int = 64, flush_every: int = 1_000, clock: Callable[[], float] = time.time,
+                 ) -> None:
+        """``path`` None keeps everything in memory. ``error_budget`` None serves on the threshold alone (a
+        baseline, not for production); otherwise a verifier is required."""
+        if not 0 < threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+        if error_budget is not None and not 0 < error_budget < 1:
+            raise ValueError(f"error_budget must be in (0, 1) or None, got {error_budget!r}")
+        if ttl_s is not None and not ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive or None, got {ttl_s!r}")
+        if not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive integer, got {max_entries!r}")
+        self.threshold, self.error_budget, self.ttl_s = threshold, error_budget, ttl_s
+        self.max_entries, self.candidates, self.clock = max_entries, max(2, candidates), clock
+        self.dtype, self.expansion_search, self.flush_every = dtype, expansion_search, flush_every
+        self.verifier = load_default() if verifier == "default" else verifier
+        if error_budget is not None and self.verifier is None:
+            raise ValueError("an error budget needs a verifier; build tokenomy/cache/verifier.json with "
+                             "`python -m tokenomy.cache.calibrate` or pass error_budget=None")
+        self._embedder = embedder
+        self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "index").mkdir(exist_ok=True)
+        db_path = str(self.path / "semantic.sqlite") if self.path is not None else ":memory:"
+        self.store: Store = store if store is not None else SQLiteStore(db_path, "semantic", max_entries)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS semantic_entries (id INTEGER PRIMARY KEY, ctx TEXT NOT NULL, "
+                         "text TEXT NOT NULL, vector BLOB NOT NULL, expires_at REAL, used INTEGER NOT NULL, "
+                         "bar REAL NOT NULL DEFAULT 0, n_right INTEGER NOT NULL DEFAULT 0, "
+                         "n_wrong INTEGER NOT NULL DEFAULT 0)")
+        self._db.execute("CREATE INDEX IF NOT EXISTS semantic_entries_used ON semantic_entries (used)")
+        self._meta: dict[int, _Meta] = {}
+        self._by_text: dict[tuple[str, str], int] = {}
+        self._indexes: dict[str, Any] = {}
+        self._dirty: set[str] = set()
+        self._writes = 0
+        self._seq = 0
+        self.hits = self.misses = 0
+        self._load()
+
+    # ---- persistence -------------------------------------------------------------------------------------
+
+    def _index_file(self, ctx: str) -> Path | None:
+        if self.path is None:
+            return None
+        return self.path / "index" / (hashlib.sha256(ctx.encode()).hexdigest()[:32] + ".usearch")
+
+    def _new_index(self) -> Any:
+        from usearch.index import Index
+
+        return Index(ndim=DIM, metric="cos", dtype=self.dtype, connectivity=16, expansion_add=64,
+                     expansion_search=self.expansion_search)
+
+    def _load(self) -> None:
+        rows = self._db.execute("SELECT id, ctx, text, expires_at, used, bar, n_right, n_wrong FROM semantic_entries")
+        by_ctx: dict[str, set[int]] = {}
+        for id_, ctx, text, expires_at, used, bar, right, wrong in rows:
+            self._meta[id_] = _Meta(ctx, text, expires_at, used, bar, right, wrong)
+            self._by_text[(ctx, _normalise(text))] = id_
+            by_ctx.setdefault(ctx, set()).add(id_)
+            self._seq = max(self._seq, used)
+        for ctx, ids in by_ctx.items():
+            index = self._new_index()
+            file = self._index_file(ctx)
+            if file is not None and file.exists():
+                try:
+                    index.load(str(file))
+                except (RuntimeError, ValueError, OSError):
+                    index = self._new_index()  # unreadable file: rebuilt from the vectors below
+            indexed = {int(k) for k in index.keys} if len(index) else set()
+            stale = indexed - ids
+            if stale:
+                index.remove(np.fromiter(stale, dtype=np.uint64))
+            missing = sorted(ids - indexed)
+            for i in range(0, len(missing), 5_000):
+                chunk = missing[i:i + 5_000]
+                marks = ",".join("?" * len(chunk))
+                got = self._db.execute(f"SELECT id, vector FROM semantic_entries WHERE id IN ({marks})", chunk)
+                pairs = [(id_, np.frombuffer(blob, dtype=np.float32)) for id_, blob in got]
+                index.add(np.array([p[0] for p in pairs], dtype=np.uint64), np.stack([p[1] for p in pairs]))
+            if stale or missing:
+                self._dirty.add(ctx)
+            self._indexes[ctx] = index
+
+    def flush(self) -> None:
+        """Write changed partitions' index files (metadata is already durable)."""
+        with self._lock:
+            for ctx in list(self._dirty):
+                file = self._index_file(ctx)
+                index = self._indexes.get(ctx)
+                if file is not None and index is not None:
+                    tmp = file.with_suffix(".tmp")
+                    index.save(str(tmp))
+                    tmp.replace(file)
+                elif file is not None and file.exists():
+                    file.unlink()
+            self._dirty.clear()
+            self._writes = 0
+
+    def close(self) -> None:
+        with self._lock:
+            self.flush()
+            self._db.close()
+            self.store.close()
+
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    @property
+    def errors(self) -> int:
+        return self.store.errors
+
+    # ---- embedding ---------------------------------------------------------------------------------------
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        if self._embedder is None:
+            from tokenomy.embedder import default_embedder
+
+            self._embedder = default_embedder()
+        return self._embedder.embed(texts)
+
+    @staticmethod
+    def _check_vectors(vectors: np.ndarray, n: int) -> np.ndarray:
+        v = np.asarray(vectors, dtype=np.float32)
+        if v.ndim == 1:
+            v = v[None, :]
+        if v.shape != (n, DIM) or not np.isfinite(v).all():
+            raise ValueError(f"expected {n} finite vectors of dimension {DIM}, got shape {v.shape}")
+        return v
+
+    # ---- writes ------------------------------------------------------------------------------------------
+
+    def add(self, tenant: str, model: str, messages: Sequence[Mapping[str, Any]],
+            params: Mapping[str, Any] | None, entry: CacheEntry) -> int | None:
+        """Store ``entry`` as the answer to this request's last user turn; None if it has none."""
+        text = last_user_text(messages)
+        if text is None:
+            return None
+        return self.add_text(context_key(tenant, model, messages, params), text, entry)
+
+    def add_text(self, ctx: str, text: str, entry: CacheEntry, vector: np.ndarray | None = None) -> int:
+        return self.add_many(ctx, [text], [entry], None if vector is None else np.asarray(vector)[None, :])[0]
+
+    def add_many(self, ctx: str, texts: Sequence[str], entries: Sequence[CacheEntry],
+                 vectors: np.ndarray | None = None) -> list[int]:
+        """Store many entries in one context (one transaction, one batched index insert). A text already
+        stored in this context (same words, case and spacing aside) is replaced, as a re-generation would."""
+        if not isinstance(ctx, str) or not ctx:
+            raise ValueError("context key must be a non-empty string")
+        if len(texts) != len(entries) or any(not isinstance(t, str) or not t.strip() for t in texts):
+            raise ValueError("add_many needs one non-empty text per entry")
+        for e in entries:
+            if not isinstance(e, CacheEntry):
+                raise TypeError("SemanticCache entries must be CacheEntry objects")
+        if not texts:
+            return []
+        vecs = self._check_vectors(self._embed(list(texts)) if vectors is None else vectors, len(texts))
+        now = self.clock()
+        expires = now + self.ttl_s if self.ttl_s is not None else None
+        with self._lock:
+            seen: dict[str, int] = {}
+            for text in texts:
+                old = self._by_text.get((ctx, _normalise(text)))
+                if old is not None:
+                    self._remove(old)
+            ids: list[int] = []
+            rows = []
+            index = self._indexes.get(ctx)
+            if index is None:
+                index = self._indexes[ctx] = self._new_index()
+            for text, vec in zip(texts, vecs, strict=True):
+                norm = _normalise(text)
+                if norm in seen:  # duplicate within the batch: last one wins
+                    self._remove(seen[norm])
+                id_ = secrets.randbits(63)
+                while id_ in self._meta:
+                    id_ = secrets.randbits(63)
+                self._seq += 1
+                self._meta[id_] = _Meta(ctx, text, expires, self._seq)
+                self._by_text[(ctx, norm)] = seen[norm] = id_
+                ids.append(id_)
+                rows.append((id_, ctx, text, vec.tobytes(), expires, self._seq))
+            keep = [i for i, id_ in enumerate(ids) if id_ in self._meta]
+            self._db.execute("BEGIN")
+            self._db.executemany("INSERT INTO semantic_entries (id, ctx, text, vector, expires_at, used) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)", [rows[i] for i in keep])
+            self._db.execute("COMMIT")
+            index.add(np.array([ids[i] for i in keep], dtype=np.uint64), vecs[keep])
+            for i in keep:
+                self.store.set(str(ids[i]), entries[i].to_dict(), self.ttl_s)
+            self._dirty.add(ctx)
+            self._writes += len(keep)
+            if len(self._meta) > self.max_entries:
+                self._evict(len(self._meta) - self.max_entries)
+            if self._writes >= self.flush_every:
+                self.flush()
+            return ids
+
+    def _remove(self, id_: int) -> None:
+        meta = self._meta.pop(id_, None)
+        if meta is None:
+            return
+        self._by_text.pop((meta.ctx, _normalise(meta.text)), None)
+        index = self._indexes.get(meta.ctx)
+        if index is not None:
+            index.remove(id_)
+            self._dirty.add(meta.ctx)
+        self._db.execute("DELETE FROM semantic_entries WHERE id=?", (id_,))
+        self.store.delete(str(id_))
+
+    def _evict(self, n: int) -> None:
+        # Least recently used first; `used` is written through to SQLite on every hit, so its index orders them.
+        for (id_,) in self._db.execute("SELECT id FROM semantic_entries ORDER BY used LIMIT ?", (n,)).fetchall():
+            self._remove(id_)
+
+    def delete(self, entry_id: int) -> None:
+        with self._lock:
+            self._remove(entry_id)
+
+    def feedback(self, entry_id: int, score: float, correct: bool) -> None:
+        """Learn a per-entry bar from a served hit's outcome (vCache-style, conservative).
+
+        A wrong hit at verifier score s raises the entry's bar to s (the entry is never again served at a score
+        <= s); an entry whose wrong hits exceed the budget share of its judged hits, with at least 3 wrong, is
+        retired from the semantic cache. Right hits are counted and never lower the bar.
+        """
+        with self._lock:
+            meta = self._meta.get(entry_id)
+            if meta is None:
+                return
+            if correct:
+                meta.right += 1
+            else:
+                meta.wrong += 1
+                meta.bar = max(meta.bar, float(np.nextafter(score, 2.0)))
+                budget = self.error_budget if self.error_budget is not None else 0.02
+                if meta.wrong >= 3 and meta.wrong > budget * (meta.right + meta.wrong):
+                    self._remove(entry_id)
+                    return
+            self._db.execute("UPDATE semantic_entries SET bar=?, n_right=?, n_wrong=? WHERE id=?",
+                             (meta.bar, meta.right, meta.wrong, entry_id))
+
+    # ---- reads -------------------------------------------------------------------------------------------
+
+    def lookup(self, tenant: str, model: str, messages: Sequence[Mapping[str, Any]],
+               params: Mapping[str, Any] | None = None) -> CacheHit | None:
+        """The answer stored for a question like this request's last user turn in the same context, or None."""
+        text = last_user_text(messages)
+        if text is None:
+            return None
+        return self.decide(context_key(tenant, model, messages, params), text).hit
+
+    def decide(self, ctx: str, text: str, vector: np.ndarray | None = None) -> Decision:
+        """Full lookup with its reasons; embeds ``text`` unless ``vector`` is given."""
+        index = self._indexes.get(ctx)
+        if index is None or len(index) == 0:  # no entry in this context: no embedding spent
+            self.misses += 1
+            return Decision("empty")
+        vec = self._check_vectors(self._embed([text]) if vector is None else vector, 1)
+        return self.decide_many(ctx, [text], vec)[0]
+
+    def decide_many(self, ctx: str, texts: Sequence[str], vectors: np.ndarray) -> list[Decision]:
+        """Batched ``decide`` (one ANN call for all queries); used by the benchmark and bulk replays."""
+        vecs = self._check_vectors(vectors, len(texts))
+        with self._lock:
+            index = self._indexes.get(ctx)
+            if index is None or len(index) == 0:
+                self.misses += len(texts)
+                return [Decision("empty") for _ in texts]
+            k = min(self.candidates, len(index))
+            found = index.search(vecs, k)
+            keys = np.atleast_2d(found.keys)
+            dists = np.atleast_2d(found.distances)
+            counts = np.atleast_1d(getattr(found, "counts", np.full(len(texts), k)))
+            out = [self._decide_one(ctx, text, keys[i, :counts[i]], dists[i, :counts[i]])
+                   for i, text in enumerate(texts)]
+        return out
+
+    def _decide_one(self, ctx: str, text: str, keys: np.ndarray, dists: np.ndarray) -> Decision:
+        now = self.clock()
+        best: tuple[int, _Meta, float] | None = None
+        second: float | None = None
+        for key, dist in zip(keys.tolist(), dists.tolist(), strict=True):
+            meta = self._meta.get(key)
+            if meta is None:
+                continue
+            if meta.ctx != ctx:  # cannot happen with partitions; checked because serving it would be a leak
+                raise AssertionError("semantic cache partition holds an entry of another context")
+            if meta.expires_at is not None and meta.expires_at <= now:
+                self._remove(key)
+                continue
+            if best is None:
+                best = (key, meta, 1.0 - dist)
+            else:
+                second = 1.0 - dist
+                break
+        if best is None:
+            self.misses += 1
+            return Decision("empty")
+        id_, meta, cos = best
+        decision = Decision("below-threshold", candidate_id=id_, candidate_text=meta.text, similarity=cos,
+                            second_similarity=second)
+        same_text = _normalise(text) == _normalise(meta.text)
+        if cos < self.threshold and not same_text:
+            self.misses += 1
+            return decision
+        score = 1.0
+        if not same_text and self.error_budget is not None:
+            if self.verifier is None:  # a budget nobody can check is never met by guessing
+                decision.reason = "rejected"
+                self.misses += 1
+                return decision
+            score = float(self.verifier.probability(pair_features(text, meta.text, cos, second)))
+            decision.score = score
+            if score < self.verifier.operating_point(self.error_budget, self.threshold):
+                decision.reason = "rejected"
+                self.misses += 1
+                return decision
+            if score < meta.bar:
+                decision.reason = "entry-bar"
+                self.misses += 1
+                return decision
+        decision.score = score
+        raw = self.store.get(str(id_))
+        entry = None
+        if raw is not None:
+            try:
+                entry = CacheEntry.from_dict(raw)
+            except ValueError:
+                self.store.errors += 1
+        if entry is None:
+            decision.reason = "payload-missing"
+            self.misses += 1
+            return decision
+        self._seq += 1
+        meta.used = self._seq
+        self._db.execute("UPDATE semantic_entries SET used=? WHERE id=?", (self._seq, id_))
+        decision.reason = "exact-text" if same_text else "hit"
+        decision.hit = CacheHit(kind="semantic", entry=entry, key=ctx, similarity=cos, score=score, entry_id=id_)
+        self.hits += 1
+        return decision

@@ -1,0 +1,324 @@
+"""The learned router: prompt -> calibrated chance that the weak model's answer is good enough -> weak or strong.
+
+Model. Features are [group priors (4), text features (14)] standardised, plus the prompt embedding projected
+on its first 16 principal components (each scaled to unit variance). A multinomial logistic regression
+predicts the joint outcome (weak right?, strong right?) in four classes; from them
+
+    p_weak_ok        = P(weak only right) + 1/2 P(both or neither right)
+                     = (1 - (P(strong right) - P(weak right))) / 2
+    p_weak_correct   = P(weak right),  p_strong_correct = P(strong right)
+
+p_weak_ok is the weak model's win rate against the strong one with ties split evenly (RouteLLM routes on the
+strong model's win rate, 1 - p_weak_ok): "good enough" means "no worse than the strong answer". It ranks by
+the expected accuracy the strong model would add, P(strong right) - P(weak right). Ranking by P(weak right)
+alone is worse (dev split, MMLU APGR 0.58 vs 0.65): many prompts the weak model fails, the strong one fails too.
+
+Decision: the weak model when p_weak_ok >= threshold, else the strong one. The regularisation strength C is
+chosen by 5-fold log loss inside the training data only.
+
+File. One JSON document: a readable header (format, version, models, threshold and the target it came from,
+feature configuration, training summary) and the arrays as base64 float64. Loading never executes code,
+unlike a pickle, and does not depend on the scikit-learn version that trained it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tokenomy.router.dataset import RoutingData
+from tokenomy.router.features import EMBEDDINGS, TEXT_FEATURES, embed_prompts, text_feature_matrix
+from tokenomy.router.prior import OUTCOMES, GroupPrior, outcome_matrix
+
+FORMAT = "tokenomy-router"
+VERSION = 1
+DEFAULT_EMBEDDING = "minilm-static"  # fits the 15 ms decision budget on a 2-core CPU; see features.py
+CLASSES = ("neither", "strong_only", "weak_only", "both")  # index = 2 * weak_ok + strong_ok
+PCA_COMPONENTS = 16
+C_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+MIN_ROWS = 20
+
+
+class RouterFileError(ValueError):
+    """A router file is missing, unreadable or not a tokenomy router."""
+
+
+class RouterTrainingError(ValueError):
+    """The data cannot train a router (too few rows, no variation in outcomes)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One routing decision, with what it was based on (for the ledger and x-tokenomy-route)."""
+
+    model: str
+    probability: float  # p_weak_ok
+    threshold: float  # weak when probability >= threshold
+    reason: str
+    p_weak_correct: float
+    p_strong_correct: float
+
+
+@dataclass
+class Router:
+    weak: str
+    strong: str
+    threshold: float
+    scaler_mean: np.ndarray
+    scaler_scale: np.ndarray
+    pca_mean: np.ndarray
+    pca_components: np.ndarray
+    pca_scale: np.ndarray
+    coef: np.ndarray  # (classes present, features)
+    intercept: np.ndarray
+    classes: list[int]  # indices into CLASSES, in coef's row order
+    prior: GroupPrior | None = None
+    embedding: str = DEFAULT_EMBEDDING
+    meta: dict = field(default_factory=dict)
+
+    # ---- training ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def train(
+        cls, data: RoutingData, embeddings: np.ndarray | None = None, strong_share: float = 0.5,
+        embedding: str = DEFAULT_EMBEDDING,
+    ) -> Router:
+        """Fit on `data` (with `embeddings` of its prompts, if already computed, of kind `embedding`); the
+        threshold is set so that `strong_share` of the training prompts go strong."""
+        from sklearn.decomposition import PCA
+
+        if embedding not in EMBEDDINGS:
+            raise RouterTrainingError(f"unknown embedding {embedding!r}; known: {', '.join(EMBEDDINGS)}")
+        if len(data) < MIN_ROWS:
+            raise RouterTrainingError(f"need at least {MIN_ROWS} rows to train a router, got {len(data)}")
+        labels = (2 * data.weak_ok + data.strong_ok).astype(int)
+        if len(set(labels.tolist())) < 2:
+            raise RouterTrainingError("every row has the same outcome for both models: nothing to learn")
+        x = embed_prompts(data.prompts, embedding) if embeddings is None else np.asarray(embeddings, np.float32)
+        groups = [d or b for d, b in zip(data.domains, data.benchmarks, strict=True)]
+        prior, prior_train = None, np.zeros((len(data), 0))
+        if len(set(groups)) >= 2 and all(groups):
+            prior, prior_train = GroupPrior.fit(x, groups, outcome_matrix(data.weak_ok, data.strong_ok))
+
+        dense = np.c_[prior_train, text_feature_matrix(data.prompts)]
+        scaler_mean, scaler_scale = dense.mean(0), _safe_scale(dense.std(0))
+        n_components = min(PCA_COMPONENTS, len(data) - 1, x.shape[1])
+        pca = PCA(n_components=n_components, random_state=0).fit(x)
+        projected = pca.transform(x)
+        pca_scale = _safe_scale(projected.std(0))
+        features = np.c_[(dense - scaler_mean) / scaler_scale, projected / pca_scale]
+
+        c = _choose_c(features, labels)
+        model = _logistic(c).fit(features, labels)
+        router = cls(
+            weak=data.weak, strong=data.strong, threshold=0.0,
+            scaler_mean=scaler_mean, scaler_scale=scaler_scale,
+            pca_mean=pca.mean_.astype(np.float64), pca_components=pca.components_.astype(np.float64),
+            pca_scale=pca_scale, coef=np.atleast_2d(model.coef_), intercept=np.atleast_1d(model.intercept_),
+            classes=[int(k) for k in model.classes_], prior=prior, embedding=embedding,
+            meta={
+                "C": c,
+                "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "rows": len(data),
+                "weak_quality": float(data.weak_ok.mean()),
+                "strong_quality": float(data.strong_ok.mean()),
+            },
+        )
+        from tokenomy.router.calibrate import threshold_for_strong_share
+
+        calibration = threshold_for_strong_share(router.p_weak_ok_many(data.prompts, x), strong_share)
+        router.threshold = calibration.threshold
+        router.meta["target"] = {"strong_share": strong_share, "set_by": "train (on its own training rows)"}
+        return router
+
+    # ---- inference ---------------------------------------------------------------------------------------
+
+    def embed(self, prompts: list[str]) -> np.ndarray:
+        """The embedding this router was trained on, for prompts."""
+        return embed_prompts(prompts, self.embedding)
+
+    def features(self, prompts: list[str], embeddings: np.ndarray | None = None) -> np.ndarray:
+        x = self.embed(prompts) if embeddings is None else np.asarray(embeddings, dtype=np.float32).reshape(
+            len(prompts), -1)
+        prior = self.prior.transform(x) if self.prior is not None else np.zeros((len(prompts), 0))
+        dense = np.c_[prior, text_feature_matrix(prompts)]
+        projected = (x - self.pca_mean) @ self.pca_components.T
+        return np.c_[(dense - self.scaler_mean) / self.scaler_scale, projected / self.pca_scale]
+
+    def class_probabilities(self, prompts: list[str], embeddings: np.ndarray | None = None) -> np.ndarray:
+        """(N, 4) probabilities of CLASSES (classes never seen in training get 0)."""
+        logits = self.features(prompts, embeddings) @ self.coef.T + self.intercept
+        if len(self.classes) == 2:  # scikit-learn fits one logit for a binary problem
+            p1 = 1.0 / (1.0 + np.exp(-logits[:, 0]))
+            present = np.c_[1.0 - p1, p1]
+        else:
+            logits -= logits.max(axis=1, keepdims=True)
+            present = np.exp(logits)
+            present /= present.sum(axis=1, keepdims=True)
+        out = np.zeros((len(prompts), len(CLASSES)))
+        out[:, self.classes] = present
+        return out
+
+    def p_weak_ok_many(self, prompts: list[str], embeddings: np.ndarray | None = None) -> np.ndarray:
+        """p_weak_ok for many prompts at once (see module docstring)."""
+        return weak_ok_probability(self.class_probabilities(prompts, embeddings))
+
+    def p_weak_ok(self, prompt: str, embedding: np.ndarray | None = None) -> float:
+        """Calibrated probability that the weak model's answer is no worse than the strong one's (ties half).
+
+        `embedding`: this prompt's vector of the router's embedding kind, when the caller has it already."""
+        return float(self.p_weak_ok_many([prompt], embedding)[0])
+
+    def decide(self, prompt: str, embedding: np.ndarray | None = None) -> Decision:
+        """The weak model when p_weak_ok >= threshold, else the strong one, with the numbers behind it."""
+        p = self.class_probabilities([prompt], embedding)[0]
+        p_ok = float(weak_ok_probability(p[None, :])[0])
+        weak_right, strong_right = float(p[2] + p[3]), float(p[1] + p[3])
+        if p_ok >= self.threshold:
+            model, reason = self.weak, f"p_weak_ok {p_ok:.3f} >= threshold {self.threshold:.3f}"
+        else:
+            model, reason = self.strong, f"p_weak_ok {p_ok:.3f} < threshold {self.threshold:.3f}"
+        return Decision(model, p_ok, self.threshold, reason, weak_right, strong_right)
+
+    # ---- file --------------------------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """Write the router as one JSON file (see module docstring); replaces the file atomically."""
+        arrays = {
+            "scaler_mean": self.scaler_mean, "scaler_scale": self.scaler_scale, "pca_mean": self.pca_mean,
+            "pca_components": self.pca_components, "pca_scale": self.pca_scale, "coef": self.coef,
+            "intercept": self.intercept,
+        }
+        if self.prior is not None:
+            arrays |= {"prior_centroids": self.prior.centroids, "prior_rates": self.prior.rates}
+        document = {
+            "format": FORMAT,
+            "version": VERSION,
+            "weak": self.weak,
+            "strong": self.strong,
+            "threshold": self.threshold,
+            "decision": "weak if p_weak_ok >= threshold else strong",
+            "features": {
+                "embedding": self.embedding,
+                "pca_components": int(self.pca_components.shape[0]),
+                "text": list(TEXT_FEATURES),
+                "prior": None if self.prior is None else {**self.prior.to_dict(), "outcomes": list(OUTCOMES)},
+            },
+            "model": {"kind": "multinomial logistic regression", "classes": [CLASSES[k] for k in self.classes]},
+            "meta": self.meta,
+            "arrays": {name: _encode(a) for name, a in arrays.items()},
+        }
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(document, indent=1), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Router:
+        """Read a router file written by save(); RouterFileError says what is wrong with a bad one."""
+        path = Path(path)
+        if not path.is_file():
+            raise RouterFileError(f"{path}: no such router file")
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RouterFileError(f"{path}: not a tokenomy router file ({exc})") from exc
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise RouterFileError(f"{path}: not a tokenomy router file (format is not {FORMAT!r})")
+        if document.get("version") != VERSION:
+            raise RouterFileError(f"{path}: router file version {document.get('version')!r}, this reads {VERSION}")
+        try:
+            arrays = {name: _decode(a) for name, a in document["arrays"].items()}
+            classes = [CLASSES.index(c) for c in document["model"]["classes"]]
+            prior_doc = document["features"]["prior"]
+            prior = None
+            if prior_doc is not None:
+                prior = GroupPrior(
+                    list(prior_doc["groups"]), arrays["prior_centroids"], arrays["prior_rates"],
+                    float(prior_doc["tau"]),
+                )
+            router = cls(
+                weak=str(document["weak"]), strong=str(document["strong"]),
+                threshold=float(document["threshold"]),
+                scaler_mean=arrays["scaler_mean"], scaler_scale=arrays["scaler_scale"],
+                pca_mean=arrays["pca_mean"], pca_components=arrays["pca_components"],
+                pca_scale=arrays["pca_scale"], coef=arrays["coef"], intercept=arrays["intercept"],
+                classes=classes, prior=prior, embedding=str(document["features"]["embedding"]),
+                meta=dict(document.get("meta") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RouterFileError(f"{path}: damaged router file ({exc!r})") from exc
+        if router.embedding not in EMBEDDINGS:
+            raise RouterFileError(f"{path}: unknown embedding {router.embedding!r}; this reads {', '.join(EMBEDDINGS)}")
+        router._check_shapes(path)
+        return router
+
+    def _check_shapes(self, path: Path) -> None:
+        n_dense = len(self.scaler_mean)
+        n_prior = 0 if self.prior is None else self.prior.rates.shape[1]
+        ok = (
+            n_dense == len(self.scaler_scale) == n_prior + len(TEXT_FEATURES)
+            and self.pca_components.ndim == 2
+            and self.pca_components.shape[1] == len(self.pca_mean)
+            and len(self.pca_scale) == self.pca_components.shape[0]
+            and self.coef.shape == (1 if len(self.classes) == 2 else len(self.classes),
+                                    n_dense + self.pca_components.shape[0])
+            and len(self.intercept) == self.coef.shape[0]
+            and (self.prior is None or self.prior.centroids.shape == (len(self.prior.groups), len(self.pca_mean)))
+        )
+        if not ok:
+            raise RouterFileError(f"{path}: damaged router file (array shapes do not fit together)")
+
+
+def weak_ok_probability(class_probabilities: np.ndarray) -> np.ndarray:
+    """P(weak only) + 1/2 P(neither or both), rows of CLASSES probabilities in."""
+    p = np.asarray(class_probabilities)
+    return p[:, 2] + 0.5 * (p[:, 0] + p[:, 3])
+
+
+def _logistic(c: float):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=c, max_iter=5000)
+
+
+def _choose_c(features: np.ndarray, labels: np.ndarray) -> float:
+    """The C in C_GRID with the least 5-fold cross-validated log loss on the training rows."""
+    from sklearn.metrics import log_loss
+    from sklearn.model_selection import KFold
+
+    if len(labels) < 100:
+        return 0.03
+    present = np.unique(labels)
+    folds = list(KFold(5, shuffle=True, random_state=0).split(features))
+    losses = []
+    for c in C_GRID:
+        total = 0.0
+        for train, test in folds:
+            if len(np.unique(labels[train])) < 2:
+                continue
+            model = _logistic(c).fit(features[train], labels[train])
+            proba = np.full((len(test), len(present)), 1e-6)
+            proba[:, np.searchsorted(present, model.classes_)] = model.predict_proba(features[test])
+            total += log_loss(labels[test], proba / proba.sum(1, keepdims=True), labels=present) * len(test)
+        losses.append(total)
+    return float(C_GRID[int(np.argmin(losses))])
+
+
+def _safe_scale(std: np.ndarray) -> np.ndarray:
+    return np.where(std > 1e-12, std, 1.0)
+
+
+def _encode(array: np.ndarray) -> dict:
+    array = np.ascontiguousarray(array, dtype="<f8")
+    return {"shape": list(array.shape), "float64": base64.b64encode(array.tobytes()).decode("ascii")}
+
+
+def _decode(blob: dict) -> np.ndarray:
+    data = base64.b64decode(blob["float64"], validate=True)
+    return np.frombuffer(data, dtype="<f8").reshape(blob["shape"]).copy()

@@ -1,0 +1,261 @@
+"""Sound rewrites of JSON Schema keywords the grammar compiler lacks, and a schema-aware walker.
+
+Every rewrite here is exact or narrows the set of accepted documents, never widens it: a document the
+rewritten schema accepts is valid under the original. That keeps constrained output 100% compliant while
+compiling more real-world schemas:
+
+- a custom ``format`` (not one the JSON Schema specs define, e.g. ``textarea``, ``password``) is an
+  annotation validators must ignore; it is dropped. Standard formats llguidance lacks stay and are refused.
+- ``not: {}`` is the schema ``false``; ``not: {type: T}`` becomes a ``type`` list without ``T``;
+  ``not: {required: [a, b]}`` becomes "at least one of a, b absent" (``anyOf`` of ``properties: {x: false}``).
+- draft-4 ``dependencies`` and draft-2019 ``dependentRequired`` / ``dependentSchemas``: ``trigger -> deps``
+  becomes ``anyOf: [{trigger absent}, {trigger present and deps}]`` appended to ``allOf`` (exact).
+- annotations beside a ``$ref`` (``description``, ``title``...) and a ``type`` equal to the target's are
+  dropped, because llguidance refuses recursive references that carry sibling keywords.
+
+And one narrowing, ``close=True``: an object schema that lists ``properties`` but says nothing about other keys
+gets ``additionalProperties: false``. Extra keys are valid but never needed, and a small model left free to add
+them often invents keys until max_tokens. It is applied only where it cannot make the schema stricter than
+intended elsewhere: not on members of ``allOf`` (or ``anyOf`` beside object keywords), not on ``$ref`` targets
+used in such intersections, not anywhere under ``oneOf``/``not``/``if`` (where narrowing is not monotone), and
+not where ``required`` names a key outside ``properties``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# Keywords whose value is one subschema, a list of subschemas, or a name -> subschema map.
+_ONE = ("additionalItems", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+        "unevaluatedItems", "unevaluatedProperties", "contentSchema", "items")
+_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies")
+_SUBSCHEMA_KEYWORDS = frozenset(_ONE + _LIST + _MAP)
+
+# Formats defined by the JSON Schema drafts (4 to 2020-12). Anything else is a custom annotation.
+STANDARD_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+    "uri", "uri-reference", "iri", "iri-reference", "uri-template", "uuid", "json-pointer",
+    "relative-json-pointer", "regex",
+})
+# Keywords that never change which documents validate.
+_ANNOTATIONS = ("description", "title", "$comment", "examples", "default", "$schema", "deprecated", "readOnly",
+                "writeOnly")
+_OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "patternProperties", "minProperties",
+                    "maxProperties", "propertyNames", "unevaluatedProperties")
+_NON_MONOTONE = ("oneOf", "not", "if", "then", "else")
+_CLOSE_BLOCKERS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames",
+                   "minProperties", "allOf", "anyOf", "oneOf", "$ref", "not", "if", "then", "else", "dependencies",
+                   "dependentSchemas", "dependentRequired")
+_ALL_TYPES = ("null", "boolean", "object", "array", "number", "string", "integer")
+
+
+def subschemas(node: dict[str, Any]) -> Iterator[tuple[str, Any, Any]]:
+    """Yield ``(keyword, container, key)`` for each direct subschema of ``node``: ``container[key]`` is it.
+
+    Values under ``const``, ``enum``, ``default``, ``examples`` and unknown keywords are data, never visited.
+    """
+    for kw, value in node.items():
+        if kw not in _SUBSCHEMA_KEYWORDS:
+            continue
+        if isinstance(value, list):
+            if kw in _LIST:
+                for i, sub in enumerate(value):
+                    if isinstance(sub, dict | bool):
+                        yield kw, value, i
+        elif kw in _MAP:
+            if isinstance(value, dict):
+                for name, sub in value.items():
+                    if isinstance(sub, dict | bool):
+                        yield kw, value, name
+        elif isinstance(value, dict | bool):
+            yield kw, node, kw
+
+
+def walk(schema: Any, visit: Callable[[dict[str, Any]], None]) -> None:
+    """Call ``visit(node)`` on every schema object reachable through subschema keywords, parents first.
+
+    Iterative, so a deeply nested schema cannot exhaust the Python stack; ``visit`` may edit ``node`` in place
+    (children are listed after it returns).
+    """
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        visit(node)
+        stack.extend(container[key] for _, container, key in subschemas(node))
+
+
+def normalize(schema: dict[str, Any], close: bool = False) -> dict[str, Any]:
+    """Return a rewritten deep copy of ``schema`` (see the module docstring); the input is not modified."""
+    out = copy.deepcopy(schema)
+
+    def rewrite(node: dict[str, Any]) -> None:
+        _rewrite(node)
+        _strip_ref_siblings(out, node)
+
+    walk(out, rewrite)
+    if close:
+        close_objects(out)
+    return out
+
+
+def close_objects(schema: dict[str, Any]) -> None:
+    """In place: ``additionalProperties: false`` on plain object schemas where that only narrows (see above)."""
+    keep_node: set[int] = set()  # nodes intersected with other schemas for the same instance: leave open
+    keep_tree: set[int] = set()  # nodes under oneOf/not/if: nothing in them may change
+    work: list[tuple[str, Any]] = []  # ("node" | "tree", subschema) to mark
+
+    # Seeds: allOf members, anyOf members beside object keywords, $ref targets of refs with siblings, and
+    # whole subtrees under non-monotone keywords.
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("$ref"), str) and set(node) - {"$ref", *_ANNOTATIONS}:
+            work.append(("node", _resolve(schema, node["$ref"])))
+        objectish = any(k in node for k in _OBJECT_KEYWORDS)
+        for kw, container, key in subschemas(node):
+            child = container[key]
+            if kw in _NON_MONOTONE:
+                work.append(("tree", child))
+            elif kw == "allOf" or (kw == "anyOf" and objectish):
+                work.append(("node", child))
+            stack.append(child)
+
+    # Spread: an intersected node's own applicator members and $ref target are intersected too; a protected
+    # subtree protects whatever it references.
+    while work:
+        kind, node = work.pop()
+        if not isinstance(node, dict):
+            continue
+        if kind == "node":
+            if id(node) in keep_node:
+                continue
+            keep_node.add(id(node))
+            for kw, container, key in subschemas(node):
+                if kw in ("allOf", "anyOf"):
+                    work.append(("node", container[key]))
+            if isinstance(node.get("$ref"), str):
+                work.append(("node", _resolve(schema, node["$ref"])))
+        elif id(node) not in keep_tree:
+            def protect(n: dict[str, Any]) -> None:
+                keep_tree.add(id(n))
+                if isinstance(n.get("$ref"), str):
+                    target = _resolve(schema, n["$ref"])
+                    if isinstance(target, dict) and id(target) not in keep_tree:
+                        work.append(("tree", target))
+            walk(node, protect)
+
+    def close(node: dict[str, Any]) -> None:
+        props = node.get("properties")
+        required = node.get("required", [])
+        if (id(node) in keep_node or id(node) in keep_tree or not isinstance(props, dict) or not props
+                or any(k in node for k in _CLOSE_BLOCKERS) or not isinstance(required, list)
+                or not set(required) <= set(props)):
+            return
+        node["additionalProperties"] = False
+
+    walk(schema, close)
+
+
+def rebase_refs(schema: dict[str, Any], prefix: str) -> None:
+    """Rewrite local ``$ref`` pointers (``#/...``) in place to ``#<prefix>/...``.
+
+    Used when a schema is embedded under another root, e.g. tool parameters under ``/items/anyOf/0/...``.
+    """
+    def visit(node: dict[str, Any]) -> None:
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            node["$ref"] = "#" + prefix + ref[1:]
+
+    walk(schema, visit)
+
+
+def _rewrite(node: dict[str, Any]) -> None:
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in STANDARD_FORMATS:
+        del node["format"]
+    if "not" in node:
+        _rewrite_not(node)
+    for kw in ("dependencies", "dependentRequired", "dependentSchemas"):
+        deps = node.get(kw)
+        if isinstance(deps, dict) and _rewrite_dependencies(node, deps):
+            del node[kw]
+
+
+def _strip_ref_siblings(root: dict[str, Any], node: dict[str, Any]) -> None:
+    ref = node.get("$ref")
+    if not isinstance(ref, str) or len(node) == 1:
+        return
+    for kw in _ANNOTATIONS:
+        node.pop(kw, None)
+    if "type" in node:
+        target = _resolve(root, ref)
+        if isinstance(target, dict) and target.get("type") == node["type"]:
+            del node["type"]
+
+
+def _resolve(root: dict[str, Any], ref: str) -> Any:
+    """The subschema a local JSON-pointer ``$ref`` names, or None when it is not local or not found."""
+    if not (ref == "#" or ref.startswith("#/")):
+        return None
+    node: Any = root
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _rewrite_not(node: dict[str, Any]) -> None:
+    neg = node["not"]
+    if neg is True or neg == {}:
+        # "not anything": nothing is valid. Keep the node a dict so $ref pointers into it stay resolvable.
+        del node["not"]
+        node.setdefault("allOf", []).append(False)
+        return
+    if not isinstance(neg, dict):
+        return
+    keys = set(neg) - {"description", "title", "$comment"}
+    if keys == {"type"}:
+        banned = {neg["type"]} if isinstance(neg["type"], str) else set(neg["type"])
+        if "number" in banned:
+            banned.add("integer")  # every integer is a number
+        current = node.get("type", list(_ALL_TYPES))
+        current = [current] if isinstance(current, str) else list(current)
+        kept = [t for t in current if t not in banned]
+        if "integer" in banned and "number" in kept:
+            return  # "a number that is not an integer" has no type-only form; leave it to the compiler
+        del node["not"]
+        if kept:
+            node["type"] = kept
+        else:
+            node.setdefault("allOf", []).append(False)
+    elif keys == {"required"} and isinstance(neg["required"], list) and neg["required"]:
+        del node["not"]
+        absent = [{"properties": {name: False}} for name in neg["required"]]
+        node.setdefault("allOf", []).append({"anyOf": absent})
+
+
+def _rewrite_dependencies(node: dict[str, Any], deps: dict[str, Any]) -> bool:
+    clauses = []
+    for trigger, dep in deps.items():
+        absent: dict[str, Any] = {"properties": {trigger: False}}
+        if isinstance(dep, list) and all(isinstance(d, str) for d in dep):
+            present: dict[str, Any] = {"required": [trigger, *dep]}
+        elif isinstance(dep, dict | bool):
+            present = {"required": [trigger], "allOf": [dep]}
+        else:
+            return False
+        clauses.append({"anyOf": [absent, present]})
+    node.setdefault("allOf", []).extend(clauses)
+    return True
