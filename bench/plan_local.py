@@ -3,7 +3,9 @@
 For each batch size, the planner's memory floor, compute floor and tokens/s ceiling for the packaged SmolLM2-135M
 (its real Q4_1 bytes) on the probed `local` hardware, beside a measured rate of raw batched decode (one token per
 sequence per llama_decode call) and achieved / predicted. Measured rates come from DESIGN.md's measured facts
-(2 threads) unless --run measures them here with llama-cpp-python's low-level API.
+(2 threads) unless --run measures them here with llama-cpp-python's low-level API, in the same run as the probe,
+so both see the same machine. On a shared machine set OMP_WAIT_POLICY=passive for --run: llama.cpp's spinning
+OpenMP threads otherwise collapse (seconds per step) when other processes hold the cores.
 
     .venv/bin/python bench/plan_local.py [--run] [--batches 1,4,8,16] [--steps 32] [--threads 2] [--json]
 """
@@ -32,10 +34,16 @@ from tokenomy.plan.specs import Workload  # noqa: E402
 DESIGN_TPS = {1: 79.0, 4: 121.0, 8: 151.0, 16: 155.0}
 
 
+_QUIET: list[object] = []  # keeps the ctypes log callback alive while llama.cpp holds it
+
+
 def measure(gguf: str, batch: int, steps: int, threads: int) -> float:
     """Tokens/s of `steps` decode calls, each one token for each of `batch` sequences (first call not timed)."""
     import llama_cpp as lc
 
+    if not _QUIET:
+        _QUIET.append(lc.llama_log_callback(lambda level, text, user_data: None))
+        lc.llama_log_set(_QUIET[0], None)
     lc.llama_backend_init()
     mparams = lc.llama_model_default_params()
     model = lc.llama_model_load_from_file(gguf.encode(), mparams)

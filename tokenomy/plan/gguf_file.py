@@ -32,6 +32,11 @@ def _value(fields: dict[str, Any], key: str, default: Any = None) -> Any:
     return value
 
 
+def _raw(fields: dict[str, Any], key: str) -> Any:
+    field = fields.get(key)
+    return None if field is None else field.contents()
+
+
 @functools.lru_cache(maxsize=8)
 def _read(path: str, mtime: float, size: int) -> ModelSpec:
     from gguf import GGUFReader  # parsing pulls in numpy memmaps; only when a .gguf is asked for
@@ -63,6 +68,9 @@ def _read(path: str, mtime: float, size: int) -> ModelSpec:
         kinds = tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(layers))
     elif not all(has_attn):
         kinds = tuple("full" if a else "linear" for a in has_attn)
+    elif window and isinstance(flags := _raw(fields, f"{arch}.attention.sliding_window_pattern"), list) \
+            and len(flags) == layers:
+        kinds = tuple("sliding" if flag else "full" for flag in flags)  # newer files: one flag per layer
     elif window and (pattern := meta("attention.sliding_window_pattern") or _SWA_PATTERN.get(arch)):
         kinds = tuple("full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(layers))
     else:
