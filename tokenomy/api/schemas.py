@@ -123,6 +123,8 @@ class ChatCompletionRequest(_Sampling):
 
     def sampling(self) -> dict[str, Any]:
         d = super().sampling()
+        if self.parallel_tool_calls is not None:
+            d["parallel_tool_calls"] = self.parallel_tool_calls
         if self.logprobs:
             d["logprobs"] = True
             d["top_logprobs"] = self.top_logprobs or 0

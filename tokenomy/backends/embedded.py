@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -43,6 +45,36 @@ class EmbeddedBackend:
         self.path = gguf_path
         self.engine = Engine(gguf_path, cfg, name=name).start()
         self._wait_ewma = 0.0
+        self._compiler: Any = None
+        self._compiler_lock = threading.Lock()
+
+    # ---- structured output -------------------------------------------------------------------------------
+    def compiler(self) -> Any:
+        """Grammar compiler over this model's vocabulary, built on first use (llguidance)."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                from tokenomy.structured import GrammarCompiler
+                from tokenomy.structured.tokenizer import tokenizer_from_vocab
+
+                r = self.engine.runner
+                self._compiler = GrammarCompiler(tokenizer_from_vocab(r.vocab, n_vocab=r.n_vocab))
+            return self._compiler
+
+    async def constraint_for(self, req: GenRequest) -> tuple[Any, Any]:
+        """(OutputFormat, Constraint) for the request's response_format / tools, or (None, None)."""
+        if req.kind != "chat" or not (req.response_format or req.tools):
+            return None, None
+        from tokenomy.structured import Constraint, SchemaError, output_format
+
+        try:
+            fmt = output_format(req.response_format, req.tools, req.tool_choice,
+                                req.params.get("parallel_tool_calls", True) is not False)
+            if fmt is None:
+                return None, None
+            grammar = await asyncio.to_thread(self.compiler().compile, fmt)
+        except SchemaError as e:
+            raise InvalidRequest(f"Invalid schema: {e.reason}", param=e.param, code="invalid_schema") from e
+        return fmt, Constraint(grammar)
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
@@ -75,6 +107,18 @@ class EmbeddedBackend:
     # ---- generation ------------------------------------------------------------------------------------
     async def stream(self, req: GenRequest, constraint: Any = None) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
+        fmt = None
+        if constraint is None:
+            fmt, constraint = await self.constraint_for(req)
+        if fmt is not None and fmt.may_call:
+            from tokenomy.structured import tools_prompt
+
+            req = _with_system(req, tools_prompt(req.tools or []))
+        calls = None
+        if fmt is not None and fmt.may_call:
+            from tokenomy.structured import ToolCallStream
+
+            calls = ToolCallStream()
         prompt = self.prompt_tokens(req)
         room = self._check_length(prompt, req.params)
         try:
@@ -95,8 +139,11 @@ class EmbeddedBackend:
         try:
             while True:
                 ev = await queue.get()
+                text, tool_deltas = calls.feed(ev.text) if calls is not None else (ev.text, [])
                 if ev.finish_reason is None:
-                    yield Delta(text=ev.text, logprobs=ev.logprobs, confidence=ev.token_logprobs)
+                    if text or tool_deltas or ev.logprobs:
+                        yield Delta(text=text, logprobs=ev.logprobs, confidence=ev.token_logprobs,
+                                    tool_calls=tool_deltas or None)
                     continue
                 finished = True
                 if ev.finish_reason == "error":
@@ -111,8 +158,14 @@ class EmbeddedBackend:
                     mean_logprob=seq.sum_logprob / n, min_logprob=seq.min_logprob,
                 )
                 self._wait_ewma = 0.8 * self._wait_ewma + 0.2 * max(usage.queue_s, 0.0)
-                yield Delta(text=ev.text, logprobs=ev.logprobs, finish_reason=ev.finish_reason, usage=usage,
-                            confidence=ev.token_logprobs)
+                finish = ev.finish_reason
+                if calls is not None:
+                    rest, _ = calls.close()
+                    text += rest
+                    if calls.calls and finish == "stop":
+                        finish = "tool_calls"
+                yield Delta(text=text, logprobs=ev.logprobs, finish_reason=finish, usage=usage,
+                            confidence=ev.token_logprobs, tool_calls=tool_deltas or None)
                 return
         finally:
             if not finished:       # the consumer went away (client disconnect): free the sequence
@@ -132,3 +185,13 @@ class EmbeddedBackend:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.engine.stop)
+
+
+def _with_system(req: GenRequest, text: str) -> GenRequest:
+    """The request with `text` added to its system message (SmolLM2's template has no tool syntax of its own)."""
+    msgs = [dict(m) for m in (req.messages or [])]
+    if msgs and msgs[0].get("role") == "system":
+        msgs[0]["content"] = f"{msgs[0].get('content') or ''}\n\n{text}".strip()
+    else:
+        msgs.insert(0, {"role": "system", "content": text})
+    return dataclasses.replace(req, messages=msgs)

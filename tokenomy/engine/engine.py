@@ -181,7 +181,11 @@ class Engine:
             if seq.n_kv <= len(seq.prompt):
                 st.prompt_tokens += len(chunk.tokens)
             if chunk.logits:
-                self._postprocess(seq, logits[row])
+                try:
+                    self._postprocess(seq, logits[row])
+                except Exception as e:      # e.g. a grammar that cannot go on: end this sequence only
+                    log.warning("sequence %s failed: %s", seq.seq_id, e)
+                    self._finish(seq, "error", error=str(e))
                 row += 1
 
     def _reap_cancelled(self) -> None:

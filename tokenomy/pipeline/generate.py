@@ -81,7 +81,23 @@ async def _collect(stream: AsyncIterator[Delta]) -> Result:
         last = d
     assert last.usage is not None and last.finish_reason is not None, "a backend stream ended without usage"
     return Result(text="".join(parts), finish_reason=last.finish_reason, usage=last.usage, logprobs=lps,
-                  tool_calls=tool_calls, confidence=conf)
+                  tool_calls=merge_tool_calls(tool_calls) if tool_calls else None, confidence=conf)
+
+
+def merge_tool_calls(deltas: list[dict]) -> list[dict]:
+    """Streamed tool_call deltas (OpenAI shape: index, then id/type/name once, then arguments fragments) ->
+    whole calls."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        c = calls.setdefault(d.get("index", 0), {"id": None, "type": "function",
+                                                 "function": {"name": "", "arguments": ""}})
+        if d.get("id"):
+            c["id"] = d["id"]
+        fn = d.get("function") or {}
+        if fn.get("name"):
+            c["function"]["name"] = fn["name"]
+        c["function"]["arguments"] += fn.get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
 
 
 async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContext) -> AsyncIterator[Delta]:

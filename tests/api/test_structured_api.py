@@ -1,0 +1,77 @@
+"""Structured output and tool calling through the official openai client on the embedded engine."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+MODEL = "smollm2-135m-instruct"
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 10}},
+                                       "required": ["tz"], "additionalProperties": False}}}
+
+
+def test_json_schema_output_validates(client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Invent a person."}], max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+
+def test_json_object_mode(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Describe a cat."}],
+                                       max_tokens=48, temperature=0, response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:
+        assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith("{")
+
+
+def test_named_tool_call_non_stream_and_stream(client):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+              tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              max_tokens=40, temperature=0)
+    r = client.chat.completions.create(**kw)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].function.name == "get_weather" and deltas[0].id.startswith("call_")
+    args = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(args) == json.loads(call.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_required_tool_choice_calls_some_tool(client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What time is it in UTC?"}], tools=[WEATHER, TIME],
+        tool_choice="required", max_tokens=40, temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.tool_calls[0].function.name in ("get_weather", "get_time")
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+        "a": {"$ref": "#/definitions/missing"}}}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": "not a schema"}},
+    {"type": "xml"},
+])
+def test_bad_schemas_get_400_naming_the_reason(client, fmt):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                       response_format=fmt)
+    assert e.value.status_code == 400 and e.value.body["message"]
