@@ -34,7 +34,9 @@ def stream_events(r):
 
 @pytest.fixture(scope="module")
 def gw():
-    cfg = {"engine": SMALL_ENGINE, "keys": [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]}
+    # QQP-calibrated: at the default 2% budget only identical questions are served; 20% serves paraphrases
+    cfg = {"engine": SMALL_ENGINE, "keys": [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}],
+           "cache": {"semantic": {"error_budget": 0.2, "threshold": 0.85}}}
     with live_server(cfg) as s:
         yield s
 

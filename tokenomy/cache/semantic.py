@@ -145,7 +145,8 @@ class SemanticCache:
                     index.load(str(file))
                 except (RuntimeError, ValueError, OSError):
                     index = self._new_index()  # unreadable file: rebuilt from the vectors below
-            indexed = {int(k) for k in index.keys} if len(index) else set()
+            # One bulk copy of the keys: iterating index.keys fetches each by offset, O(n) apiece (400 s at 100k).
+            indexed = set(np.asarray(index.keys).tolist()) if len(index) else set()
             stale = indexed - ids
             if stale:
                 index.remove(np.fromiter(stale, dtype=np.uint64))

@@ -14,11 +14,12 @@ at ``confidence``), so a budget maps to a point through calibration data the mod
 p* qualifies the operating point is 1.01: the cache serves no paraphrase rather than break the budget.
 
 What the shipped calibration can certify (QQP dev, calibration half): no region of 50+ candidates is under 6%
-wrong (8% at the 80% upper bound), so budgets of 2% and 5% serve no paraphrase on QQP-calibrated terms. QQP's labels put a floor there: among
-candidates with identical content words, no number/negation/name/question-word difference and cos >= 0.98,
-8% are labelled non-duplicates, about half of them plainly the same question ("Which laptop should I buy?" /
-"Which laptop I should buy?"). On paraphrase-only traffic (every query has its answer stored) the same
-operating points give far fewer wrong hits than the budget (see bench/semantic_cache_qqp.py).
+wrong (8% at the 80% upper bound), so budgets of 2% and 5% serve no paraphrase on QQP-calibrated terms.
+QQP's labels put a floor there: among candidates with identical content words, no number/negation/name/
+question-word difference and cos >= 0.98, 8% are labelled non-duplicates, about half of them plainly the same
+question ("Which laptop should I buy?" / "Which laptop I should buy?"). On paraphrase-only traffic (every
+query has its answer stored) the same operating points give far fewer wrong hits than the budget
+(see bench/semantic_cache_qqp.py).
 """
 
 from __future__ import annotations
