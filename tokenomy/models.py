@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +41,13 @@ def resolve_gguf(name_or_path: str) -> Path:
     """A packaged model name -> its GGUF file (assembling split packages once); a path -> itself."""
     if name_or_path in PACKAGED:
         pkg = PACKAGED[name_or_path]
-        try:
-            mod = importlib.import_module(pkg.package)
-        except ImportError as e:
-            raise FileNotFoundError(f"model {name_or_path!r} needs the package {pkg.package!r}") from e
+        spec = importlib.util.find_spec(pkg.package)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"model {name_or_path!r} needs the package {pkg.package!r}")
         if name_or_path == "smollm2-135m-instruct":
-            return Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+            # found, not imported: the package's own __init__ is an `llm` plugin we do not need
+            return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        mod = importlib.import_module(pkg.package)
         target = cache_dir() / "gemma3-270m" / mod.MODEL_NAME
         if target.exists() and target.stat().st_size > 0:
             return target
