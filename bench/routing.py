@@ -49,7 +49,9 @@ ROUTELLM_BEST = {"mmlu": {"apgr": 0.603, "cpt50": 0.354}, "gsm8k": {"apgr": 0.62
 
 
 def fold_of(prompt: str, folds: int) -> int:
-    return int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") % folds
+    """The prompt's fold. Salted: the dev split itself was cut by an unsalted SHA-256 of the prompt (every
+    dev prompt has int(sha256) % 5 == 0), and folds must not line up with how the split was made."""
+    return int(hashlib.sha256(b"fold:" + prompt.encode("utf-8")).hexdigest(), 16) % folds
 
 
 def cached_embeddings(path: Path, data: RoutingData, kind: str) -> np.ndarray:
@@ -97,13 +99,16 @@ def cross_validate(data: RoutingData, x: dict[str, np.ndarray], folds: int) -> d
         variants["no prior"][test] = Router.train(without_prior(train_rows), x[main][train], embedding=main) \
             .p_weak_ok_many(test_rows.prompts, x[main][test])
         # The prior alone: its per-domain mean of (strong - weak), mapped like p_weak_ok = (1 - gain) / 2.
-        variants["prior only"][test] = (1 - router.prior.transform(x[main][test])[:, 0]) / 2
+        variants["prior only"][test] = (
+            (1 - router.prior.transform(x[main][test])[:, 0]) / 2 if router.prior is not None else np.nan)
 
         slices = [("all", np.ones(test.sum(), bool))] + [
             (b, np.array([v == b for v in test_rows.benchmarks])) for b in sorted(set(data.benchmarks))]
         for name, mask in slices:
-            r = evaluate_scores("learned", 1 - p_ok[mask], test_rows.weak_ok[mask], test_rows.strong_ok[mask])
-            per_fold.setdefault(name, []).append(r.apgr)
+            weak_ok, strong_ok = test_rows.weak_ok[mask], test_rows.strong_ok[mask]
+            if mask.sum() >= 2 and weak_ok.mean() != strong_ok.mean():
+                r = evaluate_scores("learned", 1 - p_ok[mask], weak_ok, strong_ok)
+                per_fold.setdefault(name, []).append(r.apgr)
 
         # Calibration transfer: thresholds set on the training folds' own (in-sample) values.
         train_p = router.p_weak_ok_many(train_rows.prompts, x[main][train])
@@ -114,7 +119,7 @@ def cross_validate(data: RoutingData, x: dict[str, np.ndarray], folds: int) -> d
             transfer[key].append({"strong_share": s, "quality_over_strong": q / test_rows.strong_ok.mean()})
 
     return {
-        "variants": {name: score_slices(p, data, None) for name, p in variants.items()},
+        "variants": {name: score_slices(p, data, None) for name, p in variants.items() if not np.isnan(p).any()},
         "per_fold_apgr": {n: {"mean": statistics.mean(v), "sd": statistics.pstdev(v), "folds": v}
                           for n, v in per_fold.items()},
         "calibration_transfer": {
@@ -176,7 +181,8 @@ def print_tables(out: dict) -> None:
         name = entry["name"]
         rows = [("learned", entry["routers"]["learned"])]
         for variant in VARIANTS[1:]:
-            rows.append((variant, out["cv"]["variants"][variant][i]["routers"]["learned"]))
+            if variant in out["cv"]["variants"]:
+                rows.append((variant, out["cv"]["variants"][variant][i]["routers"]["learned"]))
         rows += [("random", entry["routers"]["random"]), ("oracle", entry["routers"]["oracle"])]
         best = ROUTELLM_BEST.get(name)
         for j, (router, r) in enumerate(rows):

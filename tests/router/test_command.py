@@ -95,6 +95,7 @@ def write(path: Path, text: str) -> Path:
          "exactly one of --strong-share"),
         (["calibrate", "--router", "{router}", "--data", "{train}", "--strong-share", "1.5"], "between 0 and 1"),
         (["calibrate", "--router", "{router}", "--data", "{train}", "--quality-floor", "1.5"], "out of reach"),
+        (["eval", "--router", "{router}", "--data", "{no_gap}"], "no gap to recover"),
     ],
 )
 def test_bad_input_exits_non_zero_with_one_clear_line(args, message, router_file, train_file, tmp_path) -> None:
@@ -102,6 +103,7 @@ def test_bad_input_exits_non_zero_with_one_clear_line(args, message, router_file
         "tmp": tmp_path, "router": router_file, "train": train_file,
         "bad_json": write(tmp_path / "bad.jsonl", '{"prompt": "a", "weak_correct": 1, "strong_correct": 0}\n{oops\n'),
         "no_columns": write(tmp_path / "cols.jsonl", '{"prompt": "a"}\n'),
+        "no_gap": write(tmp_path / "tie.jsonl", '{"prompt": "a?", "weak_correct": 1, "strong_correct": 1}\n' * 3),
     }
     result = run(*[a.format(**paths) for a in args])
     assert result.exit_code == 2

@@ -32,10 +32,12 @@ def _guard(fn):
         from tokenomy.router.calibrate import CalibrationError
         from tokenomy.router.classifier import RouterFileError, RouterTrainingError
         from tokenomy.router.dataset import RoutingDataError
+        from tokenomy.router.evaluate import NoGapError
 
         try:
             return fn(*args, **kwargs)
-        except (RoutingDataError, RouterFileError, RouterTrainingError, CalibrationError, _UserError) as exc:
+        except (RoutingDataError, RouterFileError, RouterTrainingError, CalibrationError, NoGapError,
+                _UserError) as exc:
             raise _fail(str(exc)) from None
         except OSError as exc:
             raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None

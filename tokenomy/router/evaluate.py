@@ -20,7 +20,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-CPT_LEVELS = (0.5, 0.8)
+
+class NoGapError(ValueError):
+    """The weak and strong models are equally accurate on the data, so no gap exists to recover."""
+
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,10 @@ def evaluate_baselines(
 def _gap(weak_quality: float, strong_quality: float) -> float:
     gap = strong_quality - weak_quality
     if abs(gap) < 1e-12:
-        raise ValueError("the weak and strong models have the same quality on this data: there is no gap to recover")
+        raise NoGapError(
+            f"the weak and strong models are equally accurate here ({weak_quality:.3f}): no gap to recover, "
+            "so APGR and CPT are undefined"
+        )
     return gap
 
 

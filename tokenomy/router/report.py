@@ -52,7 +52,8 @@ def score_slices(
     p_weak_ok: np.ndarray, data: RoutingData, threshold: float | None = None, points: int = 10, seeds: int = 20
 ) -> list[dict]:
     """Learned vs random vs oracle on all rows and on each benchmark (when there are several); the learned
-    router's score for "send to strong" is 1 - p_weak_ok."""
+    router's score for "send to strong" is 1 - p_weak_ok. A benchmark on which both models are equally
+    accurate is left out (its metrics are undefined); on all rows that raises NoGapError."""
     scores = 1.0 - np.asarray(p_weak_ok, dtype=float)
     benchmarks = sorted(set(data.benchmarks))
     slices = [("all", np.ones(len(data), dtype=bool))]
@@ -61,6 +62,8 @@ def score_slices(
     out = []
     for name, mask in slices:
         weak_ok, strong_ok = data.weak_ok[mask], data.strong_ok[mask]
+        if name != "all" and weak_ok.mean() == strong_ok.mean():
+            continue
         learned = evaluate_scores("learned", scores[mask], weak_ok, strong_ok, points)
         random, oracle = evaluate_baselines(weak_ok, strong_ok, seeds, points)
         entry = {
@@ -98,17 +101,22 @@ def print_report(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=max(Console().width, 110))
+    target = report.get("target") or {}
+    goal = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in target.items()
+                     if k in ("strong_share", "quality_floor"))
     console.print(
         f"[bold]{report['weak']}[/] vs [bold]{report['strong']}[/] on {report['rows']} prompts; "
-        f"{report['embedding']} embedding; threshold {report['threshold']:.4f} on p_weak_ok (target {report['target']})"
+        f"{report['embedding']} embedding; threshold {report['threshold']:.4f} on p_weak_ok"
+        + (f" (target {goal}, set by {target.get('set_by', '?')})" if goal else "")
     )
     summary = Table(title="RouteLLM metrics (APGR: higher is better; CPT: strong-call share, lower is better)")
-    for column in ("slice", "rows", "weak", "strong", "router", "APGR", "CPT(50%)", "CPT(80%)", "at threshold"):
+    for column in ("slice", "rows", "weak", "strong", "router", "APGR", "CPT(50%)", "CPT(80%)",
+                   "threshold: strong -> quality"):
         summary.add_column(column, justify="left" if column in ("slice", "router") else "right")
     for entry in report["slices"]:
         point = entry.get("operating_point")
-        at = f"{point['strong_share']:.0%} strong, {point['quality']:.1%}" if point else ""
+        at = f"{point['strong_share']:.0%} -> {point['quality']:.1%}" if point else ""
         for name, r in entry["routers"].items():
             first = name == "learned"
             summary.add_row(
