@@ -103,7 +103,7 @@ class Route:
             threshold = spec.classifier.threshold if spec.classifier.threshold is not None else router.threshold
             signals.update(p_cheap_ok=round(p, 4), threshold=round(float(threshold), 4))
             start = 0 if p >= threshold else len(models) - 1
-            by = f"classifier: p={p:.2f} {'>=' if start == 0 else '<'} {threshold:.2f}"
+            by = f"classifier: p={p:.4f} {'>=' if start == 0 else '<'} {threshold:.4f}"
         if "load" in s:
             if not {"rules", "classifier"} & set(s):
                 start = len(models) - 1           # load alone: prefer the most capable, shed to cheaper ones
