@@ -35,6 +35,7 @@ class EngineSettings(_Strict):
     n_threads: int = Field(0, ge=0, description="0 = all cores")
     kv_type: Literal["f16", "q8_0", "q4_0"] = "f16"
     prefix_caching: bool = True
+    flash_attn: bool = True
 
 
 class ModelSpec(_Strict):

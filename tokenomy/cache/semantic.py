@@ -106,6 +106,7 @@ class SemanticCache:
                          "text TEXT NOT NULL, vector BLOB NOT NULL, expires_at REAL, used INTEGER NOT NULL, "
                          "bar REAL NOT NULL DEFAULT 0, n_right INTEGER NOT NULL DEFAULT 0, "
                          "n_wrong INTEGER NOT NULL DEFAULT 0)")
+        self._migrate()
         self._db.execute("CREATE INDEX IF NOT EXISTS semantic_entries_used ON semantic_entries (used)")
         self._meta: dict[int, _Meta] = {}
         self._by_text: dict[tuple[str, str], int] = {}
@@ -115,6 +116,15 @@ class SemanticCache:
         self._seq = 0
         self.hits = self.misses = 0
         self._load()
+
+    def _migrate(self) -> None:
+        """Files written by an earlier version: bring their columns to the current names, never drop data."""
+        cols = {row[1] for row in self._db.execute("PRAGMA table_info(semantic_entries)")}
+        for old, new in (("right", "n_right"), ("wrong", "n_wrong")):
+            if old in cols and new not in cols:
+                self._db.execute(f'ALTER TABLE semantic_entries RENAME COLUMN "{old}" TO {new}')
+            elif new not in cols:
+                self._db.execute(f"ALTER TABLE semantic_entries ADD COLUMN {new} INTEGER NOT NULL DEFAULT 0")
 
     # ---- persistence -------------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ class EngineConfig:
     n_threads: int = 0
     kv_type: str = "f16"
     prefix_caching: bool = True
+    flash_attn: bool = True
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Engine:
         self.name = name
         self.runner = ModelRunner(model_path, RunnerConfig(
             n_ctx=cfg.n_ctx, n_seq_max=cfg.max_running + cfg.max_retired, n_batch=cfg.max_batch_tokens,
-            n_threads=cfg.n_threads, kv_type=cfg.kv_type,
+            n_threads=cfg.n_threads, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
         ))
         self.tokenizer = Tokenizer(self.runner)
         self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx)
