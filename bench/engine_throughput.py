@@ -166,7 +166,7 @@ def in_process_latency(tokens: int, bias: dict, repeats: int) -> float:
         t0 = time.perf_counter()
         engine.submit(ids, SamplingParams(max_tokens=tokens, temperature=0,
                                           logit_bias={int(k): v for k, v in bias.items()}),
-                      lambda ev: ev.finish_reason and done.set())
+                      lambda ev, done=done: ev.finish_reason and done.set())
         done.wait()
         times.append(time.perf_counter() - t0)
     engine.stop()
