@@ -81,13 +81,23 @@ def test_seeded_sampling_is_reproducible_and_logprobs_are_reported(client):
 def test_prefix_hit_reports_cached_tokens_and_same_text(client):
     system = "You are a helpful assistant for a bakery. " * 30
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": "What do you sell?"}]
-    cold = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
-    warm = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+
+    def ask(messages, n=16):
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=n, temperature=0,
+                                           logprobs=True, top_logprobs=2)
+        steps = [(e.token, e.logprob, e.top_logprobs[0].logprob - e.top_logprobs[1].logprob)
+                 for e in r.choices[0].logprobs.content]
+        return r, steps
+
+    cold, cold_steps = ask(msgs)
+    warm, warm_steps = ask(msgs)
     assert cold.usage.prompt_tokens_details.cached_tokens < cold.usage.prompt_tokens // 2
     assert warm.usage.prompt_tokens_details.cached_tokens >= warm.usage.prompt_tokens - 1
-    assert warm.choices[0].message.content == cold.choices[0].message.content
+    # the same greedy answer, up to the kernel noise of computing 1 token instead of the whole prompt
+    assert_same_up_to_noise(warm_steps, cold_steps)
+    assert warm_steps[0][0] == cold_steps[0][0]
     other = msgs[:1] + [{"role": "user", "content": "Are you open on Sunday?"}]
-    part = client.chat.completions.create(model=MODEL, messages=other, max_tokens=4, temperature=0)
+    part, _ = ask(other, 4)
     assert part.usage.prompt_tokens_details.cached_tokens > 250       # the shared system prompt
 
 
