@@ -1,0 +1,63 @@
+"""The ceiling under the engine: raw batched `llama_decode` of SmolLM2-135M through tokenomy's ModelRunner, one
+token per sequence, with and without flash attention, next to a 512-token prefill.
+
+    .venv/bin/python bench/raw_decode.py [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from tokenomy.engine.runner import Chunk, ModelRunner, RunnerConfig  # noqa: E402
+from tokenomy.models import resolve_gguf  # noqa: E402
+
+
+def measure(flash: bool, batches: list[int], steps: int = 20) -> dict:
+    r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
+                    RunnerConfig(n_ctx=4096, n_seq_max=max(batches) + 1, n_batch=512, flash_attn=flash))
+    toks = r.tokenize("hello world " * 300)[:512]
+    t = time.perf_counter()
+    r.decode([Chunk(0, toks, 0, True)])
+    out = {"flash_attn": flash, "prefill_512_s": time.perf_counter() - t, "tok_s": {}}
+    for b in batches:
+        r.clear()
+        for s in range(b):
+            r.decode([Chunk(s, toks[:32], 0, True)])
+        t = time.perf_counter()
+        for i in range(steps):
+            r.decode([Chunk(s, [toks[i]], 32 + i, True) for s in range(b)])
+        out["tok_s"][b] = b * steps / (time.perf_counter() - t)
+    r.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    batches = [1, 4, 8, 16]
+    res = [measure(False, batches), measure(True, batches)]
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    t = Table(title="Raw batched llama_decode, SmolLM2-135M Q4_1, one token per sequence (tok/s)")
+    t.add_column("flash attention")
+    for b in batches:
+        t.add_column(f"batch {b}", justify="right")
+    t.add_column("512-token prefill s", justify="right")
+    for r in res:
+        t.add_row(str(r["flash_attn"]), *(f"{r['tok_s'][b]:.0f}" for b in batches), f"{r['prefill_512_s']:.2f}")
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    main()
