@@ -51,6 +51,7 @@ class ModelSpec(_Strict):
     timeout_s: float = Field(60.0, gt=0)
     connect_timeout_s: float = Field(5.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
+    schema_policy: Literal["flag", "repair"] = "flag"   # openai: an answer that breaks its schema
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

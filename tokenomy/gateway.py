@@ -68,7 +68,8 @@ class Gateway:
             Route([m.name for m in config.models], self.routes,
                   expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
                   registry=self.metrics.registry),
-            Generate(self.registry),
+            Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend == "openai"},
+                     self.metrics),
         ])
 
     def _backend(self, spec: Any) -> Any:

@@ -78,6 +78,8 @@ class MeterSink:
         row = row_from_context(ctx, self.price_for(ctx), energy, self.backends.get(model),
                                savings=self.route_saving(ctx))
         self.add_escalations(ctx, row)
+        if ctx.extras.get("schema_problem") and row.error_code is None:
+            row.error_code, row.error = "schema_invalid", str(ctx.extras["schema_problem"])[:500]
         if self.ledger is not None:
             self.ledger.write(row)
         m = self.metrics

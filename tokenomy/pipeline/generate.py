@@ -7,7 +7,9 @@ until their first delta exists; after that a failure ends the stream with an err
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from tokenomy.backends.base import BackendError, Delta, InvalidRequest, Overloaded
 from tokenomy.backends.registry import Registry
@@ -19,8 +21,15 @@ from tokenomy.pipeline.request import RequestContext, Result
 class Generate:
     name = "generate"
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, schema_policy: dict[str, str] | None = None, metrics: Any = None) -> None:
         self.registry = registry
+        self.schema_policy = schema_policy or {}      # upstream model -> flag | repair
+        self.invalid = None
+        if metrics is not None:
+            from prometheus_client import Counter
+
+            self.invalid = Counter("tokenomy_schema_invalid_total", "Upstream answers that failed their schema",
+                                   ["model", "action"], registry=metrics.registry)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         failures: list[str] = []
@@ -38,6 +47,8 @@ class Generate:
                     ctx.deltas = _continue(first, stream, ctx)
                 else:
                     ctx.result = await _collect(stream)
+                    if name in self.schema_policy:
+                        ctx.result = await self._check_schema(ctx, name, backend, req, ctx.result)
                     ctx.usage = ctx.result.usage
                     ctx.finish_reason = ctx.result.finish_reason
                     ctx.text = ctx.result.text
@@ -67,6 +78,60 @@ class Generate:
                            headers={"retry-after": str(max(1, int(overloaded.retry_after)))})
         detail = "; ".join(failures) or "all candidates are cooling down after failures"
         raise APIError(503, f"No backend could serve the request ({detail}).", code="no_backend")
+
+
+    async def _check_schema(self, ctx: RequestContext, name: str, backend: Any, req: Any, result: Result) -> Result:
+        """Upstreams are not constrained: validate their answer, then flag it or make one bounded repair."""
+        problem = schema_problem(req, result)
+        if problem is None:
+            return result
+        policy = self.schema_policy[name]
+        if policy == "repair" and req.kind == "chat":
+            fix = dataclasses.replace(req, messages=list(req.messages or []) + [
+                {"role": "assistant", "content": result.text},
+                {"role": "user", "content": f"That answer is invalid: {problem}. Reply again with only the "
+                                            "corrected answer."}])
+            repaired = await _collect(backend.stream(fix))
+            ctx.extras.setdefault("escalated_usage", []).append((name, result.usage))   # the first try is paid
+            if schema_problem(req, repaired) is None:
+                if self.invalid is not None:
+                    self.invalid.labels(name, "repaired").inc()
+                ctx.response_headers["x-tokenomy-schema"] = "repaired"
+                return repaired
+            result, problem = repaired, schema_problem(req, repaired)
+        if self.invalid is not None:
+            self.invalid.labels(name, "flagged").inc()
+        ctx.response_headers["x-tokenomy-schema"] = "invalid"
+        ctx.extras["schema_problem"] = problem
+        return result
+
+
+def schema_problem(req: Any, result: Result) -> str | None:
+    """Why an answer breaks the request's response_format / tools, or None."""
+    from tokenomy.structured import SchemaError, output_format
+    from tokenomy.structured.validate import validate, validate_tool_calls
+
+    try:
+        fmt = output_format(req.response_format, req.tools, req.tool_choice)
+    except SchemaError:
+        return None
+    if fmt is None:
+        return None
+    if result.tool_calls:
+        v = validate_tool_calls(result.tool_calls, fmt.tools)
+    elif not fmt.may_answer:
+        return "a tool call was required"
+    elif fmt.schema is not None:
+        v = validate(result.text, fmt.schema)
+    elif fmt.kind == "json_object":
+        try:
+            ok = isinstance(json.loads(result.text), dict)
+        except json.JSONDecodeError:
+            ok = False
+        return None if ok else "not a JSON object"
+    else:
+        return None
+    return None if v.ok else "; ".join(v.errors)[:300]
 
 
 async def _collect(stream: AsyncIterator[Delta]) -> Result:
