@@ -94,13 +94,3 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
-
-
-async def collect(stream: AsyncIterator[Delta]) -> tuple[str, list[Delta]]:
-    """Run a stream to its end: the full text and all deltas (the last one carries usage)."""
-    parts: list[str] = []
-    deltas: list[Delta] = []
-    async for d in stream:
-        parts.append(d.text)
-        deltas.append(d)
-    return "".join(parts), deltas

@@ -67,3 +67,16 @@ class CacheHit:
     @property
     def saved_usd(self) -> float:
         return self.entry.cost_usd
+
+
+def read_entry(store: Any, key: str) -> CacheEntry | None:
+    """The entry stored under `key`, or None when absent; a payload that no longer parses counts as a store
+    error (and a miss), never as an exception."""
+    raw = store.get(key)
+    if raw is None:
+        return None
+    try:
+        return CacheEntry.from_dict(raw)
+    except ValueError:
+        store.errors += 1
+        return None

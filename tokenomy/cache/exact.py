@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.cache.entry import CacheEntry, CacheHit, read_entry
 from tokenomy.cache.key import exact_key, is_deterministic
 from tokenomy.cache.store import SQLiteStore, Store
 
@@ -46,13 +46,7 @@ class ExactCache:
         return self.lookup_key(exact_key(tenant, model, messages, params))
 
     def lookup_key(self, key: str) -> CacheHit | None:
-        raw = self.store.get(key)
-        entry = None
-        if raw is not None:
-            try:
-                entry = CacheEntry.from_dict(raw)
-            except ValueError:
-                self.store.errors += 1
+        entry = read_entry(self.store, key)
         if entry is None:
             self.misses += 1
             return None

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.cache.entry import CacheEntry, CacheHit, read_entry
 from tokenomy.cache.key import context_key, last_user_text
 from tokenomy.cache.store import SQLiteStore, Store
 from tokenomy.cache.verify import Verifier, load_default, pair_features
@@ -410,13 +410,7 @@ class SemanticCache:
                 self.misses += 1
                 return decision
         decision.score = score
-        raw = self.store.get(str(id_))
-        entry = None
-        if raw is not None:
-            try:
-                entry = CacheEntry.from_dict(raw)
-            except ValueError:
-                self.store.errors += 1
+        entry = read_entry(self.store, str(id_))
         if entry is None:
             decision.reason = "payload-missing"
             self.misses += 1

@@ -113,8 +113,10 @@ class PrefixCache:
         if slot in self.retired:
             self.retired[slot] = time.monotonic()
 
-    def lru_retired(self) -> int | None:
-        return min(self.retired, key=self.retired.__getitem__) if self.retired else None
+    def lru_retired(self, exclude: int | None = None) -> int | None:
+        """The least recently used retired slot other than `exclude`, or None."""
+        candidates = [s for s in self.retired if s != exclude]
+        return min(candidates, key=self.retired.__getitem__) if candidates else None
 
     def exclusive_cells(self, slot: int) -> int:
         """Cells freed if this slot were released now."""

@@ -46,27 +46,9 @@ class Scheduler:
         self.prefix_hit_tokens = 0
         self._reserved = 0
 
-    # ---- queue ------------------------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.cfg.max_waiting:
-            raise QueueFull(f"the waiting queue is full ({self.cfg.max_waiting} requests)")
-        self.waiting.append(seq)
-
     @property
     def free_cells(self) -> int:
         return self.cfg.n_ctx - self.prefix.used_cells - self._reserved
-
-    @property
-    def running_cells(self) -> int:
-        """Cells on running sequences' paths (shared cells counted once)."""
-        seen: set[int] = set()
-        total = 0
-        for s in self.running:
-            for node in self.prefix.paths.get(s.slot, []) if s.slot is not None else []:
-                if id(node) not in seen:
-                    seen.add(id(node))
-                    total += len(node.tokens)
-        return total
 
     # ---- the plan for one step ---------------------------------------------------------------------------
     def schedule(self) -> list[tuple[Sequence, int]]:
@@ -119,10 +101,9 @@ class Scheduler:
 
     def _evict_until(self, ok, keep: int | None = None) -> bool:  # noqa: ANN001
         while not ok():
-            victims = [s for s in self.prefix.retired if s != keep]
-            if not victims:
+            slot = self.prefix.lru_retired(exclude=keep)
+            if slot is None:
                 return False
-            slot = min(victims, key=self.prefix.retired.__getitem__)
             self._drop_slot(slot)
         return True
 

@@ -36,8 +36,9 @@ def _raise(message: str) -> None:
 class Tokenizer:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        template = runner.meta("tokenizer.chat_template") or CHATML
-        self.has_template = runner.meta("tokenizer.chat_template") is not None
+        stored = runner.meta("tokenizer.chat_template")
+        template = stored or CHATML
+        self.has_template = stored is not None
         env = ImmutableSandboxedEnvironment(
             loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
             extensions=[jinja2.ext.loopcontrols],
