@@ -153,15 +153,11 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     exact_repeat_mask = [normalise(p.b) in stored_by_norm for p in report]
     rng = np.random.default_rng(1)
     sample = rng.choice(len(report), size=min(args.latency_sample, len(report)), replace=False)
-    from tokenomy.embedder import default_embedder
+    from tokenomy.embedder import Embedder
 
-    embedder = default_embedder()
-    if args.torch_threads:
-        import torch
-
-        # With other work on the 2 cores, 2 OpenMP threads spin against each other: measured 750 ms per query
-        # vs 42 ms with 1 thread on this machine under load. One query is too small to split anyway.
-        torch.set_num_threads(args.torch_threads)
+    # The live lookup path's encoder (onnxruntime unless --backend torch) with --threads threads. Served, the
+    # gateway uses cache.semantic.embed_threads (1 by default: the engine needs the cores there).
+    embedder = Embedder(threads=args.threads, backend=args.backend)
     embedder.embed_one("warm up")
     # Each sampled query is embedded once, live and timed; its lookup time in a setting is that embedding time
     # plus the timed decide() on the vector (search, verification, payload read): the same path as
@@ -227,7 +223,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
             "duplicates": duplicates, "stored_questions": len(stored), "index_entries": index_entries,
             "padding": n_pad, "padding_max_cos": pad_max, "padding_nearest": pad_best, "ann_recall_at_1": ann_recall,
             "embed_batch_s": embed_batch_s, "index_build_s": build_s, "latency_sample": len(sample),
-            "torch_threads": args.torch_threads,
+            "embed_threads": args.threads, "embed_backend": embedder.backend,
             "verifier": str(args.verifier)}
     for r in rows:
         r.update({k: meta[k] for k in ("data", "split", "report_pairs", "duplicates", "ann_recall_at_1")})
@@ -259,7 +255,8 @@ def print_table(rows: list[dict], meta: dict) -> None:
     console.print(t)
     console.print("¹ exact repeats (query text identical to a stored question, served by the exact cache first) "
                   "scored wrong as the protocol's letter has it.  ² process CPU time of the lookup, embedding "
-                  "included: its latency on an idle core (1 torch thread).")
+                  f"included, summed over the embedding's {meta['embed_threads']} thread(s) "
+                  f"({meta['embed_backend']}); with one thread it is the latency on an idle core.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,8 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expansion-search", type=int, default=64, help="HNSW search breadth (usearch ef)")
     ap.add_argument("--limit", type=int, default=0, help="look up only the first N report pairs (smoke runs)")
     ap.add_argument("--verifier", type=Path, default=DEFAULT_VERIFIER)
-    ap.add_argument("--torch-threads", type=int, default=1,
-                    help="torch intra-op threads for the timed single-query embeddings (0 = leave as is)")
+    ap.add_argument("--threads", type=int, default=2,
+                    help="threads for the timed single-query embeddings (default 2: the cache alone on 2 cores)")
+    ap.add_argument("--backend", choices=["auto", "onnx", "torch"], default="auto",
+                    help="embedding encoder for the timed lookups (default auto: onnxruntime when installed)")
     args = ap.parse_args(argv)
     if any(not 0 < t <= 1 for t in args.thresholds) or not args.thresholds:
         ap.error("thresholds must be in (0, 1]")

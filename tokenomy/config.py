@@ -184,6 +184,7 @@ class SemanticCacheSettings(_Strict):
     ttl_s: float = Field(86400.0, gt=0)
     max_entries: int = Field(100000, ge=1)
     routes: list[str] | None = None      # models/routes allowed to use it; None = all
+    embed_threads: int = Field(1, ge=1, le=64, description="threads for the MiniLM embedding of a lookup")
 
 
 class CacheSettings(_Strict):

@@ -116,7 +116,8 @@ class Gateway:
             s = c.semantic
             semantic = SemanticCache(path / "semantic", store=store("semantic", s.max_entries),
                                      threshold=s.threshold, error_budget=s.error_budget, ttl_s=s.ttl_s,
-                                     max_entries=s.max_entries)
+                                     max_entries=s.max_entries, embed_threads=s.embed_threads)
+            semantic.warm()
         return exact, semantic
 
     def cost(self, model: str, usage: Usage) -> float:

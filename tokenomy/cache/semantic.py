@@ -73,7 +73,7 @@ class SemanticCache:
                  verifier: Verifier | None | Literal["default"] = "default", ttl_s: float | None = 86_400.0,
                  max_entries: int = 100_000, candidates: int = 8, dtype: str = "f16",
                  expansion_search: int = 64, flush_every: int = 1_000, clock: Callable[[], float] = time.time,
-                 ) -> None:
+                 embed_threads: int = 1) -> None:
         """``path`` None keeps everything in memory. ``error_budget`` None serves on the threshold alone (a
         baseline, not for production); otherwise a verifier is required."""
         if not 0 < threshold <= 1:
@@ -92,6 +92,7 @@ class SemanticCache:
             raise ValueError("an error budget needs a verifier; build tokenomy/cache/verifier.json with "
                              "`python -m tokenomy.cache.calibrate` or pass error_budget=None")
         self._embedder = embedder
+        self.embed_threads = embed_threads
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -134,6 +135,9 @@ class SemanticCache:
         return self.path / "index" / (hashlib.sha256(ctx.encode()).hexdigest()[:32] + ".usearch")
 
     def _new_index(self) -> Any:
+        from tokenomy.embedder import load_onnxruntime
+
+        load_onnxruntime()  # before usearch: see there
         from usearch.index import Index
 
         return Index(ndim=DIM, metric="cos", dtype=self.dtype, connectivity=16, expansion_add=64,
@@ -201,11 +205,15 @@ class SemanticCache:
 
     # ---- embedding ---------------------------------------------------------------------------------------
 
+    def warm(self) -> None:
+        """Load the embedder now (the first start also exports MiniLM to ONNX, ~10 s), not on the first lookup."""
+        self._embed(["warm up"])
+
     def _embed(self, texts: list[str]) -> np.ndarray:
         if self._embedder is None:
             from tokenomy.embedder import default_embedder
 
-            self._embedder = default_embedder()
+            self._embedder = default_embedder(self.embed_threads)
         return self._embedder.embed(texts)
 
     @staticmethod
