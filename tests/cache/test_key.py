@@ -70,3 +70,12 @@ def test_bad_input_gives_clear_errors() -> None:
         exact_key("t", "m", MSGS, {"temperature": float("nan")})
     with pytest.raises(TypeError, match="cannot hash"):
         exact_key("t", "m", MSGS, {"x": object()})
+
+
+def test_last_user_text_anywhere_for_routing() -> None:
+    convo = MSGS + [{"role": "assistant", "content": "4"}, {"role": "tool", "content": "x", "tool_call_id": "1"}]
+    assert last_user_text(convo) is None  # the cache answers only a final user question
+    assert last_user_text(convo, final=False) == "What is 2+2?"  # rules look at the last user turn anywhere
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert last_user_text(parts, final=False) == "a\nb"  # text parts joined, never the list's repr
+    assert last_user_text([{"role": "system", "content": "s"}], final=False) is None

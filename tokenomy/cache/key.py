@@ -111,17 +111,24 @@ def message_text(message: Mapping[str, Any]) -> str | None:
     return None
 
 
-def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
-    """The last user turn's text when the conversation ends with a text-only user message, else None.
+def last_user_text(messages: Sequence[Mapping[str, Any]], *, final: bool = True) -> str | None:
+    """The text of the last user message (see ``message_text``), or None when there is none.
 
-    A conversation that ends with a tool result or an assistant prefill is not a question the semantic cache
-    can answer, so it gets None and is served uncached.
+    ``final=True`` (the semantic cache): only when the conversation ends with that message and its text is not
+    blank. A conversation that ends with a tool result or an assistant prefill is not a question the cache can
+    answer, so it gets None and is served uncached. ``final=False`` (routing rules): the last user message
+    wherever it is. The caller picks its own fallback for None.
     """
     msgs = _check_messages(messages)
-    if not msgs or msgs[-1].get("role") != "user":
-        return None
-    text = message_text(msgs[-1])
-    return text if text and text.strip() else None
+    if final:
+        if not msgs or msgs[-1].get("role") != "user":
+            return None
+        text = message_text(msgs[-1])
+        return text if text and text.strip() else None
+    for m in reversed(msgs):
+        if m.get("role") == "user":
+            return message_text(m)
+    return None
 
 
 def context_key(tenant: str, model: str, messages: Sequence[Mapping[str, Any]],

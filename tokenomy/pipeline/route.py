@@ -25,12 +25,13 @@ from typing import Any
 from prometheus_client import Counter
 
 from tokenomy.backends.base import Delta
+from tokenomy.cache.key import last_user_text
 from tokenomy.config import RouteSpec
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 from tokenomy.router.cascade import Verdict, judge
-from tokenomy.router.rules import first_match, last_user_text
+from tokenomy.router.rules import first_match
 
 log = logging.getLogger("tokenomy.route")
 
@@ -86,7 +87,7 @@ class Route:
         start, by, signals = 0, "fixed: first healthy", {}
         s = spec.strategies
         gen = ctx.gen
-        text = last_user_text(gen.messages, gen.prompt)
+        text = (last_user_text(gen.messages, final=False) if gen.messages else None) or gen.prompt or ""
         if "rules" in s:
             meta = {k.removeprefix("x-tokenomy-meta-"): v for k, v in ctx.headers.items()
                     if k.startswith("x-tokenomy-meta-")}

@@ -8,13 +8,6 @@ from typing import Any
 from tokenomy.config import RuleSpec, RuleWhen
 
 
-def last_user_text(messages: list[dict[str, Any]] | None, prompt: str | None = None) -> str:
-    for m in reversed(messages or []):
-        if m.get("role") == "user":
-            return str(m.get("content") or "")
-    return prompt or ""
-
-
 def rule_matches(when: RuleWhen, *, prompt_tokens: int | None, text: str, has_tools: bool,
                  has_response_format: bool, tenant: str, metadata: dict[str, str]) -> bool:
     if when.min_prompt_tokens is not None and (prompt_tokens or 0) < when.min_prompt_tokens:
