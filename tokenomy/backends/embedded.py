@@ -78,6 +78,10 @@ class EmbeddedBackend:
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
+        memo = req.counted
+        if (memo is not None and memo[0] == self.name and memo[1] == req.kind and memo[2] is req.messages
+                and memo[3] is req.tools and memo[4] is req.prompt):
+            return list(memo[5])
         tok = self.engine.tokenizer
         if req.kind == "chat":
             try:
@@ -87,7 +91,9 @@ class EmbeddedBackend:
         return tok.encode(req.prompt or "")
 
     def count_tokens(self, req: GenRequest) -> TokenCount:
-        return TokenCount(len(self.prompt_tokens(req)), exact=True)
+        ids = self.prompt_tokens(req)
+        req.counted = (self.name, req.kind, req.messages, req.tools, req.prompt, tuple(ids))
+        return TokenCount(len(ids), exact=True)
 
     def _check_length(self, prompt: list[int], params: dict[str, Any]) -> int:
         limit = self.engine.max_model_len
