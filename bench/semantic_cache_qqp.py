@@ -174,51 +174,51 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     rows = []
     ann_recall = None
     pad_best, pad_max = 0, 0.0
-    for budget in args.budgets:
-        for threshold in args.thresholds:
-            cache.threshold, cache.error_budget = threshold, budget
-            decisions = cache.decide_many(CTX, [p.b for p in report], query_vecs)
-            if ann_recall is None:
-                ann_recall = float(np.mean([d.candidate_text is not None
-                                            and normalise(d.candidate_text) == normalise(stored[exact_top[i]])
-                                            for i, d in enumerate(decisions)]))
-                # Padding must never be what a query finds: report how often and how close it came.
-                on_pad = [d.similarity for d in decisions if d.candidate_text is not None
-                          and d.candidate_text.startswith(PAD_PREFIX)]
-                pad_best, pad_max = len(on_pad), max(on_pad, default=0.0)
-            hits = right = wrong = repeats = 0
-            for p, d, repeat in zip(report, decisions, exact_repeat_mask, strict=True):
-                if d.hit is None:
-                    continue
-                if repeat:
-                    repeats += 1
-                    continue
-                hits += 1
-                if p.duplicate and d.hit.entry.response.get("answer") == normalise(p.a):
-                    right += 1
-                else:
-                    wrong += 1
-            lat, cpu = [], []
-            for i, vec, e_ms, e_cpu in zip(sample, sample_vecs, embed_ms, embed_cpu_ms, strict=True):
-                t, c = time.perf_counter(), time.process_time()
-                cache.decide(CTX, report[i].b, vec)
-                lat.append(e_ms + (time.perf_counter() - t) * 1000)
-                cpu.append(e_cpu + (time.process_time() - c) * 1000)
-            op = verifier.operating_point(budget, threshold) if budget is not None else None
-            print(f"  budget {budget} threshold {threshold}: {hits} hits", file=sys.stderr, flush=True)
-            rows.append({
-                "error_budget": budget, "threshold": threshold, "lookups": len(report), "hits": hits,
-                "right_hits": right, "wrong_hits": wrong,
-                "duplicate_hit_rate": right / duplicates if duplicates else 0.0,
-                "wrong_hit_share": wrong / hits if hits else 0.0,
-                "exact_repeats": repeats,
-                "strict_wrong_hit_share": (wrong + repeats) / (hits + repeats) if hits + repeats else 0.0,
-                "lookup_p50_ms": float(np.percentile(lat, 50)), "lookup_p99_ms": float(np.percentile(lat, 99)),
-                "lookup_cpu_p50_ms": float(np.percentile(cpu, 50)), "lookup_cpu_p99_ms": float(np.percentile(cpu, 99)),
-                "embed_p50_ms": statistics.median(embed_ms), "embed_cpu_p50_ms": statistics.median(embed_cpu_ms),
-                "verifier_p_min": op,
-                "index_entries": index_entries,
-            })
+    for budget, threshold, margin in ((b, t, m) for b in args.budgets for t in args.thresholds for m in args.margins):
+        cache.threshold, cache.error_budget, cache.min_margin = threshold, budget, margin
+        decisions = cache.decide_many(CTX, [p.b for p in report], query_vecs)
+        if ann_recall is None:
+            ann_recall = float(np.mean([d.candidate_text is not None
+                                        and normalise(d.candidate_text) == normalise(stored[exact_top[i]])
+                                        for i, d in enumerate(decisions)]))
+            # Padding must never be what a query finds: report how often and how close it came.
+            on_pad = [d.similarity for d in decisions if d.candidate_text is not None
+                      and d.candidate_text.startswith(PAD_PREFIX)]
+            pad_best, pad_max = len(on_pad), max(on_pad, default=0.0)
+        hits = right = wrong = repeats = 0
+        for p, d, repeat in zip(report, decisions, exact_repeat_mask, strict=True):
+            if d.hit is None:
+                continue
+            if repeat:
+                repeats += 1
+                continue
+            hits += 1
+            if p.duplicate and d.hit.entry.response.get("answer") == normalise(p.a):
+                right += 1
+            else:
+                wrong += 1
+        lat, cpu = [], []
+        for i, vec, e_ms, e_cpu in zip(sample, sample_vecs, embed_ms, embed_cpu_ms, strict=True):
+            t, c = time.perf_counter(), time.process_time()
+            cache.decide(CTX, report[i].b, vec)
+            lat.append(e_ms + (time.perf_counter() - t) * 1000)
+            cpu.append(e_cpu + (time.process_time() - c) * 1000)
+        op = verifier.operating_point(budget, threshold) if budget is not None else None
+        print(f"  budget {budget} threshold {threshold} margin {margin}: {hits} hits", file=sys.stderr, flush=True)
+        rows.append({
+            "error_budget": budget, "threshold": threshold, "min_margin": margin, "lookups": len(report),
+            "hits": hits,
+            "right_hits": right, "wrong_hits": wrong,
+            "duplicate_hit_rate": right / duplicates if duplicates else 0.0,
+            "wrong_hit_share": wrong / hits if hits else 0.0,
+            "exact_repeats": repeats,
+            "strict_wrong_hit_share": (wrong + repeats) / (hits + repeats) if hits + repeats else 0.0,
+            "lookup_p50_ms": float(np.percentile(lat, 50)), "lookup_p99_ms": float(np.percentile(lat, 99)),
+            "lookup_cpu_p50_ms": float(np.percentile(cpu, 50)), "lookup_cpu_p99_ms": float(np.percentile(cpu, 99)),
+            "embed_p50_ms": statistics.median(embed_ms), "embed_cpu_p50_ms": statistics.median(embed_cpu_ms),
+            "verifier_p_min": op,
+            "index_entries": index_entries,
+        })
     meta = {"data": str(args.data), "split": args.split, "pairs": len(pairs), "report_pairs": len(report),
             "duplicates": duplicates, "stored_questions": len(stored), "index_entries": index_entries,
             "padding": n_pad, "padding_max_cos": pad_max, "padding_nearest": pad_best, "ann_recall_at_1": ann_recall,
@@ -241,13 +241,14 @@ def print_table(rows: list[dict], meta: dict) -> None:
                   f"nearest entry for {meta['padding_nearest']} queries, at cos <= {meta['padding_max_cos']:.3f}); "
                   f"ANN recall@1 {meta['ann_recall_at_1']:.4f}; batch embedding {meta['embed_batch_s']:.1f} s "
                   f"(cached under /tmp after the first run); index build/reopen {meta['index_build_s']:.0f} s")
-    t = Table("error budget", "threshold", "lookups", "hits", "right", "wrong", "dup hit rate", "wrong share",
+    t = Table("error budget", "threshold", "margin", "lookups", "hits", "right", "wrong", "dup hit rate", "wrong share",
               "strict wrong¹", "p50 ms", "p99 ms", "cpu p50 ms²", "embed p50 ms", "verifier p*")
     for r in rows:
         budget = "none (cosine only)" if r["error_budget"] is None else f"{r['error_budget']:.0%}"
         ok = r["error_budget"] is None or r["wrong_hit_share"] <= r["error_budget"]
         share = f"{r['wrong_hit_share']:.2%}"
-        t.add_row(budget, f"{r['threshold']:.2f}", str(r["lookups"]), str(r["hits"]), str(r["right_hits"]),
+        t.add_row(budget, f"{r['threshold']:.2f}", f"{r['min_margin']:.2f}", str(r["lookups"]), str(r["hits"]),
+                  str(r["right_hits"]),
                   str(r["wrong_hits"]), f"{r['duplicate_hit_rate']:.1%}", share if ok else f"[red]{share}[/]",
                   f"{r['strict_wrong_hit_share']:.2%}", f"{r['lookup_p50_ms']:.1f}", f"{r['lookup_p99_ms']:.1f}",
                   f"{r['lookup_cpu_p50_ms']:.1f}", f"{r['embed_p50_ms']:.1f}",
@@ -268,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="error budgets to run, 'none' = cosine threshold only (default none,0.02,0.05,0.1,0.15,0.2)")
     ap.add_argument("--thresholds", type=_floats, default=[0.8, 0.85, 0.9, 0.95],
                     help="cosine thresholds (default 0.8,0.85,0.9,0.95)")
+    ap.add_argument("--margins", type=_floats, default=[0.0, 0.02],
+                    help="ambiguity gates: least cosine lead of the best entry over the next (default 0,0.02)")
     ap.add_argument("--split", choices=["unseen", "calibration", "all"], default="unseen",
                     help="which pairs to look up (default: those the verifier was not calibrated on)")
     ap.add_argument("--index-size", type=int, default=100_000, help="pad the index to this many entries")
@@ -280,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=["auto", "onnx", "torch"], default="auto",
                     help="embedding encoder for the timed lookups (default auto: onnxruntime when installed)")
     args = ap.parse_args(argv)
+    if any(not 0 <= m < 1 for m in args.margins) or not args.margins:
+        ap.error("margins must be in [0, 1)")
     if any(not 0 < t <= 1 for t in args.thresholds) or not args.thresholds:
         ap.error("thresholds must be in (0, 1]")
     if any(b is not None and not 0 < b < 1 for b in args.budgets) or not args.budgets:

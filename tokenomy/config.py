@@ -185,6 +185,8 @@ class SemanticCacheSettings(_Strict):
     max_entries: int = Field(100000, ge=1)
     routes: list[str] | None = None      # models/routes allowed to use it; None = all
     embed_threads: int = Field(1, ge=1, le=64, description="threads for the MiniLM embedding of a lookup")
+    min_margin: float = Field(0.02, ge=0, lt=1, description="serve only when the best stored question beats the "
+                              "next one by this much cosine (an ambiguous pair of candidates is a miss)")
 
 
 class CacheSettings(_Strict):

@@ -116,7 +116,8 @@ class Gateway:
             s = c.semantic
             semantic = SemanticCache(path / "semantic", store=store("semantic", s.max_entries),
                                      threshold=s.threshold, error_budget=s.error_budget, ttl_s=s.ttl_s,
-                                     max_entries=s.max_entries, embed_threads=s.embed_threads)
+                                     max_entries=s.max_entries, embed_threads=s.embed_threads,
+                                     min_margin=s.min_margin)
             semantic.warm()
         return exact, semantic
 

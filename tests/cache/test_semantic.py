@@ -65,6 +65,29 @@ def test_threshold_only_baseline_serves_the_hard_negative(embedder) -> None:
     assert cache.lookup("t1", "small", ask("How do I gain weight without exercise?"), PARAMS) is not None
 
 
+def test_ambiguous_candidates_are_a_miss(embedder) -> None:
+    # Two stored near-duplicates (GPTCache's paraphrase set is full of them): the query is about equally close
+    # to both, so which answer it gets is a coin toss. The margin gate refuses; with the gate off it serves.
+    stored = ["Datasets supports audio, vision, text, and tabular data.",
+              "Datasets can load audio, vision, text, and tabular data."]
+    query = "Datasets are able to handle audio, visual, textual, and tabular information."
+    ctx = context_key("t1", "small", ask("x"), PARAMS)
+    gated = make(None, embedder, threshold=0.7, error_budget=None, verifier=None, min_margin=0.05)
+    open_ = make(None, embedder, threshold=0.7, error_budget=None, verifier=None, min_margin=0.0)
+    for cache in (gated, open_):
+        for i, text in enumerate(stored):
+            cache.add("t1", "small", ask(text), PARAMS, entry(str(i)))
+    d = gated.decide(ctx, query)
+    assert d.second_similarity is not None and d.similarity - d.second_similarity < 0.05
+    assert d.hit is None and d.reason == "ambiguous"
+    assert open_.decide(ctx, query).hit is not None
+    # A clear winner still hits through the gate.
+    clear = gated.decide(ctx, "Datasets supports audio, vision, text and tabular data")
+    assert clear.hit is not None
+    with pytest.raises(ValueError):
+        make(None, embedder, min_margin=1.5)
+
+
 def test_a_hit_never_crosses_tenants_or_contexts(embedder) -> None:
     # Even with no verifier and a very low threshold, other tenants and contexts never see the entry.
     cache = make(None, embedder, threshold=0.1, error_budget=None, verifier=None)

@@ -6,6 +6,7 @@ entry of another tenant or another conversation is never even a candidate; every
 again before it is served. A lookup serves the nearest entry only when
 
     cos(query, entry) >= threshold                     (the route's similarity gate)
+    cos(query, entry) - cos(query, next entry) >= min_margin   (not ambiguous between two stored questions)
     p(right) >= verifier.operating_point(budget, gate)  (calibrated verifier, see verify.py)
     p(right) >= entry.bar                               (per-entry bar raised by wrong-hit feedback)
 
@@ -36,7 +37,8 @@ from tokenomy.cache.verify import Verifier, load_default, pair_features
 
 DIM = 384
 
-Reason = Literal["hit", "exact-text", "empty", "below-threshold", "rejected", "entry-bar", "payload-missing"]
+Reason = Literal["hit", "exact-text", "empty", "below-threshold", "ambiguous", "rejected", "entry-bar",
+                 "payload-missing"]
 
 
 @dataclass
@@ -73,7 +75,7 @@ class SemanticCache:
                  verifier: Verifier | None | Literal["default"] = "default", ttl_s: float | None = 86_400.0,
                  max_entries: int = 100_000, candidates: int = 8, dtype: str = "f16",
                  expansion_search: int = 64, flush_every: int = 1_000, clock: Callable[[], float] = time.time,
-                 embed_threads: int = 1) -> None:
+                 embed_threads: int = 1, min_margin: float = 0.0) -> None:
         """``path`` None keeps everything in memory. ``error_budget`` None serves on the threshold alone (a
         baseline, not for production); otherwise a verifier is required."""
         if not 0 < threshold <= 1:
@@ -93,6 +95,9 @@ class SemanticCache:
                              "`python -m tokenomy.cache.calibrate` or pass error_budget=None")
         self._embedder = embedder
         self.embed_threads = embed_threads
+        if not 0 <= min_margin < 1:
+            raise ValueError(f"min_margin must be in [0, 1), got {min_margin!r}")
+        self.min_margin = min_margin
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -399,6 +404,13 @@ class SemanticCache:
                             second_similarity=second)
         same_text = _normalise(text) == _normalise(meta.text)
         if cos < self.threshold and not same_text:
+            self.misses += 1
+            return decision
+        # Ambiguity gate: two different stored questions almost equally close to the query. Whichever one wins,
+        # the answer is a coin toss between them; on GPTCache's paraphrase set most wrong hits are of this kind
+        # (near-duplicate stored entries), and on QQP the gate also lowers the wrong share at every threshold.
+        if not same_text and second is not None and cos - second < self.min_margin:
+            decision.reason = "ambiguous"
             self.misses += 1
             return decision
         score = 1.0
