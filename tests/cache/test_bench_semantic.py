@@ -29,7 +29,7 @@ def run_json(bench, capsys, *args: str) -> list[dict]:
 
 def test_gptcache_format(bench, capsys) -> None:
     rows = run_json(bench, capsys, "--data", str(DATA / "gptcache_tiny.json"), "--budgets", "none,0.05",
-                    "--thresholds", "0.7,0.9")
+                    "--thresholds", "0.7,0.9", "--margins", "0")
     assert len(rows) == 4 and all(KEYS <= set(r) for r in rows)
     for r in rows:
         assert r["lookups"] == 6 and r["hits"] == r["right_hits"] + r["wrong_hits"]
@@ -41,6 +41,15 @@ def test_gptcache_format(bench, capsys) -> None:
     assert all(verified[t]["hits"] <= base[t]["hits"] for t in base)  # the verifier only ever removes hits
 
 
+def test_margin_gate_only_removes_hits(bench, capsys) -> None:
+    rows = run_json(bench, capsys, "--data", str(DATA / "gptcache_tiny.json"), "--budgets", "none",
+                    "--thresholds", "0.7", "--margins", "0,0.5")
+    by_margin = {r["min_margin"]: r for r in rows}
+    assert set(by_margin) == {0.0, 0.5}
+    assert by_margin[0.5]["hits"] <= by_margin[0.0]["hits"]
+    assert by_margin[0.5]["right_hits"] <= by_margin[0.0]["right_hits"]
+
+
 def test_qqp_format_counts_wrong_hits(bench, capsys, tmp_path: Path) -> None:
     f = tmp_path / "qqp.jsonl"
     rows = [("How do I lose weight without exercise?", "How do I gain weight without exercise?", False),
@@ -48,7 +57,7 @@ def test_qqp_format_counts_wrong_hits(bench, capsys, tmp_path: Path) -> None:
             ("How can I improve my English?", "How can I improve my English speaking skills?", True),
             ("Why is the sky blue?", "Why is the ocean blue?", False)]
     f.write_text("".join(json.dumps({"a": a, "b": b, "duplicate": d}) + "\n" for a, b, d in rows))
-    out = run_json(bench, capsys, "--data", str(f), "--budgets", "none", "--thresholds", "0.5")
+    out = run_json(bench, capsys, "--data", str(f), "--budgets", "none", "--thresholds", "0.5", "--margins", "0")
     assert out[0]["lookups"] == 4 and out[0]["hits"] == 4  # a low threshold alone serves everything...
     assert out[0]["wrong_hits"] == 2 and out[0]["wrong_hit_share"] == 0.5  # ...including both hard negatives
 
@@ -58,3 +67,8 @@ def test_bad_arguments(bench, capsys, tmp_path: Path) -> None:
     assert "not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.main(["--data", str(DATA / "gptcache_tiny.json"), "--budgets", "2"])
+
+
+def test_bad_margin(bench, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--data", str(DATA / "gptcache_tiny.json"), "--margins", "1.5"])
