@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -29,15 +30,17 @@ def _guard(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from tokenomy.config import ConfigError
         from tokenomy.router.calibrate import CalibrationError
         from tokenomy.router.classifier import RouterFileError, RouterTrainingError
         from tokenomy.router.dataset import RoutingDataError
         from tokenomy.router.evaluate import NoGapError
+        from tokenomy.router.floors import FloorError
 
         try:
             return fn(*args, **kwargs)
-        except (RoutingDataError, RouterFileError, RouterTrainingError, CalibrationError, NoGapError,
-                _UserError) as exc:
+        except (RoutingDataError, RouterFileError, RouterTrainingError, CalibrationError, NoGapError, FloorError,
+                ConfigError, _UserError) as exc:
             raise _fail(str(exc)) from None
         except OSError as exc:
             raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
@@ -83,15 +86,45 @@ def train(
 @app.command()
 @_guard
 def calibrate(
-    router_path: Path = typer.Option(..., "--router", help="Router file (rewritten unless --out is given)."),
-    data: Path = typer.Option(..., "--data", help="JSONL of prompts (with <model>_correct for --quality-floor)."),
+    router_path: Path | None = typer.Option(None, "--router", help="Router file (rewritten unless --out is given)."),
+    data: Path | None = typer.Option(
+        None, "--data", help="JSONL of prompts (with <model>_correct for --quality-floor)."
+    ),
     strong_share: float | None = typer.Option(None, help="Target share of strong-model calls, e.g. 0.3."),
     quality_floor: float | None = typer.Option(
         None, help="Keep this fraction of the strong model's quality at the least strong share, e.g. 0.95."
     ),
-    out: Path | None = typer.Option(None, "--out", help="Write the calibrated router here instead."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Router: write the calibrated router here instead. --cascade: write the YAML here too."
+    ),
+    cascade: bool = typer.Option(False, "--cascade", help="Calibrate a route's cascade floors instead."),
+    config: Path | None = typer.Option(None, "--config", help="--cascade: the tokenomy YAML config."),
+    route: str | None = typer.Option(None, "--route", help="--cascade: the route whose first model answers."),
+    prompts: Path | None = typer.Option(
+        None, "--prompts", help="--cascade: JSONL of prompts like the route's traffic (string, prompt or messages)."
+    ),
+    escalation_share: float | None = typer.Option(None, help="--cascade: target share of escalated answers."),
+    break_even: bool = typer.Option(
+        False, "--break-even", help="--cascade: the largest escalation share that still costs less than "
+        "always the route's most capable model."
+    ),
+    min_saving: float = typer.Option(0.0, help="--cascade --break-even: require this saving share, e.g. 0.1."),
+    max_tokens: int = typer.Option(256, help="--cascade: max_tokens of prompts that do not set their own."),
+    signals: str = typer.Option("mean,min", help="--cascade: floors to calibrate: mean, min or mean,min."),
+    stream: bool = typer.Option(False, "--stream", help="--cascade: judge the first stream_buffer_tokens only."),
+    threads: int | None = typer.Option(None, help="--cascade: llama.cpp threads (default: the config's)."),
+    as_json: bool = typer.Option(False, "--json", help="--cascade: print JSON with every answer's signals."),
 ) -> None:
-    """Set the router's threshold from a target on DATA (ideally prompts it was not trained on)."""
+    """Set the router's threshold from a target on DATA (ideally prompts it was not trained on), or with
+    --cascade, choose a route's cascade floors from its first model's answers to PROMPTS (printed as YAML for the
+    route's `cascade:` block; the config is not edited)."""
+    if cascade:
+        if router_path is not None or data is not None or strong_share is not None or quality_floor is not None:
+            raise _UserError("--cascade takes --config, --route, --prompts and a target, not --router/--data/"
+                             "--strong-share/--quality-floor")
+        _calibrate_cascade(config, route, prompts, escalation_share, break_even, min_saving, max_tokens, signals,
+                           stream, threads, out, as_json)
+        return
     from tokenomy.router.calibrate import (
         operating_point,
         threshold_for_quality_floor,
@@ -100,6 +133,8 @@ def calibrate(
     from tokenomy.router.classifier import Router
     from tokenomy.router.dataset import load_routing_data
 
+    if router_path is None or data is None:
+        raise _UserError("give --router and --data (or --cascade with --config, --route and --prompts)")
     if (strong_share is None) == (quality_floor is None):
         raise _UserError("give exactly one of --strong-share and --quality-floor")
     _check_writable(out or router_path)
@@ -119,6 +154,87 @@ def calibrate(
         share, quality = operating_point(p_ok, result.threshold, rows.weak_ok, rows.strong_ok)
         line += (f", quality {quality:.1%} (weak {rows.weak_ok.mean():.1%}, strong {rows.strong_ok.mean():.1%})")
     typer.echo(f"{line}\nwrote {target}")
+
+
+def _calibrate_cascade(config: Path | None, route: str | None, prompts: Path | None, escalation_share: float | None,
+                       break_even: bool, min_saving: float, max_tokens: int, signals: str, stream: bool,
+                       threads: int | None, out: Path | None, as_json: bool) -> None:
+    """Run the route's first model on the prompts, then choose floors (tokenomy.router.floors)."""
+    import asyncio
+
+    from tokenomy.config import load_config
+    from tokenomy.router.floors import answers_to_json, choose_floors, load_prompts, sample_answers
+
+    if config is None or route is None or prompts is None:
+        raise _UserError("--cascade needs --config, --route and --prompts")
+    if (escalation_share is None) == (not break_even):
+        raise _UserError("give exactly one of --escalation-share and --break-even")
+    if not break_even and min_saving:
+        raise _UserError("--min-saving goes with --break-even")
+    if max_tokens < 1:
+        raise _UserError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if threads is not None and threads < 0:
+        raise _UserError(f"--threads must be 0 (all cores) or more, got {threads}")
+    chosen = [s.strip() for s in signals.split(",") if s.strip()]
+    if out is not None:
+        _check_writable(out)
+    cfg = load_config(config)
+    spec = cfg.routes.get(route)
+    if spec is None:
+        raise _UserError(f"route {route!r} is not in {config}; routes: {', '.join(cfg.routes) or 'none'}")
+    if len(spec.models) < 2:
+        raise _UserError(f"route {route!r} has one model: a cascade needs a cheaper and a more capable one")
+    models = {m.name: m for m in cfg.models}
+    first, capable = models[spec.models[0]], models[spec.models[-1]]
+    requests = load_prompts(prompts)
+    backend = _backend(first, cfg, threads)
+
+    async def run() -> list:
+        from tokenomy.backends.base import BackendError, InvalidRequest
+
+        try:
+            return await sample_answers(backend, requests, max_tokens,
+                                        spec.cascade.stream_buffer_tokens if stream else None)
+        except (BackendError, InvalidRequest) as e:
+            raise _UserError(f"{first.name}: {e}") from None
+        finally:
+            await backend.close()
+
+    answers = asyncio.run(run())
+    assert first.price is not None and capable.price is not None   # ModelSpec fills a price
+    choice = choose_floors(answers, spec.cascade, first.price, capable.price,
+                           escalation_share=escalation_share, min_saving=min_saving if break_even else None,
+                           signals=chosen)
+    snippet = choice.snippet(route)
+    if out is not None:
+        out.write_text(snippet, encoding="utf-8")
+    if as_json:
+        body = {"route": route, "first": first.name, "capable": capable.name, **choice.to_dict(),
+                "answers": answers_to_json(answers)}
+        sys.stdout.write(json.dumps(body, indent=2) + "\n")
+        return
+    notional = " (notional prices)" if first.price.notional or capable.price.notional else ""
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(choice.reasons.items())) or "none"
+    typer.echo(f"{first.name} answered {choice.prompts} prompts: {choice.escalated} escalate "
+               f"({choice.escalation_share:.1%}; {choice.forced} on other signals; reasons: {reasons})\n"
+               f"estimated cost {choice.cost_ratio:.1%} of always {capable.name}{notional}\n")
+    typer.echo(snippet + (f"wrote {out}" if out is not None else ""))
+
+
+def _backend(spec: Any, cfg: Any, threads: int | None) -> Any:
+    """A backend for one model of the config: the embedded engine (started here) or the upstream."""
+    if spec.backend == "embedded":
+        from tokenomy.backends.embedded import EmbeddedBackend
+        from tokenomy.engine.engine import EngineConfig
+        from tokenomy.models import resolve_gguf
+
+        settings = (spec.engine or cfg.engine).model_dump()
+        if threads is not None:
+            settings["n_threads"] = threads
+        return EmbeddedBackend(spec.name, str(resolve_gguf(spec.gguf)), EngineConfig(**settings))
+    from tokenomy.backends.openai import OpenAIBackend
+
+    return OpenAIBackend(spec)
 
 
 @app.command("eval")
