@@ -12,6 +12,8 @@ a threshold set on the training folds for a 30% strong share, or for 95% of the 
 applied to the held-out fold. Latency: `Router.decide` on single prompts not embedded before, embedding
 included, for both embeddings; and with the embedding handed in. Contextual embeddings of the data file are
 cached under /tmp/tokenomy-bench-cache (keyed by the file's SHA-256) so reruns skip the slow part.
+GSM8K-only study (`--salts N`, 0 skips it): a router trained on GSM8K rows alone with word-problem features and
+the contextual embedding, cross-validated over N fold assignments to show the spread (see gsm8k_study).
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from tokenomy.router.calibrate import (  # noqa: E402
     threshold_for_quality_floor,
     threshold_for_strong_share,
 )
-from tokenomy.router.classifier import DEFAULT_EMBEDDING, Router  # noqa: E402
+from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING, Router, _choose_c, _logistic  # noqa: E402
 from tokenomy.router.dataset import RoutingData, RoutingDataError, load_routing_data  # noqa: E402
 from tokenomy.router.evaluate import evaluate_scores  # noqa: E402
-from tokenomy.router.features import EMBEDDINGS, embed_prompts  # noqa: E402
+from tokenomy.router.features import EMBEDDINGS, embed_prompts, word_problem_matrix  # noqa: E402
 from tokenomy.router.report import score_slices  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "routing" / "routellm-dev.jsonl"
@@ -130,6 +132,46 @@ def cross_validate(data: RoutingData, x: dict[str, np.ndarray], folds: int) -> d
     }
 
 
+def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: int) -> dict:
+    """A GSM8K-only router: word-problem features (features.word_problem_features) and the contextual MiniLM
+    embedding's first 16 principal components, a 4-class logistic regression as in Router with C chosen by
+    inner 5-fold log loss; p_weak_ok as in Router. Everything (scaling, PCA, C) is fit on the training folds.
+    Repeated over `salts` fold assignments (salt 0 = the main table's folds) to show the spread."""
+    from sklearn.decomposition import PCA
+
+    mask = np.array([b == "gsm8k" for b in data.benchmarks])
+    if mask.sum() < 20:
+        return {}
+    rows, x = data.subset(mask), contextual[mask]
+    dense = word_problem_matrix(rows.prompts)
+    labels = (2 * rows.weak_ok + rows.strong_ok).astype(int)
+    runs = []
+    for salt in range(salts):
+        tag = b"" if salt == 0 else f"{salt}:".encode()
+        assignment = np.array([int(hashlib.sha256(b"fold:" + tag + p.encode("utf-8")).hexdigest(), 16) % folds
+                               for p in rows.prompts])
+        p_ok = np.zeros(len(rows))
+        for k in range(folds):
+            train, test = assignment != k, assignment == k
+            mean, scale = dense[train].mean(0), dense[train].std(0) + 1e-12
+            pca = PCA(16, random_state=0).fit(x[train])
+            spread = pca.transform(x[train]).std(0) + 1e-12
+
+            def feats(m: np.ndarray, mean=mean, scale=scale, pca=pca, spread=spread) -> np.ndarray:
+                return np.c_[(dense[m] - mean) / scale, pca.transform(x[m]) / spread]
+
+            c = _choose_c(feats(train), labels[train])
+            model = _logistic(c).fit(feats(train), labels[train])
+            proba = np.zeros((test.sum(), len(CLASSES)))
+            proba[:, model.classes_] = model.predict_proba(feats(test))
+            p_ok[test] = proba[:, 2] + 0.5 * (proba[:, 0] + proba[:, 3])
+        r = evaluate_scores("gsm8k-only", 1 - p_ok, rows.weak_ok, rows.strong_ok)
+        runs.append({"salt": salt, "apgr": r.apgr, "cpt50": r.cpt50, "cpt80": r.cpt80})
+    return {"rows": len(rows), "runs": runs,
+            **{f"{m}_mean": statistics.mean(r[m] for r in runs) for m in ("apgr", "cpt50", "cpt80")},
+            **{f"{m}_sd": statistics.pstdev(r[m] for r in runs) for m in ("apgr", "cpt50", "cpt80")}}
+
+
 def decision_latency(data: RoutingData, x: np.ndarray, kind: str, n: int) -> dict:
     """Router.decide on single prompts not yet embedded in this process, embedding included.
 
@@ -215,6 +257,15 @@ def print_tables(out: dict) -> None:
             f"CPU p50 {lat['cpu_p50_ms']:.1f} ms p95 {lat['cpu_p95_ms']:.1f} ms; with the embedding handed in "
             f"p50 {lat['router_only_p50_ms']:.2f} ms"
         )
+    study = out.get("gsm8k_study")
+    if study:
+        per_run = ", ".join(f"{r['apgr']:.3f}" for r in study["runs"])
+        console.print(
+            f"GSM8K-only router (word-problem features + contextual MiniLM, {study['rows']} prompts, "
+            f"{len(study['runs'])} fold assignments): APGR {study['apgr_mean']:.3f}±{study['apgr_sd']:.3f}, "
+            f"CPT(50%) {study['cpt50_mean']:.1%}±{study['cpt50_sd']:.1%}, CPT(80%) {study['cpt80_mean']:.1%}; "
+            f"per assignment APGR {per_run}"
+        )
     console.print(f"chosen C per fold: {out['cv']['chosen_C']}; total {out['seconds']:.0f}s")
 
 
@@ -223,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="routing JSONL (default: %(default)s)")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--latency-samples", type=int, default=200, help="0 to skip the latency measurement")
+    parser.add_argument("--salts", type=int, default=5, help="fold assignments of the GSM8K-only study (0: skip)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args(argv)
     if args.folds < 2:
@@ -240,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "folds": args.folds,
         "default_embedding": DEFAULT_EMBEDDING,
         "cv": cross_validate(data, x, args.folds),
+        "gsm8k_study": gsm8k_study(data, x["minilm"], args.folds, args.salts) if args.salts > 0 else {},
         "latency": [decision_latency(data, x[kind], kind, args.latency_samples) for kind in EMBEDDINGS]
         if args.latency_samples > 0 else [],
         "targets": TARGETS,

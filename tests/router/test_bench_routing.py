@@ -39,6 +39,22 @@ def test_bench_json(bench, dev_rows, tmp_path, capsys) -> None:
     assert all(lat["p50_ms"] > lat["router_only_p50_ms"] > 0 for lat in out["latency"])
 
 
+def test_gsm8k_study_reports_each_fold_assignment(bench, dev_rows, tmp_path) -> None:
+    import numpy as np
+
+    from tokenomy.router.dataset import load_routing_data
+    from tokenomy.router.features import embed_prompts
+
+    rows = [r for r in dev_rows if r["benchmark"] == "gsm8k"][:60]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = load_routing_data(path)
+    study = bench.gsm8k_study(data, embed_prompts(data.prompts, "minilm-static"), folds=3, salts=2)
+    assert study["rows"] == len(rows) and [r["salt"] for r in study["runs"]] == [0, 1]
+    assert all(np.isfinite(r["apgr"]) and 0 <= r["cpt50"] <= 1 for r in study["runs"])
+    assert study["apgr_sd"] >= 0
+
+
 def test_bench_refuses_a_missing_file(bench, tmp_path, capsys) -> None:
     assert bench.main(["--data", str(tmp_path / "absent.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err

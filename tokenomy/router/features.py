@@ -59,6 +59,50 @@ def text_feature_matrix(prompts: list[str]) -> np.ndarray:
     return np.array([text_features(p) for p in prompts], dtype=np.float64).reshape(len(prompts), len(TEXT_FEATURES))
 
 
+_UNITS = re.compile(r"\b(?:hours?|minutes?|seconds?|days?|weeks?|months?|years?|miles?|km|kilometers?|meters?|feet|"
+                    r"foot|inch(?:es)?|pounds?|ounces?|kg|grams?|liters?|gallons?|cups?|dollars?|cents?)\b")
+_RATES = re.compile(r"\b(?:per|each|every|an hour|a day|a week|rate|speed)\b")
+_OPERATIONS = re.compile(r"\b(?:more than|less than|fewer|twice|half|times|double|triple|total|remaining|left|rest|"
+                         r"difference|sum|average|profit|discount|percent|ratio|fraction|split|share|equally)\b")
+_NUMBER_WORDS = re.compile(r"\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|"
+                           r"fifty|hundred|thousand|dozen|half|third|quarter)\b")
+
+WORD_PROBLEM_FEATURES = (
+    "chars", "words", "numbers", "distinct_numbers", "sentences", "percents", "fractions", "decimals", "money",
+    "max_magnitude", "median_magnitude", "units", "distinct_units", "rates", "operations", "number_words",
+    "question_chars", "quantities", "commas", "non_integers",
+)
+
+
+def word_problem_features(prompt: str) -> np.ndarray:
+    """WORD_PROBLEM_FEATURES of a maths word problem (GSM8K-like), each log(1 + count) except the magnitudes,
+    which are log(1 + largest / median number). They proxy the steps a solution takes: how many quantities
+    (digits and number words), units and rates to relate, and operation words ("twice", "remaining", "per")."""
+    lower = prompt.lower()
+    numbers = _NUMBER.findall(prompt)
+    values = [float(v) for v in (n.replace(",", "") for n in numbers) if v.replace(".", "", 1).isdigit()]
+    units = _UNITS.findall(lower)
+    number_words = len(_NUMBER_WORDS.findall(lower))
+    questions = prompt.split("?")
+    counts = [
+        len(prompt), len(prompt.split()), len(numbers), len(set(numbers)),
+        len([s for s in re.split(r"[.?!]\s", prompt) if s.strip()]), prompt.count("%") + lower.count("percent"),
+        len(_FRACTION.findall(prompt)), len(_DECIMAL.findall(prompt)), prompt.count("$"),
+    ]
+    magnitudes = [np.log1p(max(values)) if values else 0.0, np.log1p(float(np.median(values))) if values else 0.0]
+    more = [
+        len(units), len({u.rstrip("s") for u in units}), len(_RATES.findall(lower)), len(_OPERATIONS.findall(lower)),
+        number_words, len(questions[-2]) if len(questions) > 1 else len(prompt.split(".")[-1]),
+        len(numbers) + number_words, prompt.count(","), sum(1 for v in values if v != int(v)),
+    ]
+    return np.array([*np.log1p(counts), *magnitudes, *np.log1p(more)], dtype=np.float64)
+
+
+def word_problem_matrix(prompts: list[str]) -> np.ndarray:
+    return np.array([word_problem_features(p) for p in prompts], dtype=np.float64).reshape(
+        len(prompts), len(WORD_PROBLEM_FEATURES))
+
+
 class EmbeddingMemo:
     """Contextual MiniLM embeddings of prompts, remembered by the prompt's SHA-256 (bounded, least recently
     used first out). Routing sees the same prompts again (retries, eval after train) and a vector is 1.5 KB,
