@@ -57,6 +57,8 @@ def test_fast_forward_saves_decode_calls(runner, compiler):
                   "Ada Lovelace was born in 1815. Give her first name and birth year as JSON.")
     assert gen.finish_reason == "stop" and validate(gen.text, schema).ok, gen.text
     assert gen.forced > 0 and gen.decode_calls < len(gen.tokens)
+    # A sampled token and the run the grammar forces after it share one llama_decode.
+    assert gen.decode_calls <= len(gen.tokens) - gen.forced + 1  # +1: the opening run, fed before any sample
 
 
 def test_json_object_mode(runner, compiler):
@@ -88,3 +90,11 @@ def test_auto_answers_text_or_a_valid_call(runner, compiler):
     assert validate_output(gen.text, auto).ok or gen.finish_reason == "length", gen.text
     calls = parse_tool_calls(gen.text) if gen.finish_reason == "stop" else []
     assert all(c["function"]["name"] in ("get_weather", "add") for c in calls)
+
+
+def test_free_run_with_ignore_eos_decodes_exactly_max_tokens(runner):
+    """The TPOT baseline: a free run times as many tokens as the constrained answer it is compared with."""
+    gen = runner.generate(runner.chat_prompt("You are terse.", "Say hi."), None, 12, ignore_eos=True)
+    assert len(gen.tokens) == 12 and gen.finish_reason == "length"
+    assert gen.decode_calls == 11 and gen.forced == 0 and gen.tpot_ms > 0
+    assert not set(gen.tokens) & runner.eog
