@@ -3,7 +3,7 @@
 Output conventions the grammar enforces:
 
 - ``response_format: {type: json_schema}`` -> the answer is one JSON document valid under the schema, on one
-  line (no whitespace outside strings except an optional space after ``,`` and ``:``);
+  line (no whitespace outside strings except one space after ``,`` and ``:``);
   ``{type: json_object}`` -> any JSON object.
 - tools -> a call is ``<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>``: one JSON array (several
   items only when parallel calls are allowed), each item's ``arguments`` valid under that function's
@@ -34,10 +34,12 @@ from tokenomy.structured.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_too
 __all__ = ["JSON_OPTIONS", "OutputFormat", "SchemaError", "json_schema_format", "output_format",
            "parse_tool_calls", "tools_prompt"]
 
-# Bounded whitespace: no newlines or indentation, at most one space after "," and ":". Fully compact JSON
-# saves a token per pair at best, but a small model that wants '": "' and is refused drifts off course (it
-# nests objects or loops until max_tokens); letting it keep its habitual space costs about nothing.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ?", "key_separator": ": ?"}
+# Fixed separators, no other whitespace: ", " between items and ": " after keys, the way SmolLM2 writes JSON.
+# Deterministic separators let fast-forward write them (and, in closed objects, the next key) without a
+# sampling step. Measured with SmolLM2 greedy on 6 extraction + 9 dev-schema prompts: forced-token share 0.23
+# and 0.77 decode calls per token with ", "/": ", 0.19/0.81 with ","/":"; an optional space (", ?"/": ?")
+# gave 0.12/0.88 on a similar 21-prompt set. Validity was the same within one answer.
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 MEMO_ENTRIES = 256
 _memo: OrderedDict[str, OutputFormat | None] = OrderedDict()
@@ -45,6 +47,10 @@ _memo_lock = threading.Lock()
 
 # Close object schemas that list properties (additionalProperties: false where sound; see normalize.py).
 CLOSE_OBJECTS = True
+# Default size bounds for free strings and unbounded arrays (narrowing, see normalize.bound_sizes); None = off.
+# A small model that starts repeating itself inside an unbounded value otherwise runs to max_tokens.
+MAX_STRING_LENGTH: int | None = None
+MAX_ARRAY_ITEMS: int | None = None
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -104,7 +110,9 @@ def output_format(
     """
     try:
         # Key order kept: property order in a schema is the order the model writes the properties in.
-        key = hashlib.sha256(json.dumps([response_format, tools, tool_choice, parallel_tool_calls]).encode()
+        # The module settings are part of the key, so changing them (benches, tests) never reuses a stale grammar.
+        key = hashlib.sha256(json.dumps([response_format, tools, tool_choice, parallel_tool_calls, JSON_OPTIONS,
+                                         CLOSE_OBJECTS, MAX_STRING_LENGTH, MAX_ARRAY_ITEMS]).encode()
                              ).hexdigest()
     except (TypeError, ValueError) as e:
         raise SchemaError(f"response_format and tools must be plain JSON: {e}") from None
@@ -253,7 +261,7 @@ def _calls_schema(functions: dict[str, dict[str, Any]], single: bool) -> dict[st
 
 def _normalized(schema: dict[str, Any]) -> dict[str, Any]:
     try:
-        return normalize(schema, close=CLOSE_OBJECTS)
+        return normalize(schema, close=CLOSE_OBJECTS, max_length=MAX_STRING_LENGTH, max_items=MAX_ARRAY_ITEMS)
     except RecursionError as e:  # deepcopy recurses; a pathologically deep schema lands here
         raise SchemaError("schema is nested too deeply") from e
 
