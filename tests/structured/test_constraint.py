@@ -3,7 +3,7 @@ import time
 import numpy as np
 import pytest
 
-from tokenomy.structured.constraint import Constraint, ConstraintError
+from tokenomy.structured.constraint import Constraint, ConstraintError, loop_continuation
 from tokenomy.structured.schema import json_schema_format
 
 
@@ -28,7 +28,7 @@ def test_eos_allowed_only_when_complete(compiler, tokenizer):
     c = Constraint(compiler.compile(json_schema_format({"type": "array", "items": {"type": "integer"}})))
     eos = tokenizer.eos_token
     assert not c.allowed()[eos] and not c.is_complete()
-    c.advance(tokenizer.tokenize_str("[1,2"))
+    c.advance(tokenizer.tokenize_str("[1, 2"))
     assert not c.allowed()[eos] and not c.is_complete()
     c.advance(tokenizer.tokenize_str("]"))
     assert c.is_complete()
@@ -40,17 +40,13 @@ def test_fast_forward_writes_what_the_grammar_fixes(compiler, tokenizer):
               "required": ["kind", "x"], "additionalProperties": False}
     c = Constraint(compiler.compile(json_schema_format(schema)))
     ff = c.forced()
-    # Forcing stops where the next token may merge with a choice (here the optional space after ':').
-    assert _bytes(tokenizer, ff) == b'{"kind'
+    # With fixed separators everything up to the integer is dictated: keys in schema order, the const value,
+    # ", " and ": ". Forcing stops before the last space, which may merge with the first digit (" 7").
+    assert _bytes(tokenizer, ff) == b'{"kind": "point", "x":'
+    assert c.forced_tokens == len(ff)
     c.advance(ff)
-    c.advance(tokenizer.tokenize_str('":"'))
-    rest = c.forced()
-    assert _bytes(tokenizer, rest).startswith(b'point')  # the const value is written without sampling
-    assert c.forced_tokens == len(ff) + len(rest)
-    c.advance(rest)
-    text = _bytes(tokenizer, ff) + b'":"' + _bytes(tokenizer, rest)
-    assert b'{"kind":"point","x":7}'.startswith(text), text
-    c.advance(tokenizer.tokenize_str(b'{"kind":"point","x":7}'[len(text):].decode()))
+    assert c.forced() == []  # the value is the model's to choose
+    c.advance(tokenizer.tokenize_str(" 7}"))
     assert c.is_complete() and c.forced() == []
 
 
@@ -82,7 +78,7 @@ def test_mask_is_fast(compiler, tokenizer):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
               "items": {"type": "string"}}}, "required": ["name", "tags"]}
     c = Constraint(compiler.compile(json_schema_format(schema)))
-    text = tokenizer.tokenize_str('{"name":"Ada Lovelace, the first programmer","tags":["math","poetry"')
+    text = tokenizer.tokenize_str('{"name": "Ada Lovelace, the first programmer", "tags": ["math", "poetry"')
     times = []
     for t in text:
         if not c.allowed()[t]:
@@ -93,3 +89,51 @@ def test_mask_is_fast(compiler, tokenizer):
         c.advance([t])
     assert len(times) == len(text)
     assert float(np.median(times)) < 2e-3
+
+
+def test_loop_continuation_finds_the_shortest_verbatim_cycle():
+    assert loop_continuation([9, 8] + [1, 2, 3, 4] * 3) == 1
+    assert loop_continuation([5] * 12) == 5
+    assert loop_continuation([5] * 11) is None  # shorter than the minimum span
+    assert loop_continuation([1, 2, 3] * 2 + [4]) is None
+    assert loop_continuation(list(range(100))) is None
+
+
+def test_loop_breaker_bans_only_the_loop_token_and_keeps_the_grammar(compiler, tokenizer):
+    schema = {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}}
+    grammar = compiler.compile(json_schema_format(schema))
+    c, plain = Constraint(grammar), Constraint(grammar, break_loops=False)
+    looped = '["a", "a", "a", "a", "a", "a", "a'  # ends inside the 7th item
+    for d in (c, plain):
+        d.advance(tokenizer.tokenize_str(looped))
+    history = list(c.history)
+    banned = loop_continuation(history)
+    assert banned is not None and history == plain.history
+    m, p = c.allowed(), plain.allowed()
+    assert p[banned] and not m[banned] and c.loops_broken == 1
+    assert not (m & ~p).any() and np.count_nonzero(p & ~m) == 1  # a subset of the grammar's mask, one less
+    c.rollback(2)
+    assert c.history == history[:-2]
+
+
+def test_wrap_up_keeps_only_closing_tokens_past_the_soft_limit(compiler, tokenizer):
+    grammar = compiler.compile(json_schema_format({"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2}}, "required": ["tags"]}))
+    c, plain = Constraint(grammar, soft_limit=4), Constraint(grammar)
+
+    def step(text: str) -> tuple[set[bytes], np.ndarray, np.ndarray]:
+        for d in (c, plain):
+            d.advance(tokenizer.tokenize_str(text))
+        m, p = c.allowed(), plain.allowed()
+        assert not (m & ~p).any()  # never outside the grammar's mask
+        return {_bytes(tokenizer, [int(t)])[:1] for t in np.flatnonzero(m)}, m, p
+
+    firsts, _, _ = step('{"tags": ["a long tag')  # inside a string: only tokens that close it
+    assert firsts == {b'"'}
+    firsts, m, p = step('"')  # one item, minItems 2: the grammar does not allow "]" yet, so nothing changes
+    assert (m == p).all()
+    firsts, _, _ = step(', "b"')
+    assert firsts == {b"]"}
+    _, m, _ = step("]}")
+    assert np.flatnonzero(m).tolist() == [tokenizer.eos_token] or c.is_done()
+    assert c.wrapups >= 2

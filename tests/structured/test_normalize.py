@@ -122,3 +122,36 @@ def test_close_objects_leaves_nested_intersections_open():
     n = normalize(s, close=True)
     assert all("additionalProperties" not in br for br in n["allOf"][0]["anyOf"])
     assert jsonschema.Draft7Validator(n).is_valid({"b": 1})
+
+
+def test_bound_sizes_narrows_free_strings_and_arrays_only():
+    s = {"type": "object", "properties": {
+        "free": {"type": "string"},
+        "long_min": {"type": "string", "minLength": 100},
+        "pat": {"type": "string", "pattern": "^a+$"},
+        "fmt": {"type": "string", "format": "date"},
+        "own": {"type": "string", "maxLength": 500},
+        "either": {"type": ["string", "null"]},
+        "list": {"type": "array", "items": {"type": "string"}, "minItems": 5},
+        "tuple": {"type": "array", "prefixItems": [{}, {}, {}, {}]},
+        "pick": {"oneOf": [{"type": "string"}, {"type": "string", "minLength": 20}]},
+        "ref_in_oneof": {"oneOf": [{"$ref": "#/definitions/s"}, {"type": "integer"}]},
+    }, "definitions": {"s": {"type": "string"}}}
+    n = normalize(s, max_length=10, max_items=3)
+    p = n["properties"]
+    assert p["free"]["maxLength"] == 10 and p["long_min"]["maxLength"] == 100
+    assert "maxLength" not in p["pat"] and "maxLength" not in p["fmt"] and p["own"]["maxLength"] == 500
+    assert p["either"]["maxLength"] == 10
+    assert p["list"]["maxItems"] == 5 and p["list"]["items"]["maxLength"] == 10
+    assert p["tuple"]["maxItems"] == 4
+    # Under oneOf, narrowing one branch can make a document match only the other one: left alone.
+    assert all("maxLength" not in b for b in p["pick"]["oneOf"])
+    assert "maxLength" not in n["definitions"]["s"]
+    assert "maxLength" not in normalize(s)["properties"]["free"]  # off unless asked
+    # Narrowing only: whatever the bounded schema accepts, the original accepts.
+    v_orig, v_new = jsonschema.Draft202012Validator(s), jsonschema.Draft202012Validator(n)
+    docs = [{"free": "x" * 5}, {"free": "x" * 50}, {"pick": "y" * 30}, {"pick": "y" * 3}, {"list": ["a"] * 6},
+            {"list": ["a"] * 5}, {"either": None}, {"ref_in_oneof": "z" * 40}, {"long_min": "q" * 100}]
+    for doc in docs:
+        assert not v_new.is_valid(doc) or v_orig.is_valid(doc), doc
+    assert v_new.is_valid({"list": ["a"] * 5, "long_min": "q" * 100, "pick": "y" * 3})

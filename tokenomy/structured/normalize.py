@@ -19,6 +19,9 @@ them often invents keys until max_tokens. It is applied only where it cannot mak
 intended elsewhere: not on members of ``allOf`` (or ``anyOf`` beside object keywords), not on ``$ref`` targets
 used in such intersections, not anywhere under ``oneOf``/``not``/``if`` (where narrowing is not monotone), and
 not where ``required`` names a key outside ``properties``.
+
+And size bounds, ``max_length`` / ``max_items`` (off unless given): a default ``maxLength`` on free strings and
+``maxItems`` on arrays that set none (``bound_sizes``), skipped under ``oneOf``/``not``/``if``.
 """
 
 from __future__ import annotations
@@ -89,8 +92,13 @@ def walk(schema: Any, visit: Callable[[dict[str, Any]], None]) -> None:
         stack.extend(container[key] for _, container, key in subschemas(node))
 
 
-def normalize(schema: dict[str, Any], close: bool = False) -> dict[str, Any]:
-    """Return a rewritten deep copy of ``schema`` (see the module docstring); the input is not modified."""
+def normalize(schema: dict[str, Any], close: bool = False, max_length: int | None = None,
+              max_items: int | None = None) -> dict[str, Any]:
+    """Return a rewritten deep copy of ``schema`` (see the module docstring); the input is not modified.
+
+    ``close`` closes plain objects (``close_objects``); ``max_length`` / ``max_items`` are default size bounds
+    for free strings and arrays (``bound_sizes``). All three only narrow.
+    """
     out = copy.deepcopy(schema)
 
     def rewrite(node: dict[str, Any]) -> None:
@@ -100,17 +108,75 @@ def normalize(schema: dict[str, Any], close: bool = False) -> dict[str, Any]:
     walk(out, rewrite)
     if close:
         close_objects(out)
+    bound_sizes(out, max_length, max_items)
     return out
 
 
 def close_objects(schema: dict[str, Any]) -> None:
     """In place: ``additionalProperties: false`` on plain object schemas where that only narrows (see above)."""
-    keep_node: set[int] = set()  # nodes intersected with other schemas for the same instance: leave open
-    keep_tree: set[int] = set()  # nodes under oneOf/not/if: nothing in them may change
+    keep_node, keep_tree = _marks(schema)
+
+    def close(node: dict[str, Any]) -> None:
+        props = node.get("properties")
+        required = node.get("required", [])
+        if (id(node) in keep_node or id(node) in keep_tree or not isinstance(props, dict) or not props
+                or any(k in node for k in _CLOSE_BLOCKERS) or not isinstance(required, list)
+                or not set(required) <= set(props)):
+            return
+        node["additionalProperties"] = False
+
+    walk(schema, close)
+
+
+def bound_sizes(schema: dict[str, Any], max_length: int | None = None, max_items: int | None = None) -> None:
+    """In place: a default ``maxLength`` on free strings and ``maxItems`` on arrays that have none.
+
+    A string schema (``type`` string or a type list with string) with no ``maxLength``, ``pattern``,
+    ``format``, ``enum`` or ``const`` gets ``maxLength = max(max_length, minLength)``; an array schema with no
+    ``maxItems`` gets ``maxItems = max(max_items, minItems, minContains, len(prefixItems))``. Each only adds a
+    constraint beside the existing ones, so it narrows. It is skipped under ``oneOf``/``not``/``if`` (and their
+    ``$ref`` targets), where narrowing a branch can widen the whole. Why: a small model inside an unbounded
+    string or list often repeats itself until max_tokens; a bound lets the grammar close the value for it.
+    """
+    if max_length is None and max_items is None:
+        return
+    _, frozen = _marks(schema)
+
+    def types(node: dict[str, Any]) -> set[str]:
+        t = node.get("type")
+        return {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
+
+    def bound(node: dict[str, Any]) -> None:
+        if id(node) in frozen:
+            return
+        kinds = types(node)
+        if (max_length is not None and "string" in kinds and "maxLength" not in node
+                and not any(k in node for k in ("pattern", "format", "enum", "const"))):
+            low = node.get("minLength", 0)
+            node["maxLength"] = max(max_length, low if isinstance(low, int) else 0)
+        if max_items is not None and "array" in kinds and "maxItems" not in node:
+            lows = [node.get("minItems", 0), node.get("minContains", 0)]
+            if isinstance(node.get("prefixItems"), list):
+                lows.append(len(node["prefixItems"]))
+            if isinstance(node.get("items"), list):  # draft-4..2019 tuple form
+                lows.append(len(node["items"]))
+            node["maxItems"] = max(max_items, *(x for x in lows if isinstance(x, int)))
+
+    walk(schema, bound)
+
+
+def _marks(schema: dict[str, Any]) -> tuple[set[int], set[int]]:
+    """(ids of nodes intersected with other schemas for the same instance, ids of nodes under oneOf/not/if).
+
+    Intersected: allOf members, anyOf members beside object keywords, $ref targets of refs with siblings, and
+    (spreading) their own allOf/anyOf members and $ref targets. Frozen: whole subtrees under non-monotone
+    keywords, plus everything they reference. Closing an object is unsound in both; a size bound only in the
+    second.
+    """
+    keep_node: set[int] = set()
+    keep_tree: set[int] = set()
     work: list[tuple[str, Any]] = []  # ("node" | "tree", subschema) to mark
 
-    # Seeds: allOf members, anyOf members beside object keywords, $ref targets of refs with siblings, and
-    # whole subtrees under non-monotone keywords.
     stack: list[Any] = [schema]
     while stack:
         node = stack.pop()
@@ -127,8 +193,6 @@ def close_objects(schema: dict[str, Any]) -> None:
                 work.append(("node", child))
             stack.append(child)
 
-    # Spread: an intersected node's own applicator members and $ref target are intersected too; a protected
-    # subtree protects whatever it references.
     while work:
         kind, node = work.pop()
         if not isinstance(node, dict):
@@ -150,17 +214,7 @@ def close_objects(schema: dict[str, Any]) -> None:
                     if isinstance(target, dict) and id(target) not in keep_tree:
                         work.append(("tree", target))
             walk(node, protect)
-
-    def close(node: dict[str, Any]) -> None:
-        props = node.get("properties")
-        required = node.get("required", [])
-        if (id(node) in keep_node or id(node) in keep_tree or not isinstance(props, dict) or not props
-                or any(k in node for k in _CLOSE_BLOCKERS) or not isinstance(required, list)
-                or not set(required) <= set(props)):
-            return
-        node["additionalProperties"] = False
-
-    walk(schema, close)
+    return keep_node, keep_tree
 
 
 def rebase_refs(schema: dict[str, Any], prefix: str) -> None:
