@@ -64,3 +64,18 @@ def test_upstream_keys_come_from_the_environment_and_never_show(monkeypatch):
     b = OpenAIBackend(cfg.models[0])
     assert b.client.headers["authorization"] == "Bearer sk-secret-123"
     assert "sk-secret" not in repr(b) and "sk-secret" not in str(cfg.model_dump())
+
+
+def test_structured_and_semantic_settings_are_checked(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("models: [{name: smollm2-135m-instruct, structured: {wrap_up: 0.6, max_array_items: 8}}]\n"
+                 "cache: {semantic: {min_margin: 0.05, embed_threads: 2}}\n")
+    cfg = load_config(p)
+    assert cfg.models[0].structured.wrap_up == 0.6 and cfg.models[0].structured.break_loops
+    assert cfg.cache.semantic.min_margin == 0.05 and cfg.cache.semantic.embed_threads == 2
+    p.write_text("models: [{name: smollm2-135m-instruct, structured: {wrap_up: 1.5}}]\n")
+    with pytest.raises(ConfigError, match="wrap_up"):
+        load_config(p)
+    p.write_text("cache: {semantic: {min_margin: -0.1}}\n")
+    with pytest.raises(ConfigError, match="min_margin"):
+        load_config(p)

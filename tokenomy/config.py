@@ -38,6 +38,18 @@ class EngineSettings(_Strict):
     flash_attn: bool = True
 
 
+class StructuredSettings(_Strict):
+    """Constrained decoding on an embedded model. Every option only narrows what the grammar allows, so answers
+    still validate against the request's schema. The size bounds change what a valid answer may hold (a list cut
+    to max_array_items), so they are off by default; small models that loop inside long schemas need them."""
+
+    break_loops: bool = True                     # ban the token that continues a span repeated verbatim
+    wrap_up: float | None = Field(None, gt=0, lt=1, description="past this share of max_tokens, only tokens "
+                                  "that close the JSON (so a long answer ends valid instead of cut)")
+    max_string_length: int | None = Field(None, ge=1, description="default maxLength of free strings")
+    max_array_items: int | None = Field(None, ge=1, description="default maxItems of unbounded arrays")
+
+
 class ModelSpec(_Strict):
     name: str
     backend: Literal["embedded", "openai"] = "embedded"
@@ -52,6 +64,7 @@ class ModelSpec(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
     schema_policy: Literal["flag", "repair"] = "flag"   # openai: an answer that breaks its schema
+    structured: StructuredSettings = StructuredSettings()   # embedded: constrained decoding
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

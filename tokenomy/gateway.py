@@ -78,7 +78,7 @@ class Gateway:
             ecfg = EngineConfig(**settings.model_dump())
             path = str(resolve_gguf(spec.gguf))
             log.info("loading %s from %s", spec.name, path)
-            return EmbeddedBackend(spec.name, path, ecfg)
+            return EmbeddedBackend(spec.name, path, ecfg, structured=spec.structured)
         from tokenomy.backends.openai import OpenAIBackend
 
         return OpenAIBackend(spec, metrics=self.metrics)

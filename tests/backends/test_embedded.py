@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 
 from tests.conftest import SMALL_ENGINE
 from tokenomy.backends.base import GenRequest
 from tokenomy.backends.embedded import EmbeddedBackend
+from tokenomy.config import StructuredSettings
 from tokenomy.engine.engine import EngineConfig
 from tokenomy.models import resolve_gguf
 
@@ -66,3 +68,51 @@ def test_changed_messages_are_tokenized_again(backend, monkeypatch) -> None:
     other = dataclasses.replace(req, model="gemma")
     other.counted = ("another-backend", *req.counted[1:])
     assert backend.prompt_tokens(other) and calls[0] == 3  # another backend's ids are never trusted
+
+
+def structured_backend(**settings) -> EmbeddedBackend:
+    return EmbeddedBackend("smollm2-135m-instruct", str(resolve_gguf("smollm2-135m-instruct")),
+                           EngineConfig(**SMALL_ENGINE), structured=StructuredSettings(**settings))
+
+
+def schema_request(schema: dict, prompt: str, max_tokens: int) -> GenRequest:
+    return GenRequest(model="smollm2-135m-instruct", messages=[{"role": "user", "content": prompt}],
+                      params={"max_tokens": max_tokens, "temperature": 0},
+                      response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+
+
+async def finish(backend: EmbeddedBackend, req: GenRequest) -> tuple[str, str | None, int]:
+    text, reason, completion = "", None, 0
+    async for d in backend.stream(req):
+        text += d.text
+        if d.finish_reason is not None:
+            reason, completion = d.finish_reason, d.usage.completion_tokens if d.usage else 0
+    return text, reason, completion
+
+
+def test_wrap_up_ends_a_long_answer_as_valid_json() -> None:
+    schema = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
+    req = schema_request(schema, "Tell me everything you know about the history of Rome, in detail.", 24)
+    plain, wrapped = structured_backend(), structured_backend(wrap_up=0.5)
+    try:
+        _, reason, _ = asyncio.run(finish(plain, req))
+        assert reason == "length"  # without wrap-up the story runs into max_tokens: incomplete JSON
+        text, reason, completion = asyncio.run(finish(wrapped, req))
+        assert reason == "stop" and completion <= 24
+        assert isinstance(json.loads(text)["story"], str)
+    finally:
+        plain.engine.stop()
+        wrapped.engine.stop()
+
+
+def test_max_array_items_bounds_unbounded_lists() -> None:
+    schema = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}}},
+              "required": ["fruits"]}
+    b = structured_backend(max_array_items=2, wrap_up=0.8)
+    try:
+        text, reason, _ = asyncio.run(finish(b, schema_request(schema, "List ten fruits.", 64)))
+        assert reason == "stop"
+        fruits = json.loads(text)["fruits"]
+        assert 0 <= len(fruits) <= 2 and all(isinstance(f, str) for f in fruits)
+    finally:
+        b.engine.stop()

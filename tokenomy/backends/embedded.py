@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Overloaded, TokenCount, Usage
+from tokenomy.config import StructuredSettings
 from tokenomy.engine.engine import Engine, EngineConfig, QueueFull
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
@@ -40,8 +41,10 @@ def sampling_params(params: dict[str, Any], default_max: int) -> SamplingParams:
 
 
 class EmbeddedBackend:
-    def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None) -> None:
+    def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None,
+                 structured: StructuredSettings | None = None) -> None:
         self.name = name
+        self.structured = structured or StructuredSettings()
         self.path = gguf_path
         self.engine = Engine(gguf_path, cfg, name=name).start()
         self._wait_ewma = 0.0
@@ -67,14 +70,16 @@ class EmbeddedBackend:
         from tokenomy.structured import Constraint, SchemaError, output_format
 
         try:
+            st = self.structured
             fmt = output_format(req.response_format, req.tools, req.tool_choice,
-                                req.params.get("parallel_tool_calls", True) is not False)
+                                req.params.get("parallel_tool_calls", True) is not False,
+                                max_string_length=st.max_string_length, max_array_items=st.max_array_items)
             if fmt is None:
                 return None, None
             grammar = await asyncio.to_thread(self.compiler().compile, fmt)
         except SchemaError as e:
             raise InvalidRequest(f"Invalid schema: {e.reason}", param=e.param, code="invalid_schema") from e
-        return fmt, Constraint(grammar)
+        return fmt, Constraint(grammar, break_loops=self.structured.break_loops)
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
@@ -131,6 +136,8 @@ class EmbeddedBackend:
             sp = sampling_params(req.params, default_max=room)
         except ValueError as e:
             raise InvalidRequest(str(e)) from e
+        if constraint is not None and self.structured.wrap_up is not None:
+            constraint.soft_limit = max(1, int(self.structured.wrap_up * sp.max_tokens))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
 

@@ -23,6 +23,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ CLOSE_OBJECTS = True
 # A small model that starts repeating itself inside an unbounded value otherwise runs to max_tokens.
 MAX_STRING_LENGTH: int | None = None
 MAX_ARRAY_ITEMS: int | None = None
+_bounds: ContextVar[tuple[int | None, int | None]] = ContextVar("bounds", default=(None, None))
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -100,8 +102,14 @@ def output_format(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
     parallel_tool_calls: bool = True,
+    *,
+    max_string_length: int | None = None,
+    max_array_items: int | None = None,
 ) -> OutputFormat | None:
     """The grammar for a chat completion request's structured-output fields; None when output is free text.
+
+    ``max_string_length`` / ``max_array_items``: default bounds for free strings and unbounded arrays (a
+    narrowing, see normalize.bound_sizes; config ``structured:``); None falls back to the module settings.
 
     Raises SchemaError (with the offending ``param``) for malformed fields: an unknown response_format type, a
     schema that is not a JSON object, a tool without a valid name, tool_choice naming an unknown function...
@@ -111,8 +119,10 @@ def output_format(
     try:
         # Key order kept: property order in a schema is the order the model writes the properties in.
         # The module settings are part of the key, so changing them (benches, tests) never reuses a stale grammar.
+        bounds = (MAX_STRING_LENGTH if max_string_length is None else max_string_length,
+                  MAX_ARRAY_ITEMS if max_array_items is None else max_array_items)
         key = hashlib.sha256(json.dumps([response_format, tools, tool_choice, parallel_tool_calls, JSON_OPTIONS,
-                                         CLOSE_OBJECTS, MAX_STRING_LENGTH, MAX_ARRAY_ITEMS]).encode()
+                                         CLOSE_OBJECTS, bounds]).encode()
                              ).hexdigest()
     except (TypeError, ValueError) as e:
         raise SchemaError(f"response_format and tools must be plain JSON: {e}") from None
@@ -120,7 +130,11 @@ def output_format(
         if key in _memo:
             _memo.move_to_end(key)
             return _memo[key]
-    fmt = _output_format(response_format, tools, tool_choice, parallel_tool_calls)
+    token = _bounds.set(bounds)  # read by _normalized, wherever in the rewrite it is called
+    try:
+        fmt = _output_format(response_format, tools, tool_choice, parallel_tool_calls)
+    finally:
+        _bounds.reset(token)
     with _memo_lock:
         _memo[key] = fmt
         while len(_memo) > MEMO_ENTRIES:
@@ -261,7 +275,8 @@ def _calls_schema(functions: dict[str, dict[str, Any]], single: bool) -> dict[st
 
 def _normalized(schema: dict[str, Any]) -> dict[str, Any]:
     try:
-        return normalize(schema, close=CLOSE_OBJECTS, max_length=MAX_STRING_LENGTH, max_items=MAX_ARRAY_ITEMS)
+        max_length, max_items = _bounds.get()
+        return normalize(schema, close=CLOSE_OBJECTS, max_length=max_length, max_items=max_items)
     except RecursionError as e:  # deepcopy recurses; a pathologically deep schema lands here
         raise SchemaError("schema is nested too deeply") from e
 
