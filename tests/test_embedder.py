@@ -46,3 +46,14 @@ def test_batching_does_not_change_vectors() -> None:
 
 def test_empty_list() -> None:
     assert default_embedder().embed([]).shape == (0, 384)
+
+
+def test_unwritable_cache_falls_back_to_torch(tmp_path, monkeypatch) -> None:
+    # A read-only cache dir (no ONNX export possible) must not stop the server: auto uses the torch encoder.
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("TOKENOMY_CACHE_DIR", str(blocker / "sub"))
+    e = Embedder(backend="auto")
+    assert e.backend == "torch" and e.embed_one("hello").shape == (384,)
+    with pytest.raises(OSError):
+        Embedder(backend="onnx")  # asked for explicitly: the error is the caller's to see

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import warnings
@@ -30,6 +31,8 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+log = logging.getLogger(__name__)
 
 Backend = Literal["auto", "onnx", "torch"]
 EXPORT_VERSION = 1  # bump when the exported graph changes, so stale exports are not reused
@@ -180,10 +183,18 @@ class Embedder:
 
     def __init__(self, model_path: str | None = None, threads: int | None = 1, backend: Backend = "auto") -> None:
         model_path = model_path or packaged_model_path()
-        if backend == "auto":
-            backend = "onnx" if load_onnxruntime() and _mean_pooled(model_path) else "torch"
+        encoder: _OnnxEncoder | _TorchEncoder | None = None
+        if backend == "onnx" or (backend == "auto" and load_onnxruntime() and _mean_pooled(model_path)):
+            try:
+                encoder, backend = _OnnxEncoder(model_path, threads), "onnx"
+            except Exception as e:  # e.g. a read-only cache dir: serve with the slower encoder, never fail
+                if backend == "onnx":
+                    raise
+                log.warning("ONNX embedder unavailable (%s: %s); using sentence-transformers", type(e).__name__, e)
+        if encoder is None:
+            encoder, backend = _TorchEncoder(model_path, threads), "torch"
         self.backend: Backend = backend
-        self._encode = _OnnxEncoder(model_path, threads) if backend == "onnx" else _TorchEncoder(model_path, threads)
+        self._encode = encoder
         self._lock = threading.Lock()  # one encode at a time: concurrent ones would only fight over the cores
 
     def embed(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
