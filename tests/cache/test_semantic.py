@@ -165,6 +165,37 @@ def test_redis_payloads_and_a_dead_redis(redis_url: str, namespace: str, embedde
     assert d.hit is None and d.reason == "payload-missing" and dead.errors >= 1
 
 
+def test_replicas_sharing_redis_find_each_others_entries(redis_url: str, namespace: str, embedder,
+                                                         tmp_path: Path) -> None:
+    # Two gateway replicas: separate processes in production (own SQLite files and ANN indexes), one Redis.
+    def replica(name: str) -> SemanticCache:
+        return make(tmp_path / name, embedder, threshold=0.8, error_budget=None, verifier=None,
+                    store=RedisStore(redis_url, namespace))
+
+    a, b = replica("a"), replica("b")
+    q = ask("How do I sharpen a kitchen knife?")
+    try:
+        a.add("t", "small", q, PARAMS, entry("whetstone"))
+        hit = b.lookup("t", "small", ask("How can I sharpen a kitchen knife?"), PARAMS)
+        assert hit is not None and hit.entry.response == {"answer": "whetstone"}  # found in b's own index
+        assert b.lookup("u", "small", q, PARAMS) is None  # still never across tenants
+        # A replica started later replays the log, and keeps what it learnt across its own restart.
+        c = replica("c")
+        assert c.lookup("t", "small", q, PARAMS) is not None
+        c.close()
+        assert replica("c").lookup("t", "small", q, PARAMS) is not None
+        # An explicit delete on one replica reaches the others.
+        a.delete(hit.entry_id)
+        assert b.lookup("t", "small", q, PARAMS) is None and len(b) == 0
+    finally:
+        RedisStore(redis_url, namespace).clear()
+    # With Redis gone, lookups are misses and adds stay local: nothing raises.
+    dead = make(None, embedder, threshold=0.8, error_budget=None, verifier=None,
+                store=RedisStore("redis://127.0.0.1:1/0", namespace, timeout_s=0.2))
+    dead.add("t", "small", q, PARAMS, entry("whetstone"))
+    assert dead.lookup("t", "small", q, PARAMS) is None and dead.errors >= 1
+
+
 def test_bad_input(embedder) -> None:
     with pytest.raises(ValueError, match="error budget needs a verifier"):
         SemanticCache(None, embedder=embedder, error_budget=0.02, verifier=None)

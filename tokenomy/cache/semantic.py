@@ -10,6 +10,10 @@ again before it is served. A lookup serves the nearest entry only when
     p(right) >= verifier.operating_point(budget, gate)  (calibrated verifier, see verify.py)
     p(right) >= entry.bar                               (per-entry bar raised by wrong-hit feedback)
 
+Replicas: with a Redis store, every added entry is also appended to the store's log (a Redis stream) and each
+replica replays the log into its own index before a lookup (``_sync``), so one replica's entries are found by
+all; explicit deletions travel the same way.
+
 Persistence: entry metadata and vectors in ``<path>/semantic.sqlite`` (the source of truth), one usearch file
 per partition under ``<path>/index/`` (saved on ``flush``/``close`` and every ``flush_every`` writes); on open,
 index files are reconciled with the metadata, so a crash loses no entry. Payloads live in a ``Store``
@@ -18,6 +22,7 @@ index files are reconciled with the metadata, so a crash loses no entry. Payload
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import secrets
 import sqlite3
@@ -121,7 +126,11 @@ class SemanticCache:
         self._writes = 0
         self._seq = 0
         self.hits = self.misses = 0
+        # Replicas sharing a Redis store also share their index entries through its log (see _sync).
+        self._replicated = callable(getattr(self.store, "read_log", None))
+        self._log_pos = "0"
         self._load()
+        self._sync()
 
     def _migrate(self) -> None:
         """Files written by an earlier version: bring their columns to the current names, never drop data."""
@@ -290,6 +299,9 @@ class SemanticCache:
             index.add(np.array([ids[i] for i in keep], dtype=np.uint64), vecs[keep])
             for i in keep:
                 self.store.set(str(ids[i]), entries[i].to_dict(), self.ttl_s)
+                if self._replicated:
+                    self.store.append_log({"op": "add", "id": ids[i], "ctx": ctx, "text": texts[i],  # type: ignore[attr-defined]
+                                           "vec": base64.b64encode(vecs[i].tobytes()).decode(), "exp": expires})
             self._dirty.add(ctx)
             self._writes += len(keep)
             if len(self._meta) > self.max_entries:
@@ -318,6 +330,60 @@ class SemanticCache:
     def delete(self, entry_id: int) -> None:
         with self._lock:
             self._remove(entry_id)
+            self._publish_delete(entry_id)
+
+    def _publish_delete(self, entry_id: int) -> None:
+        if self._replicated:
+            self.store.append_log({"op": "del", "id": entry_id})  # type: ignore[attr-defined]
+
+    def _sync(self) -> None:
+        """Replay what other replicas logged since the last call: their new entries join this replica's index
+        (and its SQLite file), their deletions leave it. One non-blocking XREAD per lookup; a dead Redis makes
+        it a no-op (the store's breaker), never an error."""
+        if not self._replicated:
+            return
+        while True:
+            records = self.store.read_log(self._log_pos)  # type: ignore[attr-defined]
+            if not records:
+                return
+            with self._lock:
+                for pos, record in records:
+                    self._log_pos = pos
+                    try:
+                        self._apply(record)
+                    except (KeyError, TypeError, ValueError):
+                        self.store.errors += 1  # a malformed record is skipped, never fatal
+            if len(records) < 1000:
+                return
+
+    def _apply(self, record: Mapping[str, Any]) -> None:
+        id_ = int(record["id"])
+        if record["op"] == "del":
+            self._remove(id_)
+            return
+        if record["op"] != "add" or id_ in self._meta:
+            return  # our own entry coming back, or one already replayed
+        ctx, text, expires = str(record["ctx"]), str(record["text"]), record.get("exp")
+        if expires is not None and float(expires) <= self.clock():
+            return
+        vec = np.frombuffer(base64.b64decode(record["vec"]), dtype=np.float32)
+        if vec.shape != (DIM,):
+            raise ValueError("replicated vector has the wrong size")
+        old = self._by_text.get((ctx, _normalise(text)))
+        if old is not None:
+            self._remove(old)  # the same question re-stored elsewhere: the newer entry wins
+        self._seq += 1
+        self._meta[id_] = _Meta(ctx, text, expires, self._seq)
+        self._by_text[(ctx, _normalise(text))] = id_
+        self._db.execute("INSERT OR REPLACE INTO semantic_entries (id, ctx, text, vector, expires_at, used) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", (id_, ctx, text, vec.tobytes(), expires, self._seq))
+        index = self._indexes.get(ctx)
+        if index is None:
+            index = self._indexes[ctx] = self._new_index()
+        index.add(np.array([id_], dtype=np.uint64), vec[None, :])
+        self._dirty.add(ctx)
+        if len(self._meta) > self.max_entries:
+            self._evict(len(self._meta) - self.max_entries)
 
     def feedback(self, entry_id: int, score: float, correct: bool) -> None:
         """Learn a per-entry bar from a served hit's outcome (vCache-style, conservative).
@@ -338,6 +404,7 @@ class SemanticCache:
                 budget = self.error_budget if self.error_budget is not None else 0.02
                 if meta.wrong >= 3 and meta.wrong > budget * (meta.right + meta.wrong):
                     self._remove(entry_id)
+                    self._publish_delete(entry_id)
                     return
             self._db.execute("UPDATE semantic_entries SET bar=?, n_right=?, n_wrong=? WHERE id=?",
                              (meta.bar, meta.right, meta.wrong, entry_id))
@@ -354,6 +421,7 @@ class SemanticCache:
 
     def decide(self, ctx: str, text: str, vector: np.ndarray | None = None) -> Decision:
         """Full lookup with its reasons; embeds ``text`` unless ``vector`` is given."""
+        self._sync()
         index = self._indexes.get(ctx)
         if index is None or len(index) == 0:  # no entry in this context: no embedding spent
             self.misses += 1

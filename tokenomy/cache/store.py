@@ -211,6 +211,7 @@ class RedisStore:
         self._errors_types: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         prefix = f"tokenomy:{namespace}:"
         self._entry_prefix, self._lru, self._seq = prefix + "e:", prefix + "lru", prefix + "seq"
+        self._log = prefix + "log"
         self._set_script = self._redis.register_script(_SET_LUA)
         self._get_script = self._redis.register_script(_GET_LUA)
 
@@ -256,6 +257,25 @@ class RedisStore:
         _check(key)
         full = self._entry_prefix + key
         self._call(lambda: self._redis.pipeline().delete(full).zrem(self._lru, full).execute())
+
+    # ---- replication log: what one replica adds to its semantic index, the others replay ----------------
+
+    def append_log(self, record: dict[str, Any]) -> None:
+        """Append a record to this namespace's log, a Redis stream trimmed to about twice ``max_entries``."""
+        fields = {"r": _encode(record)}
+        self._call(lambda: self._redis.xadd(self._log, fields, maxlen=2 * self.max_entries, approximate=True))
+
+    def read_log(self, after: str, count: int = 1000) -> list[tuple[str, dict[str, Any]]]:
+        """Up to ``count`` (stream id, record) after stream id ``after`` ("0": from the start); [] on failure."""
+        got = self._call(lambda: self._redis.xread({self._log: after}, count=count))
+        out: list[tuple[str, dict[str, Any]]] = []
+        for _stream, items in got or []:
+            for sid, fields in items:
+                try:
+                    out.append((sid.decode() if isinstance(sid, bytes) else str(sid), json.loads(fields[b"r"])))
+                except (KeyError, ValueError):
+                    self.errors += 1
+        return out
 
     def clear(self) -> None:
         def wipe() -> None:
