@@ -37,8 +37,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokenomy.cache.calibrate import embed_cached, fingerprint, load_pairs, normalise  # noqa: E402
+from tokenomy.cache.calibrate import embed_cached, fingerprint, load_pairs  # noqa: E402
 from tokenomy.cache.entry import CacheEntry  # noqa: E402
+from tokenomy.cache.key import question_key  # noqa: E402
 from tokenomy.cache.semantic import SemanticCache  # noqa: E402
 from tokenomy.cache.verify import DEFAULT_VERIFIER, Verifier  # noqa: E402
 
@@ -86,7 +87,7 @@ def build_index(stored: list[str], stored_vecs: np.ndarray, pad: np.ndarray,
     """The benchmark's SemanticCache, persisted under /tmp keyed by its contents: a rerun reopens it (which also
     exercises reopening a 100k-entry cache) instead of rebuilding the HNSW graph."""
     h = hashlib.sha256("\n".join(stored).encode())
-    h.update(f"{len(pad)}:{args.expansion_search}:{PAD_SEED}:v2".encode())
+    h.update(f"{len(pad)}:{args.expansion_search}:{PAD_SEED}:v3".encode())
     path = INDEX_CACHE / h.hexdigest()[:16]
     t0 = time.perf_counter()
     expected = len(stored) + len(pad)
@@ -104,7 +105,7 @@ def build_index(stored: list[str], stored_vecs: np.ndarray, pad: np.ndarray,
         cache.close()
         shutil.rmtree(path)
     cache = open_cache()
-    cache.add_many(CTX, stored, [CacheEntry(response={"answer": normalise(s)}) for s in stored], stored_vecs)
+    cache.add_many(CTX, stored, [CacheEntry(response={"answer": question_key(s)}) for s in stored], stored_vecs)
     for i in range(0, len(pad), 10_000):
         chunk = pad[i:i + 10_000]
         cache.add_many(CTX, [f"{PAD_PREFIX}{i + j}" for j in range(len(chunk))],
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
 
     stored_by_norm: dict[str, str] = {}
     for p in pairs:
-        stored_by_norm.setdefault(normalise(p.a), p.a)
+        stored_by_norm.setdefault(question_key(p.a), p.a)
     stored = list(stored_by_norm.values())
     t0 = time.perf_counter()
     vecs = embed_cached(stored + [p.b for p in report])
@@ -150,7 +151,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     exact_top = np.argmax(query_vecs @ stored_vecs.T, axis=1)
 
     duplicates = sum(p.duplicate for p in report)
-    exact_repeat_mask = [normalise(p.b) in stored_by_norm for p in report]
+    exact_repeat_mask = [question_key(p.b) in stored_by_norm for p in report]
     rng = np.random.default_rng(1)
     sample = rng.choice(len(report), size=min(args.latency_sample, len(report)), replace=False)
     from tokenomy.embedder import Embedder
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
         decisions = cache.decide_many(CTX, [p.b for p in report], query_vecs)
         if ann_recall is None:
             ann_recall = float(np.mean([d.candidate_text is not None
-                                        and normalise(d.candidate_text) == normalise(stored[exact_top[i]])
+                                        and question_key(d.candidate_text) == question_key(stored[exact_top[i]])
                                         for i, d in enumerate(decisions)]))
             # Padding must never be what a query finds: report how often and how close it came.
             on_pad = [d.similarity for d in decisions if d.candidate_text is not None
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
                 repeats += 1
                 continue
             hits += 1
-            if p.duplicate and d.hit.entry.response.get("answer") == normalise(p.a):
+            if p.duplicate and d.hit.entry.response.get("answer") == question_key(p.a):
                 right += 1
             else:
                 wrong += 1

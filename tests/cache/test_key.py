@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from tokenomy.cache.key import canonical_json, context_key, exact_key, is_deterministic, last_user_text
+from tokenomy.cache.key import (
+    canonical_json,
+    context_key,
+    exact_key,
+    is_deterministic,
+    last_user_text,
+    question_key,
+)
 
 MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
 
@@ -79,3 +86,10 @@ def test_last_user_text_anywhere_for_routing() -> None:
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert last_user_text(parts, final=False) == "a\nb"  # text parts joined, never the list's repr
     assert last_user_text([{"role": "system", "content": "s"}], final=False) is None
+
+
+def test_question_key_ignores_case_spacing_and_a_final_mark_only() -> None:
+    assert question_key("What is the capital of France?") == question_key("  what is the capital   of france")
+    assert question_key("Compute 2+2.") == question_key("compute 2+2")
+    assert question_key("What is 2+2?") != question_key("What is 2-2?")  # inner punctuation still counts
+    assert question_key("Is it 5!") != question_key("Is it 5")

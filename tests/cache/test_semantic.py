@@ -56,6 +56,8 @@ def test_a_budget_the_calibration_cannot_certify_serves_only_identical_questions
     assert cache.lookup("t1", "small", ask("What's the capital of France?"), PARAMS) is None
     hit = cache.lookup("t1", "small", ask("what is the  capital of France?"), PARAMS)
     assert hit is not None and hit.score == 1.0
+    hit = cache.lookup("t1", "small", ask("What is the capital of France"), PARAMS)  # no question mark
+    assert hit is not None and hit.score == 1.0
 
 
 def test_threshold_only_baseline_serves_the_hard_negative(embedder) -> None:

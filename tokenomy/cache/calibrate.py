@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenomy.cache.key import normalise
 from tokenomy.cache.verify import FEATURES, features_matrix
 
 EMBED_CACHE = Path("/tmp/tokenomy-embeddings")
@@ -75,10 +76,6 @@ def load_pairs(path: str | Path) -> list[Pair]:
     if not pairs:
         raise ValueError(f"{p}: no question pairs found")
     return pairs
-
-
-def normalise(text: str) -> str:
-    return " ".join(text.split()).casefold()
 
 
 def fingerprint(text: str) -> str:

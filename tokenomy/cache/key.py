@@ -111,6 +111,18 @@ def message_text(message: Mapping[str, Any]) -> str | None:
     return None
 
 
+def normalise(text: str) -> str:
+    """Case and spacing aside: the text as caches and calibration compare it."""
+    return " ".join(text.split()).casefold()
+
+
+def question_key(text: str) -> str:
+    """What makes two questions the same question for the semantic cache: ``normalise`` and no trailing
+    question mark or full stop ("what is the capital of France" asks "What is the capital of France?"). Such a
+    pair is served without verification; any other difference goes through the verifier."""
+    return normalise(text).rstrip("?. ")
+
+
 def last_user_text(messages: Sequence[Mapping[str, Any]], *, final: bool = True) -> str | None:
     """The text of the last user message (see ``message_text``), or None when there is none.
 

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from tokenomy.cache.entry import CacheEntry, CacheHit, read_entry
-from tokenomy.cache.key import context_key, last_user_text
+from tokenomy.cache.key import context_key, last_user_text, question_key
 from tokenomy.cache.store import SQLiteStore, Store
 from tokenomy.cache.verify import Verifier, load_default, pair_features
 
@@ -68,10 +68,6 @@ class Decision:
     similarity: float = 0.0
     second_similarity: float | None = None
     score: float | None = None
-
-
-def _normalise(text: str) -> str:
-    return " ".join(text.split()).casefold()
 
 
 class SemanticCache:
@@ -162,7 +158,7 @@ class SemanticCache:
         by_ctx: dict[str, set[int]] = {}
         for id_, ctx, text, expires_at, used, bar, right, wrong in rows:
             self._meta[id_] = _Meta(ctx, text, expires_at, used, bar, right, wrong)
-            self._by_text[(ctx, _normalise(text))] = id_
+            self._by_text[(ctx, question_key(text))] = id_
             by_ctx.setdefault(ctx, set()).add(id_)
             self._seq = max(self._seq, used)
         for ctx, ids in by_ctx.items():
@@ -271,7 +267,7 @@ class SemanticCache:
         with self._lock:
             seen: dict[str, int] = {}
             for text in texts:
-                old = self._by_text.get((ctx, _normalise(text)))
+                old = self._by_text.get((ctx, question_key(text)))
                 if old is not None:
                     self._remove(old)
             ids: list[int] = []
@@ -280,7 +276,7 @@ class SemanticCache:
             if index is None:
                 index = self._indexes[ctx] = self._new_index()
             for text, vec in zip(texts, vecs, strict=True):
-                norm = _normalise(text)
+                norm = question_key(text)
                 if norm in seen:  # duplicate within the batch: last one wins
                     self._remove(seen[norm])
                 id_ = secrets.randbits(63)
@@ -314,7 +310,7 @@ class SemanticCache:
         meta = self._meta.pop(id_, None)
         if meta is None:
             return
-        self._by_text.pop((meta.ctx, _normalise(meta.text)), None)
+        self._by_text.pop((meta.ctx, question_key(meta.text)), None)
         index = self._indexes.get(meta.ctx)
         if index is not None:
             index.remove(id_)
@@ -369,12 +365,12 @@ class SemanticCache:
         vec = np.frombuffer(base64.b64decode(record["vec"]), dtype=np.float32)
         if vec.shape != (DIM,):
             raise ValueError("replicated vector has the wrong size")
-        old = self._by_text.get((ctx, _normalise(text)))
+        old = self._by_text.get((ctx, question_key(text)))
         if old is not None:
             self._remove(old)  # the same question re-stored elsewhere: the newer entry wins
         self._seq += 1
         self._meta[id_] = _Meta(ctx, text, expires, self._seq)
-        self._by_text[(ctx, _normalise(text))] = id_
+        self._by_text[(ctx, question_key(text))] = id_
         self._db.execute("INSERT OR REPLACE INTO semantic_entries (id, ctx, text, vector, expires_at, used) "
                          "VALUES (?, ?, ?, ?, ?, ?)", (id_, ctx, text, vec.tobytes(), expires, self._seq))
         index = self._indexes.get(ctx)
@@ -470,7 +466,7 @@ class SemanticCache:
         id_, meta, cos = best
         decision = Decision("below-threshold", candidate_id=id_, candidate_text=meta.text, similarity=cos,
                             second_similarity=second)
-        same_text = _normalise(text) == _normalise(meta.text)
+        same_text = question_key(text) == question_key(meta.text)
         if cos < self.threshold and not same_text:
             self.misses += 1
             return decision
