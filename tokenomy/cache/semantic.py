@@ -265,46 +265,53 @@ class SemanticCache:
         now = self.clock()
         expires = now + self.ttl_s if self.ttl_s is not None else None
         with self._lock:
-            seen: dict[str, int] = {}
-            for text in texts:
-                old = self._by_text.get((ctx, question_key(text)))
+            last = {question_key(t): i for i, t in enumerate(texts)}  # a duplicate within the batch: last wins
+            keep = sorted(last.values())
+            ids: list[int] = []
+            taken: set[int] = set()
+            for _ in texts:
+                id_ = secrets.randbits(63)
+                while id_ in self._meta or id_ in taken:
+                    id_ = secrets.randbits(63)
+                taken.add(id_)
+                ids.append(id_)
+            for i in keep:
+                old = self._by_text.get((ctx, question_key(texts[i])))
                 if old is not None:
                     self._remove(old)
-            ids: list[int] = []
-            rows = []
-            index = self._indexes.get(ctx)
-            if index is None:
-                index = self._indexes[ctx] = self._new_index()
-            for text, vec in zip(texts, vecs, strict=True):
-                norm = question_key(text)
-                if norm in seen:  # duplicate within the batch: last one wins
-                    self._remove(seen[norm])
-                id_ = secrets.randbits(63)
-                while id_ in self._meta:
-                    id_ = secrets.randbits(63)
-                self._seq += 1
-                self._meta[id_] = _Meta(ctx, text, expires, self._seq)
-                self._by_text[(ctx, norm)] = seen[norm] = id_
-                ids.append(id_)
-                rows.append((id_, ctx, text, vec.tobytes(), expires, self._seq))
-            keep = [i for i, id_ in enumerate(ids) if id_ in self._meta]
-            self._db.execute("BEGIN")
-            self._db.executemany("INSERT INTO semantic_entries (id, ctx, text, vector, expires_at, used) "
-                                 "VALUES (?, ?, ?, ?, ?, ?)", [rows[i] for i in keep])
-            self._db.execute("COMMIT")
-            index.add(np.array([ids[i] for i in keep], dtype=np.uint64), vecs[keep])
+            self._insert(ctx, [ids[i] for i in keep], [texts[i] for i in keep], vecs[keep], expires)
             for i in keep:
+                if ids[i] not in self._meta:
+                    continue  # evicted at once (a batch larger than max_entries)
                 self.store.set(str(ids[i]), entries[i].to_dict(), self.ttl_s)
                 if self._replicated:
                     self.store.append_log({"op": "add", "id": ids[i], "ctx": ctx, "text": texts[i],  # type: ignore[attr-defined]
                                            "vec": base64.b64encode(vecs[i].tobytes()).decode(), "exp": expires})
-            self._dirty.add(ctx)
             self._writes += len(keep)
-            if len(self._meta) > self.max_entries:
-                self._evict(len(self._meta) - self.max_entries)
             if self._writes >= self.flush_every:
                 self.flush()
             return ids
+
+    def _insert(self, ctx: str, ids: list[int], texts: list[str], vecs: np.ndarray, expires: float | None) -> None:
+        """Index new entries of one context: metadata in memory and in SQLite (one transaction), vectors in the
+        context's ANN partition; then the LRU bound. Callers have removed older entries of the same questions."""
+        rows = []
+        for id_, text, vec in zip(ids, texts, vecs, strict=True):
+            self._seq += 1
+            self._meta[id_] = _Meta(ctx, text, expires, self._seq)
+            self._by_text[(ctx, question_key(text))] = id_
+            rows.append((id_, ctx, text, vec.tobytes(), expires, self._seq))
+        self._db.execute("BEGIN")
+        self._db.executemany("INSERT OR REPLACE INTO semantic_entries (id, ctx, text, vector, expires_at, used) "
+                             "VALUES (?, ?, ?, ?, ?, ?)", rows)
+        self._db.execute("COMMIT")
+        index = self._indexes.get(ctx)
+        if index is None:
+            index = self._indexes[ctx] = self._new_index()
+        index.add(np.array(ids, dtype=np.uint64), vecs)
+        self._dirty.add(ctx)
+        if len(self._meta) > self.max_entries:
+            self._evict(len(self._meta) - self.max_entries)
 
     def _remove(self, id_: int) -> None:
         meta = self._meta.pop(id_, None)
@@ -368,18 +375,7 @@ class SemanticCache:
         old = self._by_text.get((ctx, question_key(text)))
         if old is not None:
             self._remove(old)  # the same question re-stored elsewhere: the newer entry wins
-        self._seq += 1
-        self._meta[id_] = _Meta(ctx, text, expires, self._seq)
-        self._by_text[(ctx, question_key(text))] = id_
-        self._db.execute("INSERT OR REPLACE INTO semantic_entries (id, ctx, text, vector, expires_at, used) "
-                         "VALUES (?, ?, ?, ?, ?, ?)", (id_, ctx, text, vec.tobytes(), expires, self._seq))
-        index = self._indexes.get(ctx)
-        if index is None:
-            index = self._indexes[ctx] = self._new_index()
-        index.add(np.array([id_], dtype=np.uint64), vec[None, :])
-        self._dirty.add(ctx)
-        if len(self._meta) > self.max_entries:
-            self._evict(len(self._meta) - self.max_entries)
+        self._insert(ctx, [id_], [text], vec[None, :], expires)
 
     def feedback(self, entry_id: int, score: float, correct: bool) -> None:
         """Learn a per-entry bar from a served hit's outcome (vCache-style, conservative).
