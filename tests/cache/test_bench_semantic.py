@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_module import load_bench
+
 DATA = Path(__file__).parent / "data"
 KEYS = {"error_budget", "threshold", "lookups", "hits", "right_hits", "wrong_hits", "duplicate_hit_rate",
         "wrong_hit_share", "lookup_p50_ms", "lookup_p99_ms"}
@@ -16,10 +16,7 @@ KEYS = {"error_budget", "threshold", "lookups", "hits", "right_hits", "wrong_hit
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("semantic_cache_qqp", ROOT / "bench/semantic_cache_qqp.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("semantic_cache_qqp.py")
 
 
 def run_json(bench, capsys, *args: str) -> list[dict]:
