@@ -8,7 +8,7 @@ from typing import Any
 from tokenomy.backends.base import TokenCount, Usage
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
-from tokenomy.config import Config, ConfigError, load_config
+from tokenomy.config import Config, ConfigError, ModelSpec, load_config
 from tokenomy.engine.engine import EngineConfig
 from tokenomy.errors import APIError
 from tokenomy.meter import pricing
@@ -30,6 +30,22 @@ from tokenomy.pipeline.route import Route
 log = logging.getLogger("tokenomy")
 
 
+def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
+                  n_threads: int | None = None) -> Any:
+    """The backend for one configured model: the embedded engine (started here, with the model's engine and
+    structured settings; ``n_threads`` overrides the engine's threads) or the OpenAI-compatible upstream."""
+    if spec.backend == "embedded":
+        settings = (spec.engine or config.engine).model_dump()
+        if n_threads is not None:
+            settings["n_threads"] = n_threads
+        path = str(resolve_gguf(spec.gguf))
+        log.info("loading %s from %s", spec.name, path)
+        return EmbeddedBackend(spec.name, path, EngineConfig(**settings), structured=spec.structured)
+    from tokenomy.backends.openai import OpenAIBackend
+
+    return OpenAIBackend(spec, metrics=metrics)
+
+
 class Gateway:
     def __init__(self, config: Config, config_path: str | None = None) -> None:
         self.config = config
@@ -37,7 +53,7 @@ class Gateway:
         self.metrics = Metrics()
         self.registry = Registry(config.cooldown.failures, config.cooldown.window_s, config.cooldown.cooldown_s)
         for spec in config.models:
-            self.registry.add(self._backend(spec))
+            self.registry.add(build_backend(spec, config, metrics=self.metrics))
         self.metrics.watch_engines(self.engines)
         for name, engine in self.engines():
             self._watch_engine(name, engine)
@@ -71,17 +87,6 @@ class Gateway:
             Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend == "openai"},
                      self.metrics),
         ])
-
-    def _backend(self, spec: Any) -> Any:
-        if spec.backend == "embedded":
-            settings = spec.engine or self.config.engine
-            ecfg = EngineConfig(**settings.model_dump())
-            path = str(resolve_gguf(spec.gguf))
-            log.info("loading %s from %s", spec.name, path)
-            return EmbeddedBackend(spec.name, path, ecfg, structured=spec.structured)
-        from tokenomy.backends.openai import OpenAIBackend
-
-        return OpenAIBackend(spec, metrics=self.metrics)
 
     def _budgets(self, config: Config) -> Budgets:
         keys = {(k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or ""))[:12]: k.budget

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -187,7 +186,9 @@ def _calibrate_cascade(config: Path | None, route: str | None, prompts: Path | N
     models = {m.name: m for m in cfg.models}
     first, capable = models[spec.models[0]], models[spec.models[-1]]
     requests = load_prompts(prompts)
-    backend = _backend(first, cfg, threads)
+    from tokenomy.gateway import build_backend
+
+    backend = build_backend(first, cfg, n_threads=threads)
 
     async def run() -> list:
         from tokenomy.backends.base import BackendError, InvalidRequest
@@ -219,22 +220,6 @@ def _calibrate_cascade(config: Path | None, route: str | None, prompts: Path | N
                f"({choice.escalation_share:.1%}; {choice.forced} on other signals; reasons: {reasons})\n"
                f"estimated cost {choice.cost_ratio:.1%} of always {capable.name}{notional}\n")
     typer.echo(snippet + (f"wrote {out}" if out is not None else ""))
-
-
-def _backend(spec: Any, cfg: Any, threads: int | None) -> Any:
-    """A backend for one model of the config: the embedded engine (started here) or the upstream."""
-    if spec.backend == "embedded":
-        from tokenomy.backends.embedded import EmbeddedBackend
-        from tokenomy.engine.engine import EngineConfig
-        from tokenomy.models import resolve_gguf
-
-        settings = (spec.engine or cfg.engine).model_dump()
-        if threads is not None:
-            settings["n_threads"] = threads
-        return EmbeddedBackend(spec.name, str(resolve_gguf(spec.gguf)), EngineConfig(**settings))
-    from tokenomy.backends.openai import OpenAIBackend
-
-    return OpenAIBackend(spec)
 
 
 @app.command("eval")
