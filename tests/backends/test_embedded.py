@@ -108,11 +108,15 @@ def test_wrap_up_ends_a_long_answer_as_valid_json() -> None:
 def test_max_array_items_bounds_unbounded_lists() -> None:
     schema = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}}},
               "required": ["fruits"]}
-    b = structured_backend(max_array_items=2, wrap_up=0.8)
+    req = schema_request(schema, "List ten fruits.", 64)
+    b, free = structured_backend(max_array_items=2, wrap_up=0.8), structured_backend(wrap_up=0.8)
     try:
-        text, reason, _ = asyncio.run(finish(b, schema_request(schema, "List ten fruits.", 64)))
+        text, reason, _ = asyncio.run(finish(free, req))
+        assert len(json.loads(text)["fruits"]) > 2  # unbounded, the model lists more than two
+        text, reason, _ = asyncio.run(finish(b, req))
         assert reason == "stop"
         fruits = json.loads(text)["fruits"]
         assert 0 <= len(fruits) <= 2 and all(isinstance(f, str) for f in fruits)
     finally:
         b.engine.stop()
+        free.engine.stop()

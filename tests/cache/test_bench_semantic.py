@@ -45,6 +45,8 @@ def test_margin_gate_only_removes_hits(bench, capsys) -> None:
     assert set(by_margin) == {0.0, 0.5}
     assert by_margin[0.5]["hits"] <= by_margin[0.0]["hits"]
     assert by_margin[0.5]["right_hits"] <= by_margin[0.0]["right_hits"]
+    # A half-cosine lead is more than any paraphrase here has over its runner-up: the gate must bite.
+    assert by_margin[0.5]["hits"] < by_margin[0.0]["hits"]
 
 
 def test_qqp_format_counts_wrong_hits(bench, capsys, tmp_path: Path) -> None:
