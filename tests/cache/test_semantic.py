@@ -216,3 +216,30 @@ def test_bad_input(embedder) -> None:
     cache.error_budget = 0.2
     d = cache.decide(context_key("t", "small", ask("x"), PARAMS), "How do you make bread?")
     assert d.hit is None and d.reason == "rejected"
+
+
+def test_a_request_memo_embeds_each_text_once_and_a_cache_with_its_own_embedder_keeps_out(embedder, monkeypatch):
+    cache = SemanticCache(None, threshold=0.8, error_budget=0.2)    # the shared default MiniLM
+    calls: list[list[str]] = []
+    real = cache._embed
+    monkeypatch.setattr(cache, "_embed", lambda texts: calls.append(list(texts)) or real(texts))
+    egg, egg2 = "How long do I boil an egg?", "How long should I boil an egg?"
+    memo: dict = {}
+    assert cache.lookup("t1", "small", ask(egg), PARAMS, memo=memo) is None and calls == []  # empty: no embedding
+    cache.add("t1", "small", ask(egg), PARAMS, entry("8 minutes"), memo=memo)
+    assert calls == [[egg]] and list(memo) == [egg]
+    memo2: dict = {}
+    cache.lookup("t1", "small", ask(egg2), PARAMS, memo=memo2)
+    cache.add("t1", "small", ask(egg2), PARAMS, entry("8 minutes"), memo=memo2)
+    assert calls == [[egg], [egg2]]                                    # the add reused the lookup's vector
+    # What the memo holds is what the lookup searches with: egg's vector planted under another text finds egg.
+    ctx = context_key("t1", "small", ask("x"), PARAMS)
+    planted = cache.decide(ctx, "Is Paris in France?", memo={"Is Paris in France?": memo[egg]})
+    assert planted.candidate_text == egg and planted.similarity > 0.999 and len(calls) == 2
+    # A cache with its own embedder neither reads nor fills the memo (its vectors may differ).
+    own = make(None, embedder, threshold=0.8, error_budget=0.2)
+    memo3: dict = {}
+    own.add("t1", "small", ask(egg), PARAMS, entry("8 minutes"), memo=memo3)
+    assert memo3 == {}
+    d = own.decide(ctx, "Is Paris in France?", memo={"Is Paris in France?": memo[egg]})
+    assert d.similarity < 0.8

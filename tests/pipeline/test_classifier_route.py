@@ -46,3 +46,43 @@ def test_classifier_strategy_routes_with_its_calibrated_threshold(tmp_path):
             assert served == ("weak" if op == ">=" else "strong")
             chosen.add(served)
         assert chosen == {"weak", "strong"}          # a router that always says one thing is not routing
+
+
+def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(tmp_path):
+    """A router on the "minilm" embedding reads the prompt's vector from the request's memo (where the semantic
+    cache's lookup leaves it) and leaves it there when it had to embed (for the cache's add)."""
+    if not os.path.exists(DATA):
+        pytest.skip("routing dev data not found")
+    from tokenomy.backends.base import GenRequest
+    from tokenomy.config import RouteSpec
+    from tokenomy.pipeline.request import RequestContext
+    from tokenomy.pipeline.route import Route
+    from tokenomy.router.classifier import Router
+    from tokenomy.router.dataset import load_routing_data
+
+    rows = [json.loads(x) for x in open(DATA)][::12]
+    subset = tmp_path / "train.jsonl"
+    subset.write_text("\n".join(json.dumps(r) for r in rows))
+    router = Router.train(load_routing_data(subset), embedding="minilm")
+    router.save(tmp_path / "router.json")
+    spec = RouteSpec.model_validate({"strategy": "classifier", "models": ["weak", "strong"],
+                                     "classifier": {"path": str(tmp_path / "router.json")}})
+    route = Route(["weak", "strong"], {"smart": spec})
+
+    def choose(text: str, vectors: dict) -> tuple[float, RequestContext]:
+        ctx = RequestContext(gen=GenRequest(model="smart", messages=[{"role": "user", "content": text}]))
+        ctx.vectors.update(vectors)
+        _, _, signals = route.choose(spec, ctx)
+        return signals["p_cheap_ok"], ctx
+
+    gsm, mmlu = rows[-1]["prompt"], rows[0]["prompt"]
+    assert rows[-1]["benchmark"] == "gsm8k" and rows[0]["benchmark"] == "mmlu"
+    p, ctx = choose(gsm, {})
+    assert set(ctx.vectors) == {gsm}                                   # embedded here, left for the cache
+    assert p == round(router.p_weak_ok(gsm, router.embed([gsm])[0]), 4)
+    # The memo's vector is what the router judges: the MMLU prompt's vector under the GSM8K text gives the
+    # probability of that vector, not of the text's own embedding.
+    other = router.embed([mmlu])[0]
+    planted, ctx = choose(gsm, {gsm: other})
+    assert planted == round(router.p_weak_ok(gsm, other), 4) and planted != p
+    assert ctx.vectors[gsm] is other

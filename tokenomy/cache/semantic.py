@@ -95,6 +95,7 @@ class SemanticCache:
             raise ValueError("an error budget needs a verifier; build tokenomy/cache/verifier.json with "
                              "`python -m tokenomy.cache.calibrate` or pass error_budget=None")
         self._embedder = embedder
+        self._default_embedder = embedder is None
         self.embed_threads = embed_threads
         if not 0 <= min_margin < 1:
             raise ValueError(f"min_margin must be in [0, 1), got {min_margin!r}")
@@ -219,6 +220,24 @@ class SemanticCache:
         """Load the embedder now (the first start also exports MiniLM to ONNX, ~10 s), not on the first lookup."""
         self._embed(["warm up"])
 
+    @property
+    def default_embedding(self) -> bool:
+        """True when this cache embeds with the shared default MiniLM (tokenomy.embedder), whose vectors other
+        stages (the router's "minilm" embedding) may share through a request's memo."""
+        return self._default_embedder
+
+    def vector(self, text: str, memo: dict[str, Any] | None = None) -> np.ndarray:
+        """(1, dim) embedding of ``text``. ``memo`` is one request's {text: vector} of default-MiniLM vectors:
+        read from it and fill it, so the lookup, the router and the add after generation embed a text once.
+        A cache with its own embedder neither reads nor fills it."""
+        shared = memo if memo is not None and self.default_embedding else None
+        if shared is not None and text in shared:
+            return self._check_vectors(np.asarray(shared[text]).reshape(1, -1), 1)
+        vec = self._embed([text])
+        if shared is not None:
+            shared[text] = vec[0]
+        return vec
+
     def _embed(self, texts: list[str]) -> np.ndarray:
         if self._embedder is None:
             from tokenomy.embedder import default_embedder
@@ -238,12 +257,13 @@ class SemanticCache:
     # ---- writes ------------------------------------------------------------------------------------------
 
     def add(self, tenant: str, model: str, messages: Sequence[Mapping[str, Any]],
-            params: Mapping[str, Any] | None, entry: CacheEntry) -> int | None:
-        """Store ``entry`` as the answer to this request's last user turn; None if it has none."""
+            params: Mapping[str, Any] | None, entry: CacheEntry, memo: dict[str, Any] | None = None) -> int | None:
+        """Store ``entry`` as the answer to this request's last user turn; None if it has none. ``memo``: see
+        ``vector``."""
         text = last_user_text(messages)
         if text is None:
             return None
-        return self.add_text(context_key(tenant, model, messages, params), text, entry)
+        return self.add_text(context_key(tenant, model, messages, params), text, entry, self.vector(text, memo)[0])
 
     def add_text(self, ctx: str, text: str, entry: CacheEntry, vector: np.ndarray | None = None) -> int:
         return self.add_many(ctx, [text], [entry], None if vector is None else np.asarray(vector)[None, :])[0]
@@ -404,21 +424,23 @@ class SemanticCache:
     # ---- reads -------------------------------------------------------------------------------------------
 
     def lookup(self, tenant: str, model: str, messages: Sequence[Mapping[str, Any]],
-               params: Mapping[str, Any] | None = None) -> CacheHit | None:
-        """The answer stored for a question like this request's last user turn in the same context, or None."""
+               params: Mapping[str, Any] | None = None, memo: dict[str, Any] | None = None) -> CacheHit | None:
+        """The answer stored for a question like this request's last user turn in the same context, or None.
+        ``memo``: see ``vector``."""
         text = last_user_text(messages)
         if text is None:
             return None
-        return self.decide(context_key(tenant, model, messages, params), text).hit
+        return self.decide(context_key(tenant, model, messages, params), text, memo=memo).hit
 
-    def decide(self, ctx: str, text: str, vector: np.ndarray | None = None) -> Decision:
-        """Full lookup with its reasons; embeds ``text`` unless ``vector`` is given."""
+    def decide(self, ctx: str, text: str, vector: np.ndarray | None = None,
+               memo: dict[str, Any] | None = None) -> Decision:
+        """Full lookup with its reasons; embeds ``text`` (or takes it from ``memo``) unless ``vector`` is given."""
         self._sync()
         index = self._indexes.get(ctx)
         if index is None or len(index) == 0:  # no entry in this context: no embedding spent
             self.misses += 1
             return Decision("empty")
-        vec = self._check_vectors(self._embed([text]) if vector is None else vector, 1)
+        vec = self._check_vectors(self.vector(text, memo) if vector is None else vector, 1)
         return self.decide_many(ctx, [text], vec)[0]
 
     def decide_many(self, ctx: str, texts: Sequence[str], vectors: np.ndarray) -> list[Decision]:

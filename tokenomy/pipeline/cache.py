@@ -59,7 +59,7 @@ class Cache:
         if not eligible:
             ctx.extras["cache_bypass"] = "not deterministic" if self.exact is not None else "disabled"
         elif lookup:
-            hit = await asyncio.to_thread(self._lookup, ctx.tenant, model, msgs, params, use_semantic)
+            hit = await asyncio.to_thread(self._lookup, ctx, msgs, params, use_semantic)
             if hit is not None:
                 self._serve(ctx, hit)
                 return
@@ -71,12 +71,13 @@ class Cache:
         elif ctx.result is not None:
             self._store(ctx, msgs, params, use_semantic, ctx.result.text, None, ctx.result)
 
-    def _lookup(self, tenant: str, model: str, msgs: list[dict[str, Any]], params: dict[str, Any],
+    def _lookup(self, ctx: RequestContext, msgs: list[dict[str, Any]], params: dict[str, Any],
                 use_semantic: bool) -> CacheHit | None:
+        tenant, model = ctx.tenant, ctx.gen.model
         try:
             hit = self.exact.lookup(tenant, model, msgs, params) if self.exact is not None else None
             if hit is None and use_semantic:
-                hit = self.semantic.lookup(tenant, model, msgs, params)
+                hit = self.semantic.lookup(tenant, model, msgs, params, memo=ctx.vectors)
             return hit
         except Exception:                         # a broken cache is a miss, never a failed request
             log.exception("cache lookup failed")
@@ -120,7 +121,7 @@ class Cache:
             if self.exact is not None:
                 self.exact.put(ctx.tenant, ctx.gen.model, msgs, params, entry)
             if use_semantic:
-                self.semantic.add(ctx.tenant, ctx.gen.model, msgs, params, entry)
+                self.semantic.add(ctx.tenant, ctx.gen.model, msgs, params, entry, memo=ctx.vectors)
         except Exception:
             log.exception("cache write failed")
 

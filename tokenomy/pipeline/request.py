@@ -45,6 +45,9 @@ class RequestContext:
     over_budget: bool = False
     # cache
     cache: str = "miss"                       # miss | exact | semantic | bypass
+    # Default-MiniLM vectors of texts this request needed ({text: vector}), filled by whichever stage embeds a
+    # text first (cache lookup, router), so the lookup, the router and the cache add embed each text once.
+    vectors: dict[str, Any] = field(default_factory=dict)
     # route
     route: str | None = None                  # the route name asked for, if any
     candidates: list[str] = field(default_factory=list)

@@ -18,6 +18,7 @@ judged when the answer ends inside the buffer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -66,7 +67,10 @@ class Route:
             raise APIError(404, f"The model '{asked}' does not exist. Available: {known}.", param="model",
                            code="model_not_found")
         ctx.route = asked
-        ladder, by, signals = self.choose(spec, ctx)
+        if "classifier" in spec.strategies:   # may embed the prompt (milliseconds): off the event loop
+            ladder, by, signals = await asyncio.to_thread(self.choose, spec, ctx)
+        else:
+            ladder, by, signals = self.choose(spec, ctx)
         decision = {"route": asked, "candidates": list(spec.models), "strategies": spec.strategies,
                     "chosen": ladder[0], "by": by, "signals": signals, "escalations": []}
         ctx.extras["route"] = decision
@@ -100,7 +104,7 @@ class Route:
                 return ladder, f"rules: rule {i} matched", signals
         if "classifier" in s and spec.classifier is not None:
             router = self._classifier(spec.classifier.path)
-            p = float(router.p_weak_ok(text))
+            p = float(router.p_weak_ok(text, self._vector(ctx, router, text)))
             threshold = spec.classifier.threshold if spec.classifier.threshold is not None else router.threshold
             signals.update(p_cheap_ok=round(p, 4), threshold=round(float(threshold), 4))
             start = 0 if p >= threshold else len(models) - 1
@@ -119,6 +123,17 @@ class Route:
         if "cascade" in s and by.startswith("fixed"):
             by = "cascade: cheapest first"
         return models[start:] + models[:start], by, signals
+
+    @staticmethod
+    def _vector(ctx: RequestContext, router: Any, text: str) -> Any:
+        """The contextual MiniLM vector of `text` for a router trained on it, shared through the request's memo
+        with the semantic cache (which may have embedded it for its lookup, or will for its add); None lets a
+        router on another embedding compute its own."""
+        if router.embedding != "minilm":
+            return None
+        if text not in ctx.vectors:
+            ctx.vectors[text] = router.embed([text])[0]
+        return ctx.vectors[text]
 
     def _classifier(self, path: str) -> Any:
         if path not in self._classifiers:
