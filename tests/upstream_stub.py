@@ -21,6 +21,7 @@ class Stub:
         self.delay, self.fail_status, self.fail_times = delay, fail_status, fail_times
         self.no_usage, self.stall_after = no_usage, stall_after
         self.hits = 0
+        self.peers: set[tuple[str, int]] = set()   # client (host, port) of each connection that sent a request
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -42,6 +43,8 @@ class Stub:
             if not msg.get("more_body"):
                 break
         self.hits += 1
+        if scope.get("client"):
+            self.peers.add(tuple(scope["client"]))
         if self.fail_status and self.hits <= self.fail_times:
             await self._json(send, self.fail_status, {"error": {"message": "stub failure", "type": "x"}},
                              {"retry-after": "0"})

@@ -151,3 +151,15 @@ def test_upstream_without_usage_is_counted_and_marked():
         u = r.json()["usage"]
         assert u["completion_tokens"] > 0 and u["prompt_tokens"] > 0
         assert r.headers.get("x-tokenomy-usage") == "counted"
+
+
+def test_streamed_answers_leave_the_upstream_connection_open_for_the_next_request():
+    # Reading each stream to its end (past data: [DONE]) returns the connection to the pool; a response closed
+    # early would be dropped, and every request would pay a new TCP connection.
+    with StubServer(Stub()) as s, live_server(gateway_config(s.port)) as gw:
+        for stream in (True, False, True, True):
+            r = httpx.post(gw.base_url + "/chat/completions", timeout=60,
+                           json={"model": "remote", "messages": MSG, "stream": stream})
+            assert r.status_code == 200 and "stub" in r.text
+        assert s.stub.hits == 4
+        assert len(s.stub.peers) == 1, s.stub.peers

@@ -109,12 +109,16 @@ class OpenAIBackend:
         n_chunks = 0
         sum_lp, min_lp, n_lp = 0.0, 0.0, 0
         try:
+            done = False
             async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
+                # After [DONE], read on to the end of the body instead of breaking: closing a response that
+                # is not fully read drops its connection, and every request would then open a new one.
+                if done or not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    break
+                    done = True
+                    continue
                 try:
                     chunk = json.loads(data)
                 except json.JSONDecodeError as e:
