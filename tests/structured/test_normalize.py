@@ -89,8 +89,9 @@ def test_close_objects_where_sound():
                                           "b": {"$ref": "#/definitions/base"},
                                           "c": {"allOf": [{"$ref": "#/definitions/mixin"},
                                                           {"properties": {"y": {}}}]},
+                                          # overlapping branches (disjoint ones would become anyOf)
                                           "d": {"oneOf": [{"type": "object", "properties": {"z": {}}},
-                                                          {"type": "string"}]},
+                                                          {"type": "object", "required": ["w"]}]},
                                           "e": {"properties": {"k": {}}, "required": ["k", "other"]},
                                           "f": {"type": "object"},
                                           "g": {"properties": {"m": {}}, "additionalProperties": {"type": "integer"}}},
@@ -135,7 +136,7 @@ def test_bound_sizes_narrows_free_strings_and_arrays_only():
         "list": {"type": "array", "items": {"type": "string"}, "minItems": 5},
         "tuple": {"type": "array", "prefixItems": [{}, {}, {}, {}]},
         "pick": {"oneOf": [{"type": "string"}, {"type": "string", "minLength": 20}]},
-        "ref_in_oneof": {"oneOf": [{"$ref": "#/definitions/s"}, {"type": "integer"}]},
+        "ref_in_oneof": {"oneOf": [{"$ref": "#/definitions/s"}, {"type": "string", "minLength": 30}]},
     }, "definitions": {"s": {"type": "string"}}}
     n = normalize(s, max_length=10, max_items=3)
     p = n["properties"]
@@ -155,3 +156,68 @@ def test_bound_sizes_narrows_free_strings_and_arrays_only():
     for doc in docs:
         assert not v_new.is_valid(doc) or v_orig.is_valid(doc), doc
     assert v_new.is_valid({"list": ["a"] * 5, "long_min": "q" * 100, "pick": "y" * 3})
+
+
+# Recursive schemas shaped like the WashingtonPost ones llguidance used to refuse.
+_NODE = {"type": "object", "properties": {"kind": {"enum": ["node"]},
+                                          "children": {"type": "array", "items": {"$ref": "#/definitions/item"}}},
+         "required": ["kind"], "additionalProperties": False}
+_LEAF = {"type": "object", "properties": {"kind": {"enum": ["leaf"]}, "text": {"type": "string"}},
+         "required": ["kind", "text"], "additionalProperties": False}
+ONE_OF = {"definitions": {"node": _NODE, "leaf": _LEAF,
+                          "item": {"oneOf": [{"$ref": "#/definitions/node"}, {"$ref": "#/definitions/leaf"}]}},
+          "type": "object", "properties": {"root": {"$ref": "#/definitions/item"}}, "required": ["root"],
+          "additionalProperties": False}
+TYPED_ANY_OF = {"definitions": {"node": _NODE, "leaf": _LEAF,
+                                "item": {"type": "object", "anyOf": [{"$ref": "#/definitions/node"},
+                                                                     {"$ref": "#/definitions/leaf"}]}},
+                "$ref": "#/definitions/node"}
+PATTERNED = {"type": "object", "properties": {"name": {"type": "string"}, "related": {"type": "array",
+                                                                                     "items": {"$ref": "#"}}},
+             "patternProperties": {".*": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#"}}]}}}
+TREES = [{"root": {"kind": "leaf", "text": "a"}},
+         {"root": {"kind": "node", "children": [{"kind": "leaf", "text": "b"}]}},
+         {"root": {"kind": "node", "children": [{"kind": "leaf"}]}}, {"root": {"kind": "leaf", "text": "a", "x": 1}},
+         {"root": {"kind": "other"}}, {}]
+
+
+def test_exclusive_one_of_becomes_any_of_and_overlapping_stays():
+    n = normalize(ONE_OF)
+    assert "anyOf" in n["definitions"]["item"] and "oneOf" not in n["definitions"]["item"]
+    _same_verdicts(ONE_OF, n, TREES)
+    overlapping = {"oneOf": [{"type": "integer"}, {"type": "number", "maximum": 5}]}
+    assert normalize(overlapping)["oneOf"] == overlapping["oneOf"]
+    _same_verdicts(overlapping, normalize(overlapping), [1, 2.5, 7, 7.5, "s"])
+
+
+def test_implied_type_beside_any_of_is_dropped():
+    n = normalize(TYPED_ANY_OF)
+    assert "type" not in n["definitions"]["item"]
+    trees = [{"kind": "node", "children": [t["root"]]} for t in TREES if "root" in t] + [{"kind": "node"}, 1]
+    _same_verdicts(TYPED_ANY_OF, n, trees)
+    kept = {"type": "string", "anyOf": [{"maxLength": 2}, {"type": "integer"}]}  # the type narrows a branch
+    assert normalize(kept)["type"] == "string"
+
+
+def test_universal_pattern_becomes_additional_properties():
+    n = normalize(PATTERNED)
+    assert "patternProperties" not in n and n["additionalProperties"] == PATTERNED["patternProperties"][".*"]
+    _same_verdicts(PATTERNED, n, [{}, {"name": "a"}, {"name": 1}, {"other": "x"}, {"other": 2}, {"other": [{}]},
+                                  {"related": [{"name": 2}]}, {"related": [{"x": ["s"]}]}, [], "s"])
+    anchored = dict(PATTERNED, patternProperties={"^[a-z]+$": PATTERNED["patternProperties"][".*"]})
+    assert "patternProperties" in normalize(anchored)  # does not match every name: left alone
+    narrower = {"type": "object", "properties": {"a": {"type": "string"}},
+                "patternProperties": {".*": {"maxLength": 3}}}
+    assert "patternProperties" in normalize(narrower)  # "a" would lose maxLength: left alone
+
+
+def test_recursive_schemas_llguidance_refused_now_compile(compiler):
+    import llguidance
+
+    from tokenomy.structured.schema import JSON_OPTIONS, json_schema_format
+
+    for schema in (ONE_OF, TYPED_ANY_OF, PATTERNED):
+        raw = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        reason = llguidance.LLMatcher.validate_grammar(raw)
+        assert "circular references" in reason or "oneOf" in reason  # refused as written
+        assert compiler.compile(json_schema_format(schema)).compile_ms >= 0

@@ -10,8 +10,17 @@ compiling more real-world schemas:
   ``not: {required: [a, b]}`` becomes "at least one of a, b absent" (``anyOf`` of ``properties: {x: false}``).
 - draft-4 ``dependencies`` and draft-2019 ``dependentRequired`` / ``dependentSchemas``: ``trigger -> deps``
   becomes ``anyOf: [{trigger absent}, {trigger present and deps}]`` appended to ``allOf`` (exact).
-- annotations beside a ``$ref`` (``description``, ``title``...) and a ``type`` equal to the target's are
+- annotations beside a ``$ref`` (``description``, ``title``...) and a ``type`` the target already implies are
   dropped, because llguidance refuses recursive references that carry sibling keywords.
+- a ``type`` beside ``anyOf`` / ``oneOf`` that every branch already implies is dropped (exact): llguidance
+  intersects the type with each branch, which needs each ``$ref`` branch resolved, and refuses when one is
+  recursive ("circular references with sibling keys").
+- ``oneOf`` whose branches are provably pairwise disjoint becomes ``anyOf`` (exact; llguidance refuses a
+  ``oneOf`` it cannot prove exclusive itself, and it does not resolve ``$ref`` branches to try).
+- ``patternProperties`` with one pattern that matches every name (``.*``, ``^[a-z]*`` unanchored...) becomes
+  ``additionalProperties`` when each listed property's schema lies inside the pattern's (proven by
+  ``subsume.subsumes``): the key-by-key intersection llguidance would otherwise build changes nothing, and it
+  fails on recursive references in the same way.
 
 And one narrowing, ``close=True``: an object schema that lists ``properties`` but says nothing about other keys
 gets ``additionalProperties: false``. Extra keys are valid but never needed, and a small model left free to add
@@ -27,8 +36,11 @@ And size bounds, ``max_length`` / ``max_items`` (off unless given): a default ``
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from tokenomy.structured.subsume import disjoint, subsumes
 
 # Keywords whose value is one subschema, a list of subschemas, or a name -> subschema map.
 _ONE = ("additionalItems", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
@@ -104,8 +116,12 @@ def normalize(schema: dict[str, Any], close: bool = False, max_length: int | Non
     def rewrite(node: dict[str, Any]) -> None:
         _rewrite(node)
         _strip_ref_siblings(out, node)
+        _drop_implied_type(out, node)
+        _exclusive_one_of(out, node)
 
     walk(out, rewrite)
+    # After the other rewrites, which make more pattern schemas provably contain their properties' schemas.
+    walk(out, lambda node: _absorb_universal_pattern(out, node))
     if close:
         close_objects(out)
     bound_sizes(out, max_length, max_items)
@@ -250,8 +266,77 @@ def _strip_ref_siblings(root: dict[str, Any], node: dict[str, Any]) -> None:
         node.pop(kw, None)
     if "type" in node:
         target = _resolve(root, ref)
-        if isinstance(target, dict) and target.get("type") == node["type"]:
+        if isinstance(target, dict) and (target.get("type") == node["type"]
+                                         or subsumes(root, {"type": node["type"]}, target)):
             del node["type"]
+
+
+def _drop_implied_type(root: dict[str, Any], node: dict[str, Any]) -> None:
+    """Drop ``type`` beside ``anyOf`` / ``oneOf`` when every branch lies inside it (the type adds nothing)."""
+    if "type" not in node or "$ref" in node:
+        return
+    for kw in ("anyOf", "oneOf"):
+        branches = node.get(kw)
+        if isinstance(branches, list) and branches and all(
+                subsumes(root, {"type": node["type"]}, b) for b in branches):
+            del node["type"]
+            return
+
+
+def _exclusive_one_of(root: dict[str, Any], node: dict[str, Any]) -> None:
+    """``oneOf`` whose branches are pairwise disjoint (``subsume.disjoint``) -> ``anyOf`` (exact).
+
+    At most one branch can hold, so "exactly one" and "at least one" agree. llguidance refuses a ``oneOf`` it
+    cannot prove exclusive itself, and it does not look through a ``$ref`` branch to do so.
+    """
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or len(branches) > 16:  # pairwise proofs: keep the work bounded
+        return
+    if all(disjoint(root, a, b) for i, a in enumerate(branches) for b in branches[i + 1:]):
+        del node["oneOf"]
+        if "anyOf" in node:
+            node.setdefault("allOf", []).append({"anyOf": branches})
+        else:
+            node["anyOf"] = branches
+
+
+def universal_pattern(pattern: Any) -> bool:
+    """True if ``pattern`` (unanchored search, as JSON Schema applies it) matches every string.
+
+    It does when it matches the empty string at position 0 and uses no assertion that depends on what follows
+    (end anchors, word boundaries, lookarounds): then it matches the empty prefix of any string.
+    """
+    if not isinstance(pattern, str) or any(x in pattern for x in ("$", "\\b", "\\B", "\\Z", "\\z", "(?")):
+        return False
+    try:
+        return re.search(pattern, "") is not None
+    except re.error:
+        return False
+
+
+def _absorb_universal_pattern(root: dict[str, Any], node: dict[str, Any]) -> None:
+    """``patternProperties: {P: S}`` with P universal -> ``additionalProperties: S`` (see the module docstring).
+
+    P matches every key, so any existing ``additionalProperties`` never applied; a listed property must satisfy
+    its own schema and S, which is its own schema when that lies inside S, and S when S lies inside it.
+    """
+    patterns, props = node.get("patternProperties"), node.get("properties", {})
+    if not isinstance(patterns, dict) or len(patterns) != 1 or not isinstance(props, dict):
+        return
+    (pattern, sub), = patterns.items()
+    if not universal_pattern(pattern) or not isinstance(sub, dict | bool):
+        return
+    merged = {}
+    for name, own in props.items():
+        if subsumes(root, sub, own):
+            merged[name] = own
+        elif subsumes(root, own, sub):
+            merged[name] = copy.deepcopy(sub)
+        else:
+            return
+    props.update(merged)
+    del node["patternProperties"]
+    node["additionalProperties"] = sub
 
 
 def _resolve(root: dict[str, Any], ref: str) -> Any:
