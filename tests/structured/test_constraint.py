@@ -128,12 +128,68 @@ def test_wrap_up_keeps_only_closing_tokens_past_the_soft_limit(compiler, tokeniz
         assert not (m & ~p).any()  # never outside the grammar's mask
         return {_bytes(tokenizer, [int(t)])[:1] for t in np.flatnonzero(m)}, m, p
 
-    firsts, _, _ = step('{"tags": ["a long tag')  # inside a string: only tokens that close it
+    firsts, m, _ = step('{"tags": ["a long tag')  # inside a string: only tokens that close it
     assert firsts == {b'"'}
-    firsts, m, p = step('"')  # one item, minItems 2: the grammar does not allow "]" yet, so nothing changes
-    assert (m == p).all()
+    # ... and of those, the ones that close the most: '"' followed by nothing or by closers only
+    assert all(set(_bytes(tokenizer, [int(t)])[1:]) <= set(b"]}") for t in np.flatnonzero(m))
+    firsts, m, p = step('"')  # one item, minItems 2: "]" is not allowed yet, so the next item is the way out
+    assert firsts == {b","} and p[tokenizer.tokenize_str("]")[0]] == np.False_
     firsts, _, _ = step(', "b"')
     assert firsts == {b"]"}
     _, m, _ = step("]}")
     assert np.flatnonzero(m).tolist() == [tokenizer.eos_token] or c.is_done()
     assert c.wrapups >= 2
+
+
+def test_wrap_up_prefers_scalars_and_ends_numbers(compiler, tokenizer):
+    """Past the soft limit no new object or array is opened where a scalar will do, and a number ends at the
+    next "," when a required key is still due; always a subset of the grammar's mask."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "any": {}, "s": {"type": "string"}},
+              "required": ["n", "any", "s"], "additionalProperties": False}
+    grammar = compiler.compile(json_schema_format(schema))
+    c, plain = Constraint(grammar, soft_limit=0), Constraint(grammar)
+    for d in (c, plain):
+        d.advance(tokenizer.tokenize_str('{"n": 12'))
+    m, p = c.allowed(), plain.allowed()
+    assert not (m & ~p).any() and any(_bytes(tokenizer, [int(t)])[:1].isdigit() for t in np.flatnonzero(p))
+    assert {_bytes(tokenizer, [int(t)])[:1] for t in np.flatnonzero(m)} == {b","}
+    for d in (c, plain):
+        d.advance(tokenizer.tokenize_str(', "any":'))
+    m, p = c.allowed(), plain.allowed()
+    opener = [t for t in np.flatnonzero(p) if _bytes(tokenizer, [int(t)]).strip()[:1] in (b"{", b"[")]
+    assert opener and not m[opener].any() and m.any() and not (m & ~p).any()
+
+
+def test_plan_wrap_up_starts_early_enough_for_the_shortest_answer(compiler, tokenizer):
+    from tokenomy.structured.constraint import closing_length
+
+    small = compiler.compile(json_schema_format({"type": "object", "properties": {"a": {"type": "string"}}}))
+    names = [f"field_{i}" for i in range(40)]
+    big = compiler.compile(json_schema_format({"type": "object", "properties": {n: {"type": "string"} for n in names},
+                                               "required": names, "additionalProperties": False}))
+    short, long = closing_length(small), closing_length(big)
+    assert 1 <= short < 10 < 40 < long < 400  # every required key is written out
+    assert Constraint(small).plan_wrap_up(100, 0.6) == 60
+    c = Constraint(big)
+    assert c.plan_wrap_up(long + 20, 0.9) == 20 and c.soft_limit == 20
+    assert Constraint(big).plan_wrap_up(long // 2, 0.6) == 0  # cannot fit at all: wind down from the start
+
+
+def test_replan_starts_wrap_up_once_an_opened_object_needs_the_rest_of_the_budget(compiler, tokenizer):
+    names = [f"field_{i}" for i in range(30)]
+    big = {"type": "object", "properties": {n: {"type": "string"} for n in names}, "required": names,
+           "additionalProperties": False}
+    grammar = compiler.compile(json_schema_format({"anyOf": [{"type": "integer"}, big]}))
+    c = Constraint(grammar)
+    assert c.plan_wrap_up(300, 0.9) == 270  # from an empty answer an integer will do
+    c.advance(tokenizer.tokenize_str('{"field_0": "a very long value that goes on and on and on and on'))
+    while len(c.history) < 40:
+        c.advance(tokenizer.tokenize_str(" and on"))
+    c.allowed()
+    need = c.closing_need(300)
+    assert need > 150 and c.replans == 1 and c.soft_limit == len(c.history)  # 30 keys cannot wait until 270
+    quiet = Constraint(grammar)
+    assert quiet.plan_wrap_up(4000, 0.9) == 3600
+    quiet.advance(list(c.history))
+    quiet.allowed()
+    assert quiet.replans == 0 and quiet.soft_limit == 3600  # plenty of room: the plan stands

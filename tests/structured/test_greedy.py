@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from tests.structured.test_normalize import ONE_OF
 from tokenomy.structured.constraint import Constraint
 from tokenomy.structured.schema import json_schema_format, output_format, parse_tool_calls, tools_prompt
 from tokenomy.structured.validate import validate, validate_output
@@ -98,3 +99,14 @@ def test_free_run_with_ignore_eos_decodes_exactly_max_tokens(runner):
     assert len(gen.tokens) == 12 and gen.finish_reason == "length"
     assert gen.decode_calls == 11 and gen.forced == 0 and gen.tpot_ms > 0
     assert not set(gen.tokens) & runner.eog
+
+
+def test_formerly_refused_recursive_schema_generates_valid_json(runner, compiler):
+    """A recursive oneOf llguidance refuses as written compiles after the exact rewrites, and the answer the
+    model writes under it validates against the original schema; wrap-up makes it end within max_tokens."""
+    c = Constraint(compiler.compile(json_schema_format(ONE_OF)), soft_limit=32)
+    gen = runner.generate(runner.chat_prompt("You answer with JSON only.", "Write a small tree of nodes and leaves "
+                                             "as JSON: " + json.dumps(ONE_OF)), c, 64)
+    assert gen.finish_reason == "stop", gen.text
+    result = validate(gen.text, ONE_OF)
+    assert result.ok, (gen.text, result.errors)

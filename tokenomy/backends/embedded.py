@@ -137,7 +137,9 @@ class EmbeddedBackend:
         except ValueError as e:
             raise InvalidRequest(str(e)) from e
         if constraint is not None and self.structured.wrap_up is not None:
-            constraint.soft_limit = max(1, int(self.structured.wrap_up * sp.max_tokens))
+            # Wind down at the configured share of max_tokens, or earlier when the schema's shortest answer
+            # would not fit after it; the first plan for a schema walks its grammar (milliseconds to 0.5 s).
+            await asyncio.to_thread(constraint.plan_wrap_up, sp.max_tokens, self.structured.wrap_up)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
 

@@ -19,14 +19,30 @@ is ``LOOP_LONG_PERIOD`` tokens or more; at least ``LOOP_MIN_SPAN`` tokens in all
 the one token that would continue the copy, as long as the grammar allows some other token. That only
 removes tokens from the grammar's mask, so every answer still conforms to the grammar.
 
-Wrap-up (opt-in, ``soft_limit``): past ``soft_limit`` tokens, the mask keeps only the tokens that end
-something, when the grammar allows any: EOS once the document is complete, else a closing quote inside a JSON
-string, else ``]`` / ``}`` outside one. The grammar still decides when closing is legal (required keys,
-minItems), so a long answer winds down instead of running into max_tokens; again only a subset of the mask.
+Wrap-up (opt-in, ``soft_limit``): past ``soft_limit`` tokens, the mask keeps only the allowed tokens of the
+best tier that has any, so the answer takes the shortest way to its end (``wrap_up_ranks``):
+
+    0  EOS (the document is complete)
+    inside a JSON string:     1 ``"`` then only ``]`` / ``}``   2 ``"`` then no ``,`` ``[`` ``{``   3 ``"`` first
+    outside:                  1 only ``]`` / ``}``   2 ``]`` / ``}`` first   3 ``,`` first, no ``[`` ``{``
+                              4 no ``[`` ``{`` at all (a scalar, or a string that tier 1 will close)
+    anything else: the grammar's mask unchanged.
+
+So a string ends as soon as the grammar lets it, a container closes instead of taking another item or
+property, a number ends at the next ``,`` when a required key is still due, and no new object or array is
+opened unless the schema requires one. The grammar still decides what is legal (required keys, minItems), so
+this only removes tokens from its mask: every answer still conforms.
+
+``plan_wrap_up(max_tokens, share)`` sets the soft limit to ``min(share * max_tokens, max_tokens - L)``, with L
+the length of the wrap-up walk from an empty answer (``closing_length``): a schema whose smallest answer is
+long (many required keys) starts winding down early enough to finish, a small one keeps ``share``. After that
+call the limit is also re-planned every ``REPLAN_EVERY`` tokens from the answer's current state (``_replan``).
 """
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -39,6 +55,9 @@ LOOP_MIN_SPAN = 12  # a loop covers at least this many tokens (so "0000" or "[1,
 LOOP_LONG_PERIOD = 16  # a span at least this long counts as a loop after two copies (e.g. a repeated array item)
 
 _first_bytes: dict[int, np.ndarray] = {}  # id(tokenizer) -> first byte of each token (-1: empty)
+_ranks: dict[int, np.ndarray] = {}  # id(tokenizer) -> wrap-up tier of each token, [outside, inside] a string
+OTHER = 9  # wrap-up tier of tokens that end nothing
+_CLOSERS = frozenset(b"]}")
 
 
 def first_bytes(tokenizer: Any) -> np.ndarray:
@@ -52,6 +71,98 @@ def first_bytes(tokenizer: Any) -> np.ndarray:
                 out[t] = b[0]
         _first_bytes[key] = out
     return _first_bytes[key]
+
+
+_lengths: dict[int, np.ndarray] = {}
+
+
+def token_lengths(tokenizer: Any) -> np.ndarray:
+    """Byte length of every token's text (int32); cached per tokenizer."""
+    key = id(tokenizer)
+    if key not in _lengths:
+        _lengths[key] = np.array([len(tokenizer.decode_bytes([t])) for t in range(tokenizer.vocab_size)],
+                                 dtype=np.int32)
+    return _lengths[key]
+
+
+def wrap_up_ranks(tokenizer: Any) -> np.ndarray:
+    """int8 array of shape (2, vocab): each token's wrap-up tier outside (row 0) and inside (row 1) a JSON
+    string, lower ends sooner (see the module docstring); cached per tokenizer."""
+    key = id(tokenizer)
+    if key not in _ranks:
+        out = np.full((2, tokenizer.vocab_size), OTHER, dtype=np.int8)
+        for t in range(tokenizer.vocab_size):
+            b = tokenizer.decode_bytes([t])
+            if not b:
+                continue
+            opens = b"[" in b or b"{" in b
+            if set(b) <= _CLOSERS:
+                out[0, t] = 1
+            elif b[0] in _CLOSERS:
+                out[0, t] = 2
+            elif b[:1] == b"," and not opens:
+                out[0, t] = 3
+            elif not opens:
+                out[0, t] = 4
+            if b[:1] == b'"':
+                rest = b[1:]
+                out[1, t] = 1 if set(rest) <= _CLOSERS else 2 if not (opens or b"," in rest or b'"' in rest) else 3
+        _ranks[key] = out
+    return _ranks[key]
+
+
+REPLAN_EVERY = 32  # tokens between re-plans of the soft limit (each costs one walk to the end)
+REPLAN_MARGIN = 1.25  # the model's own way to the end is longer than the walk's
+# Re-plans run inside mask computation, on the engine's thread, where they stall every sequence in the batch:
+# only grammars whose walk from an empty answer took at most this long are re-planned (most take a few ms;
+# the slowest dev grammar takes about 0.5 s).
+REPLAN_MAX_WALK_S = 0.02
+_closing: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()  # (grammar key, limit) -> (n, s)
+CLOSING_ENTRIES = 512
+
+
+def closing_length(grammar: CompiledGrammar, limit: int = 4096) -> int:
+    """Tokens a document takes when every step is wrap-up's choice: the forced tokens, else the longest
+    allowed token of the best tier, from an empty answer to its end. An estimate (an upper bound) of the
+    shortest answer the grammar allows; ``limit`` when the walk has not ended by then. Cached per grammar."""
+    return _closing_walk(grammar, limit)[0]
+
+
+def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
+    """(closing_length, seconds the walk took), cached per (grammar, limit)."""
+    key = (grammar.key, limit)
+    if key in _closing:
+        _closing.move_to_end(key)
+        return _closing[key]
+    started = time.perf_counter()
+    n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), limit)
+    _closing[key] = (n, time.perf_counter() - started)
+    while len(_closing) > CLOSING_ENTRIES:
+        _closing.popitem(last=False)
+    return _closing[key]
+
+
+def _walk_to_end(walk: Constraint, limit: int) -> int:
+    """Advance ``walk`` (a wrap-up-from-now constraint) by wrap-up's choices until its document ends; the tokens
+    taken, or ``limit`` when it has not ended by then."""
+    lengths = token_lengths(walk.grammar.tokenizer)[: walk.n_vocab]
+    eos = walk.grammar.tokenizer.eos_token
+    n = 0
+    try:
+        while n < limit and not walk.is_done():
+            ff = walk.forced()
+            if not ff:
+                allowed = np.flatnonzero(walk.allowed())
+                if not len(allowed):
+                    break
+                ff = [int(allowed[np.argmax(lengths[allowed])])]  # e.g. '"}]' rather than '"', '}', ']'
+                if ff[0] == eos:
+                    break
+            walk.advance(ff)
+            n += len(ff)
+    except ConstraintError:
+        return limit
+    return min(n, limit) if walk.is_complete() else limit
 
 
 def loop_continuation(history: list[int], repeats: int = LOOP_REPEATS, max_period: int = LOOP_MAX_PERIOD,
@@ -90,6 +201,9 @@ class Constraint:
         self.grammar = grammar
         self.break_loops = break_loops
         self.soft_limit = soft_limit  # tokens after which the mask prefers closing tokens (None: never)
+        self.max_tokens: int | None = None  # set by plan_wrap_up: then the soft limit is re-planned as it goes
+        self.replans = 0  # times _replan moved the soft limit earlier
+        self._next_replan = REPLAN_EVERY
         self.wrapups = 0  # masks narrowed by the wrap-up rule
         self._in_string = False  # JSON lexer state of the text so far (for the wrap-up rule)
         self._escape = False
@@ -100,6 +214,36 @@ class Constraint:
         self._bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
         self.steps = 0  # masks computed
         self.forced_tokens = 0  # tokens returned by forced(), i.e. fed without sampling
+
+    def plan_wrap_up(self, max_tokens: int, share: float) -> int:
+        """Set and return the soft limit for an answer of at most ``max_tokens``: ``share * max_tokens``, or
+        earlier when the shortest answer (``closing_length``) would not fit in what is left after it."""
+        need, walk_s = _closing_walk(self.grammar, max_tokens)
+        self.soft_limit = max(0, min(int(share * max_tokens), max_tokens - need))
+        self.max_tokens = max_tokens if walk_s <= REPLAN_MAX_WALK_S else None  # see REPLAN_MAX_WALK_S
+        return self.soft_limit
+
+    def closing_need(self, limit: int) -> int:
+        """Tokens wrap-up would take from here to the end of the document (``_walk_to_end`` on a copy of this
+        constraint's state), or ``limit``."""
+        walk = Constraint(self.grammar, break_loops=False, soft_limit=0)
+        walk._matcher = self._matcher.deep_copy()
+        walk._in_string, walk._escape = self._in_string, self._escape
+        return _walk_to_end(walk, limit)
+
+    def _replan(self) -> None:
+        """Every REPLAN_EVERY tokens before the soft limit: start wrapping up now if what is left of
+        ``max_tokens`` no longer covers the walk to the end from here (with REPLAN_MARGIN and one interval of
+        slack). Catches what the plan from an empty answer cannot see: an object the model chose to open whose
+        required keys alone fill the budget, or long optional detours."""
+        n = len(self.history)
+        if self.max_tokens is None or self.soft_limit is None or n >= self.soft_limit or n < self._next_replan:
+            return
+        self._next_replan = n + REPLAN_EVERY
+        left = self.max_tokens - n
+        if self.closing_need(left) * REPLAN_MARGIN + REPLAN_EVERY >= left:
+            self.soft_limit = n
+            self.replans += 1
 
     def bitmask(self) -> np.ndarray:
         """Packed mask for the next token: int32 words, bit ``t % 32`` of word ``t // 32`` set iff allowed."""
@@ -116,21 +260,23 @@ class Constraint:
             if tok is not None and tok < self.n_vocab and mask[tok] and np.count_nonzero(mask) > 1:
                 mask[tok] = False
                 self.loops_broken += 1
+        self._replan()
         if self.soft_limit is not None and len(self.history) >= self.soft_limit:
             self._wrap_up(mask)
         return mask
 
     def _wrap_up(self, mask: np.ndarray) -> None:
-        """Narrow ``mask`` in place to closing tokens, when the grammar allows one (see the module docstring)."""
+        """Narrow ``mask`` in place to the best wrap-up tier it allows (see the module docstring)."""
         eos = self.grammar.tokenizer.eos_token
         if eos < self.n_vocab and mask[eos]:
-            keep = np.zeros_like(mask)
-            keep[eos] = True
-        else:
-            first = first_bytes(self.grammar.tokenizer)[: self.n_vocab]
-            keep = mask & ((first == 0x22) if self._in_string else ((first == 0x5D) | (first == 0x7D)))
-        if keep.any():
-            mask &= keep
+            mask[:] = False
+            mask[eos] = True
+            self.wrapups += 1
+            return
+        rank = wrap_up_ranks(self.grammar.tokenizer)[int(self._in_string), : self.n_vocab]
+        best = int(np.where(mask, rank, OTHER).min())
+        if best < OTHER:
+            mask &= rank == best
             self.wrapups += 1
 
     def _track(self, tokens: list[int]) -> None:
