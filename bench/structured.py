@@ -15,10 +15,13 @@ For every schema in a JSONSchemaBench file (default: the dev split), per collect
   original schema with jsonschema (format checked); compliance = empirical / declared over the same schemas;
   TPOT with the schema vs the same prompt unconstrained, decoding as many tokens (EOS masked), each pair back
   to back; forced-token share and decode calls per token. --separators / --max-string / --max-items /
-  --no-loop-breaker override tokenomy's grammar settings for comparisons.
+  --no-loop-breaker override tokenomy's grammar settings for comparisons. With --wrap-up S each answer's soft
+  limit is Constraint.plan_wrap_up(max_tokens, S): S * max_tokens, or earlier when the schema's shortest answer
+  would not fit after it (--no-fit: always S * max_tokens).
 
     .venv/bin/python bench/structured.py [--schemas FILE] [--generate N] [--extraction N] [--max-tokens M] [--json]
         [--separators compact|spaced|optional] [--max-string L] [--max-items K] [--no-loop-breaker]
+        [--wrap-up S] [--no-fit] [--collections A,B] [--threads T] [--tpot-pairs P]
 """
 
 from __future__ import annotations
@@ -134,7 +137,7 @@ def _walk(c: Constraint, steps: int, rng: np.random.Generator, full_us: list[flo
 
 def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens: int, model: str,
              console: Console, loops: bool = True, only: set[str] | None = None, wrap_up: float = 0.0,
-             tpot_pairs: int | None = None) -> dict[str, Any]:
+             tpot_pairs: int | None = None, fit: bool = True) -> dict[str, Any]:
     from tokenomy.structured.greedy import GreedyRunner
 
     runner = GreedyRunner(model, n_ctx=2048 + max_tokens, n_threads=THREADS)
@@ -156,8 +159,11 @@ def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens
         schema_text = json.dumps(row["schema"], separators=(",", ":"))[:PROMPT_SCHEMA_CHARS]
         prompt = runner.chat_prompt("You answer with JSON only.",
                                     f"Write a short example JSON document for this JSON Schema:\n{schema_text}")
-        c = Constraint(rec["grammar"], break_loops=loops,
-                       soft_limit=int(wrap_up * max_tokens) if wrap_up > 0 else None)
+        c = Constraint(rec["grammar"], break_loops=loops)
+        if wrap_up > 0 and fit:  # earlier than wrap_up * max_tokens when the shortest answer would not fit after
+            c.plan_wrap_up(max_tokens, wrap_up)
+        elif wrap_up > 0:
+            c.soft_limit = int(wrap_up * max_tokens)
         gen = runner.generate(prompt, c, max_tokens)
         # An answer cut by max_tokens counts as a failure (it is not a complete document). Validation is
         # against the ORIGINAL schema, not the narrowed one the grammar was built from.
@@ -166,6 +172,7 @@ def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens
                              "forced": gen.forced, "finish": gen.finish_reason, "loops_broken": c.loops_broken,
                              "wrapups": c.wrapups})
         line = (f"{row['id']}: {gen.finish_reason} valid={ok} tokens={len(gen.tokens)} calls={gen.decode_calls} "
+                f"soft_limit={c.soft_limit} "
                 f"forced={gen.forced} loops_broken={c.loops_broken} wrapups={c.wrapups} "
                 f"mask={gen.mask_seconds * 1e3 / max(c.steps, 1):.2f} ms/step")
         if len(gen.tokens) - gen.first_tokens >= 4 and (tpot_pairs is None or paired[cat] < tpot_pairs):
@@ -303,6 +310,8 @@ def main() -> None:
                     help="time at most this many free runs per collection for TPOT (default: every answer)")
     ap.add_argument("--wrap-up", type=float, default=0.0,
                     help="past this share of --max-tokens, keep only closing tokens when allowed (0 = off)")
+    ap.add_argument("--no-fit", action="store_true",
+                    help="start wrap-up at exactly --wrap-up, not earlier for schemas whose shortest answer is long")
     ap.add_argument("--no-loop-breaker", action="store_true", help="turn the constraint's loop breaker off")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args()
@@ -330,7 +339,7 @@ def main() -> None:
     full_us, rust_us, walked, walk_failed = mask_walks([r["grammar"] for r in recs if r["declared"]], args.mask_steps)
     gen = (generate(rows, recs, args.generate, args.max_tokens, model, console, loops=not args.no_loop_breaker,
                     only=set(args.collections.split(",")) if args.collections else None, wrap_up=args.wrap_up,
-                    tpot_pairs=args.tpot_pairs)
+                    tpot_pairs=args.tpot_pairs, fit=not args.no_fit)
            if args.generate else None)
     extract = extraction(args.extraction, compiler, model, 128, console) if args.extraction else None
 
@@ -388,7 +397,7 @@ def main() -> None:
         **(_decode_shares(gen) if gen else {}),
         "settings": {"json_options": schema_mod.JSON_OPTIONS, "max_string_length": schema_mod.MAX_STRING_LENGTH,
                      "max_array_items": schema_mod.MAX_ARRAY_ITEMS, "loop_breaker": not args.no_loop_breaker,
-                     "wrap_up": args.wrap_up,
+                     "wrap_up": args.wrap_up, "wrap_up_fit": not args.no_fit,
                      "close_objects": schema_mod.CLOSE_OBJECTS, "threads": THREADS},
         "generate_per_collection": args.generate, "max_tokens": args.max_tokens,
         "extraction": extract,
