@@ -193,3 +193,35 @@ def test_replan_starts_wrap_up_once_an_opened_object_needs_the_rest_of_the_budge
     quiet.advance(list(c.history))
     quiet.allowed()
     assert quiet.replans == 0 and quiet.soft_limit == 3600  # plenty of room: the plan stands
+
+
+def test_first_token_may_not_open_a_container_that_cannot_fit(compiler, tokenizer):
+    """A root that takes an integer or an object with 40 required keys: when the object's shortest completion
+    does not fit in max_tokens, the first token may not open it; when it fits, nothing is banned; and a root
+    that must be an object keeps its `{` whatever the budget."""
+    from tokenomy.structured.constraint import closing_length, first_bytes
+
+    names = [f"field_{i}" for i in range(40)]
+    big = {"type": "object", "properties": {n: {"type": "string"} for n in names}, "required": names,
+           "additionalProperties": False}
+    grammar = compiler.compile(json_schema_format({"anyOf": [{"type": "integer"}, big]}))
+    need = closing_length(compiler.compile(json_schema_format(big)))
+    first = first_bytes(tokenizer)
+
+    def opens(c: Constraint) -> bool:
+        m = c.allowed()
+        return bool((m & (first[: len(m)] == ord("{"))).any())
+
+    tight = Constraint(grammar)
+    tight.plan_wrap_up(need // 2, 0.6)
+    assert tight.root_bans == {ord("{")} and not opens(tight) and tight.allowed().any()
+    roomy = Constraint(grammar)
+    roomy.plan_wrap_up(need * 3, 0.6)
+    assert roomy.root_bans == frozenset() and opens(roomy)
+    assert opens(Constraint(grammar))                    # unplanned: the grammar's mask as it is
+    only = Constraint(compiler.compile(json_schema_format(big)))
+    only.plan_wrap_up(need // 2, 0.6)
+    assert only.root_bans == frozenset()   # `{` is forced or the only choice: never banned
+    tokens = tokenizer.tokenize_str("12")
+    tight.advance(tokens)                                 # the ban is for the first token only
+    assert tight.is_complete()

@@ -36,7 +36,10 @@ this only removes tokens from its mask: every answer still conforms.
 ``plan_wrap_up(max_tokens, share)`` sets the soft limit to ``min(share * max_tokens, max_tokens - L)``, with L
 the length of the wrap-up walk from an empty answer (``closing_length``): a schema whose smallest answer is
 long (many required keys) starts winding down early enough to finish, a small one keeps ``share``. After that
-call the limit is also re-planned every ``REPLAN_EVERY`` tokens from the answer's current state (``_replan``).
+call the limit is also re-planned every ``REPLAN_EVERY`` tokens from the answer's current state (``_replan``),
+and the first token may not open an object or array whose shortest completion cannot fit in ``max_tokens``
+when the grammar offers something else there (``root_open_bans``: a root with no ``type`` takes a number as
+well as an object with hundreds of required keys).
 """
 
 from __future__ import annotations
@@ -142,6 +145,44 @@ def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
     return _closing[key]
 
 
+_root_bans: OrderedDict[tuple[str, int], frozenset[int]] = OrderedDict()  # (grammar key, limit) -> first bytes
+
+
+def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
+    """First bytes (``{`` / ``[``) the answer's first token may not start with: opening that container leaves a
+    document whose wrap-up walk (``_walk_to_end``) does not end within ``max_tokens``, while the grammar allows
+    some other first token. Empty when nothing needs banning. Cached per (grammar, max_tokens)."""
+    key = (grammar.key, max_tokens)
+    if key in _root_bans:
+        _root_bans.move_to_end(key)
+        return _root_bans[key]
+    start = Constraint(grammar, break_loops=False)
+    bans: set[int] = set()
+    if not start.forced():
+        mask = start.allowed()
+        first = first_bytes(grammar.tokenizer)[: start.n_vocab]
+        single = token_lengths(grammar.tokenizer)[: start.n_vocab] == 1
+        for byte in (0x7B, 0x5B):  # { [
+            opens = first == byte
+            tokens = np.flatnonzero(mask & opens & single)
+            if not len(tokens) or not (mask & ~opens).any():
+                continue
+            walk = Constraint(grammar, break_loops=False, soft_limit=0)
+            try:
+                walk.advance([int(tokens[0])])
+            except ConstraintError:
+                continue
+            if 1 + _walk_to_end(walk, max_tokens) >= max_tokens:
+                bans.add(byte)
+    if len(bans) == 2 and not (start.allowed() & ~np.isin(first_bytes(grammar.tokenizer)[: start.n_vocab],
+                                                           list(bans))).any():
+        bans.clear()  # nothing else is allowed: leave the model its best chance
+    _root_bans[key] = frozenset(bans)
+    while len(_root_bans) > CLOSING_ENTRIES:
+        _root_bans.popitem(last=False)
+    return _root_bans[key]
+
+
 def _walk_to_end(walk: Constraint, limit: int) -> int:
     """Advance ``walk`` (a wrap-up-from-now constraint) by wrap-up's choices until its document ends; the tokens
     taken, or ``limit`` when it has not ended by then."""
@@ -202,6 +243,7 @@ class Constraint:
         self.break_loops = break_loops
         self.soft_limit = soft_limit  # tokens after which the mask prefers closing tokens (None: never)
         self.max_tokens: int | None = None  # set by plan_wrap_up: then the soft limit is re-planned as it goes
+        self.root_bans: frozenset[int] = frozenset()  # first bytes the first token may not start with
         self.replans = 0  # times _replan moved the soft limit earlier
         self._next_replan = REPLAN_EVERY
         self.wrapups = 0  # masks narrowed by the wrap-up rule
@@ -221,6 +263,7 @@ class Constraint:
         need, walk_s = _closing_walk(self.grammar, max_tokens)
         self.soft_limit = max(0, min(int(share * max_tokens), max_tokens - need))
         self.max_tokens = max_tokens if walk_s <= REPLAN_MAX_WALK_S else None  # see REPLAN_MAX_WALK_S
+        self.root_bans = root_open_bans(self.grammar, max_tokens)
         return self.soft_limit
 
     def closing_need(self, limit: int) -> int:
@@ -260,6 +303,10 @@ class Constraint:
             if tok is not None and tok < self.n_vocab and mask[tok] and np.count_nonzero(mask) > 1:
                 mask[tok] = False
                 self.loops_broken += 1
+        if self.root_bans and not self.history:
+            keep = mask & ~np.isin(first_bytes(self.grammar.tokenizer)[: self.n_vocab], list(self.root_bans))
+            if keep.any():
+                mask = keep
         self._replan()
         if self.soft_limit is not None and len(self.history) >= self.soft_limit:
             self._wrap_up(mask)
