@@ -150,8 +150,9 @@ _root_bans: OrderedDict[tuple[str, int], frozenset[int]] = OrderedDict()  # (gra
 
 def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
     """First bytes (``{`` / ``[``) the answer's first token may not start with: opening that container leaves a
-    document whose wrap-up walk (``_walk_to_end``) does not end within ``max_tokens``, while the grammar allows
-    some other first token. Empty when nothing needs banning. Cached per (grammar, max_tokens)."""
+    document whose wrap-up walk (``_walk_to_end``), times REPLAN_MARGIN, does not end within ``max_tokens``,
+    while the grammar allows some other first token. Empty when nothing needs banning. Cached per (grammar,
+    max_tokens)."""
     key = (grammar.key, max_tokens)
     if key in _root_bans:
         _root_bans.move_to_end(key)
@@ -172,7 +173,7 @@ def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
                 walk.advance([int(tokens[0])])
             except ConstraintError:
                 continue
-            if 1 + _walk_to_end(walk, max_tokens) >= max_tokens:
+            if (1 + _walk_to_end(walk, max_tokens)) * REPLAN_MARGIN >= max_tokens:  # the model's way is longer
                 bans.add(byte)
     if len(bans) == 2 and not (start.allowed() & ~np.isin(first_bytes(grammar.tokenizer)[: start.n_vocab],
                                                            list(bans))).any():
