@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -131,18 +132,26 @@ def closing_length(grammar: CompiledGrammar, limit: int = 4096) -> int:
     return _closing_walk(grammar, limit)[0]
 
 
+def _cached(cache: OrderedDict, key: Any, compute: Callable[[], Any]) -> Any:
+    """``cache[key]``, computed on a miss; beyond CLOSING_ENTRIES the least recently used entries go first."""
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    cache[key] = value = compute()
+    while len(cache) > CLOSING_ENTRIES:
+        cache.popitem(last=False)
+    return value
+
+
 def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
     """(closing_length, seconds the walk took), cached per (grammar, limit)."""
-    key = (grammar.key, limit)
-    if key in _closing:
-        _closing.move_to_end(key)
-        return _closing[key]
-    started = time.perf_counter()
-    n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), limit)
-    _closing[key] = (n, time.perf_counter() - started)
-    while len(_closing) > CLOSING_ENTRIES:
-        _closing.popitem(last=False)
-    return _closing[key]
+
+    def walk() -> tuple[int, float]:
+        started = time.perf_counter()
+        n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), limit)
+        return n, time.perf_counter() - started
+
+    return _cached(_closing, (grammar.key, limit), walk)
 
 
 _root_bans: OrderedDict[tuple[str, int], frozenset[int]] = OrderedDict()  # (grammar key, limit) -> first bytes
@@ -153,35 +162,32 @@ def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
     document whose wrap-up walk (``_walk_to_end``), times REPLAN_MARGIN, does not end within ``max_tokens``,
     while the grammar allows some other first token. Empty when nothing needs banning. Cached per (grammar,
     max_tokens)."""
-    key = (grammar.key, max_tokens)
-    if key in _root_bans:
-        _root_bans.move_to_end(key)
-        return _root_bans[key]
+    return _cached(_root_bans, (grammar.key, max_tokens), lambda: _find_root_bans(grammar, max_tokens))
+
+
+def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
     start = Constraint(grammar, break_loops=False)
+    if start.forced():
+        return frozenset()
+    mask = start.allowed()
+    first = first_bytes(grammar.tokenizer)[: start.n_vocab]
+    single = token_lengths(grammar.tokenizer)[: start.n_vocab] == 1
     bans: set[int] = set()
-    if not start.forced():
-        mask = start.allowed()
-        first = first_bytes(grammar.tokenizer)[: start.n_vocab]
-        single = token_lengths(grammar.tokenizer)[: start.n_vocab] == 1
-        for byte in (0x7B, 0x5B):  # { [
-            opens = first == byte
-            tokens = np.flatnonzero(mask & opens & single)
-            if not len(tokens) or not (mask & ~opens).any():
-                continue
-            walk = Constraint(grammar, break_loops=False, soft_limit=0)
-            try:
-                walk.advance([int(tokens[0])])
-            except ConstraintError:
-                continue
-            if (1 + _walk_to_end(walk, max_tokens)) * REPLAN_MARGIN >= max_tokens:  # the model's way is longer
-                bans.add(byte)
-    if len(bans) == 2 and not (start.allowed() & ~np.isin(first_bytes(grammar.tokenizer)[: start.n_vocab],
-                                                           list(bans))).any():
-        bans.clear()  # nothing else is allowed: leave the model its best chance
-    _root_bans[key] = frozenset(bans)
-    while len(_root_bans) > CLOSING_ENTRIES:
-        _root_bans.popitem(last=False)
-    return _root_bans[key]
+    for byte in (0x7B, 0x5B):  # { [
+        opens = first == byte
+        tokens = np.flatnonzero(mask & opens & single)
+        if not len(tokens) or not (mask & ~opens).any():
+            continue
+        walk = Constraint(grammar, break_loops=False, soft_limit=0)
+        try:
+            walk.advance([int(tokens[0])])
+        except ConstraintError:
+            continue
+        if (1 + _walk_to_end(walk, max_tokens)) * REPLAN_MARGIN >= max_tokens:  # the model's way is longer
+            bans.add(byte)
+    if not (mask & ~np.isin(first, list(bans))).any():
+        return frozenset()  # nothing else is allowed: leave the model its best chance
+    return frozenset(bans)
 
 
 def _walk_to_end(walk: Constraint, limit: int) -> int:

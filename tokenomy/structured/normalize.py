@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tokenomy.structured.subsume import disjoint, subsumes
+from tokenomy.structured.subsume import disjoint, resolve_ref, subsumes
 
 # Keywords whose value is one subschema, a list of subschemas, or a name -> subschema map.
 _ONE = ("additionalItems", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
@@ -199,7 +199,7 @@ def _marks(schema: dict[str, Any]) -> tuple[set[int], set[int]]:
         if not isinstance(node, dict):
             continue
         if isinstance(node.get("$ref"), str) and set(node) - {"$ref", *_ANNOTATIONS}:
-            work.append(("node", _resolve(schema, node["$ref"])))
+            work.append(("node", resolve_ref(schema, node["$ref"])))
         objectish = any(k in node for k in _OBJECT_KEYWORDS)
         for kw, container, key in subschemas(node):
             child = container[key]
@@ -221,12 +221,12 @@ def _marks(schema: dict[str, Any]) -> tuple[set[int], set[int]]:
                 if kw in ("allOf", "anyOf"):
                     work.append(("node", container[key]))
             if isinstance(node.get("$ref"), str):
-                work.append(("node", _resolve(schema, node["$ref"])))
+                work.append(("node", resolve_ref(schema, node["$ref"])))
         elif id(node) not in keep_tree:
             def protect(n: dict[str, Any]) -> None:
                 keep_tree.add(id(n))
                 if isinstance(n.get("$ref"), str):
-                    target = _resolve(schema, n["$ref"])
+                    target = resolve_ref(schema, n["$ref"])
                     if isinstance(target, dict) and id(target) not in keep_tree:
                         work.append(("tree", target))
             walk(node, protect)
@@ -265,7 +265,7 @@ def _strip_ref_siblings(root: dict[str, Any], node: dict[str, Any]) -> None:
     for kw in _ANNOTATIONS:
         node.pop(kw, None)
     if "type" in node:
-        target = _resolve(root, ref)
+        target = resolve_ref(root, ref)
         if isinstance(target, dict) and (target.get("type") == node["type"]
                                          or subsumes(root, {"type": node["type"]}, target)):
             del node["type"]
@@ -337,22 +337,6 @@ def _absorb_universal_pattern(root: dict[str, Any], node: dict[str, Any]) -> Non
     props.update(merged)
     del node["patternProperties"]
     node["additionalProperties"] = sub
-
-
-def _resolve(root: dict[str, Any], ref: str) -> Any:
-    """The subschema a local JSON-pointer ``$ref`` names, or None when it is not local or not found."""
-    if not (ref == "#" or ref.startswith("#/")):
-        return None
-    node: Any = root
-    for part in ref[2:].split("/") if ref != "#" else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
 
 
 def _rewrite_not(node: dict[str, Any]) -> None:

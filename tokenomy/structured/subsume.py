@@ -220,18 +220,7 @@ class _Prover:
         return {k: v for k, v in schema.items() if k not in ANNOTATIONS}
 
     def _resolve(self, ref: Any) -> Any:
-        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
-            return None
-        node: Any = self.root
-        for part in ref[2:].split("/") if ref != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node
+        return resolve_ref(self.root, ref)
 
     def _valid(self, value: Any, schema: Any, formats: bool = True) -> bool | None:
         """Whether ``value`` validates under ``schema``; None when jsonschema cannot tell (bad ref...)."""
@@ -285,3 +274,19 @@ def _type_of(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     return "array" if isinstance(value, list) else "object"
+
+
+def resolve_ref(root: Any, ref: Any) -> Any:
+    """The subschema a local JSON-pointer ``$ref`` names, or None when it is not local or not found."""
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+        return None
+    node: Any = root
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
