@@ -1,4 +1,4 @@
-"""Runs batches on llama.cpp: one model, one context, many sequences; the only module that touches llama_cpp.
+"""Runs batches on llama.cpp: one model, one context, many sequences; with vocab.py, the only code touching llama_cpp.
 
 One `decode` call is one `llama_decode`: every sequence's chunk of tokens goes into a single batch, and only the
 last token of each sequence that will sample asks for logits.
@@ -7,19 +7,15 @@ last token of each sequence that will sample asks for logits.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 from dataclasses import dataclass
 
 import llama_cpp
-import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback, which honours the level below)
 import numpy as np
 
-llama_cpp._logger.logger.setLevel(logging.ERROR)
+from tokenomy.engine.vocab import Vocab
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-
-_backend_ready = False
 
 
 @dataclass
@@ -44,23 +40,12 @@ class Chunk:
     logits: bool
 
 
-class ModelRunner:
-    def __init__(self, path: str, cfg: RunnerConfig) -> None:
-        global _backend_ready
-        if not _backend_ready:
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"model file not found: {path}")
-        self.cfg = cfg
-        mparams = llama_cpp.llama_model_default_params()
-        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {path}")
-        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
+class ModelRunner(Vocab):
+    """One model with one llama.cpp context over it (the vocabulary methods come from Vocab)."""
 
+    def __init__(self, path: str, cfg: RunnerConfig) -> None:
+        super().__init__(path)
+        self.cfg = cfg
         cparams = llama_cpp.llama_context_default_params()
         threads = cfg.n_threads or os.cpu_count() or 1
         cparams.n_ctx = cfg.n_ctx
@@ -94,58 +79,6 @@ class ModelRunner:
         base = self._seq.ctypes.data
         p_i32 = ctypes.POINTER(ctypes.c_int32)
         self._seq_ptrs = (p_i32 * n)(*[ctypes.cast(base + 4 * i, p_i32) for i in range(n)])
-        self._pieces = [self._piece(t) for t in range(self.n_vocab)]
-        self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
-
-    # ---- vocabulary -----------------------------------------------------------------------------------
-    def _piece(self, token: int, special: bool = False) -> bytes:
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
-        return buf.raw[:n]
-
-    def piece(self, token: int) -> bytes:
-        """Bytes of a token as text (control tokens render empty)."""
-        return self._pieces[token]
-
-    def special_text(self, token: int) -> str:
-        return self._piece(token, special=True).decode("utf-8", errors="replace")
-
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        if n < 0:
-            cap = -n
-            buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
-        return list(buf[:n])
-
-    def meta(self, key: str) -> str | None:
-        size = 1 << 16
-        buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, size)
-        if n < 0:
-            return None
-        if n >= size:
-            buf = ctypes.create_string_buffer(n + 1)
-            llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, n + 1)
-        return buf.value.decode("utf-8", errors="replace")
-
-    @property
-    def bos(self) -> int:
-        return llama_cpp.llama_vocab_bos(self.vocab)
-
-    @property
-    def eos(self) -> int:
-        return llama_cpp.llama_vocab_eos(self.vocab)
-
-    @property
-    def add_bos(self) -> bool:
-        return bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
 
     # ---- KV memory ------------------------------------------------------------------------------------
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
@@ -196,9 +129,7 @@ class ModelRunner:
         if getattr(self, "ctx", None):
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
-        if getattr(self, "model", None):
-            llama_cpp.llama_model_free(self.model)
-            self.model = None
+        super().close()
 
 
 class KVFull(RuntimeError):

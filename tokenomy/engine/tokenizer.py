@@ -11,7 +11,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from tokenomy.engine.runner import ModelRunner
+from tokenomy.engine.vocab import Vocab
 
 # Used only when a GGUF carries no template (e.g. some base models): ChatML.
 CHATML = (
@@ -34,9 +34,9 @@ def _raise(message: str) -> None:
 
 
 class Tokenizer:
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        stored = runner.meta("tokenizer.chat_template")
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+        stored = vocab.meta("tokenizer.chat_template")
         template = stored or CHATML
         self.has_template = stored is not None
         env = ImmutableSandboxedEnvironment(
@@ -47,11 +47,11 @@ class Tokenizer:
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
         self._template = env.from_string(template)
-        self.bos_text = runner.special_text(runner.bos) if runner.bos >= 0 else ""
-        self.eos_text = runner.special_text(runner.eos) if runner.eos >= 0 else ""
+        self.bos_text = vocab.special_text(vocab.bos) if vocab.bos >= 0 else ""
+        self.eos_text = vocab.special_text(vocab.eos) if vocab.eos >= 0 else ""
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
-        return self.runner.tokenize(text, add_special=add_special, parse_special=add_special)
+        return self.vocab.tokenize(text, add_special=add_special, parse_special=add_special)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         try:
@@ -66,23 +66,23 @@ class Tokenizer:
 
     def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         text = self.render_chat(messages, tools)
-        add_bos = self.runner.add_bos and not (self.bos_text and text.startswith(self.bos_text))
-        ids = self.runner.tokenize(text, add_special=False, parse_special=True)
-        return ([self.runner.bos] if add_bos else []) + ids
+        add_bos = self.vocab.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        ids = self.vocab.tokenize(text, add_special=False, parse_special=True)
+        return ([self.vocab.bos] if add_bos else []) + ids
 
     def decode(self, tokens: list[int]) -> str:
-        return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", errors="replace")
+        return b"".join(self.vocab.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
 
 class IncrementalDetokenizer:
     """Turns a stream of tokens into text without splitting multi-byte UTF-8 characters."""
 
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token: int) -> str:
-        return self._dec.decode(self.runner.piece(token))
+        return self._dec.decode(self.vocab.piece(token))
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
