@@ -36,6 +36,10 @@ class EngineSettings(_Strict):
     kv_type: Literal["f16", "q8_0", "q4_0"] = "f16"
     prefix_caching: bool = True
     flash_attn: bool = True
+    watchdog_s: float = Field(120.0, gt=0, description="an engine process that holds requests and finishes no "
+                              "step for this long is killed and restarted")
+    start_timeout_s: float = Field(300.0, gt=0, description="time for an engine process to load its model and "
+                                   "pass its self-check")
 
 
 class StructuredSettings(_Strict):

@@ -146,10 +146,9 @@ class Gateway:
 
         def on_step(n_tokens: int, n_seqs: int, dt: float) -> None:
             batch.observe(n_tokens)
-            s = engine.scheduler
-            pre.inc(s.preemptions - last["pre"])
-            hits.inc(s.prefix_hit_tokens - last["hits"])
-            last["pre"], last["hits"] = s.preemptions, s.prefix_hit_tokens
+            pre.inc(max(engine.preemptions - last["pre"], 0))       # counters restart with a restarted engine
+            hits.inc(max(engine.prefix_hit_tokens - last["hits"], 0))
+            last["pre"], last["hits"] = engine.preemptions, engine.prefix_hit_tokens
 
         engine.stats.on_step.append(on_step)
 

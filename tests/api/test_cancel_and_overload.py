@@ -24,8 +24,8 @@ def wait_idle(engine, timeout=30.0):
 def test_disconnect_mid_stream_and_mid_prefill_frees_kv(server):
     engine = server.gateway.registry.get(MODEL).engine
     assert wait_idle(engine)
-    engine.scheduler.clear_cache()
-    idle = engine.scheduler.prefix.used_cells
+    engine.clear_cache()
+    idle = engine.call("state")["used_cells"]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
             "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.Client(timeout=60) as c, c.stream("POST", server.base_url + "/chat/completions", json=body) as r:
@@ -37,7 +37,7 @@ def test_disconnect_mid_stream_and_mid_prefill_frees_kv(server):
             if n >= 5:
                 break            # leave mid-stream: closing the response drops the connection
     assert wait_idle(engine) and engine.running == 0
-    assert engine.scheduler.prefix.used_cells == idle
+    assert engine.call("state")["used_cells"] == idle
     # mid-prefill: a long prompt, abandoned well before its first token
     long_body = {"model": MODEL, "messages": [{"role": "user", "content": "lorem ipsum " * 500}],
                  "max_tokens": 50}
@@ -46,7 +46,7 @@ def test_disconnect_mid_stream_and_mid_prefill_frees_kv(server):
     except httpx.TimeoutException:
         pass
     assert wait_idle(engine)
-    assert engine.scheduler.prefix.used_cells == idle
+    assert engine.call("state")["used_cells"] == idle
 
 
 def test_full_queue_gets_429_with_retry_after():

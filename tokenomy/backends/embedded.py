@@ -1,17 +1,22 @@
-"""The embedded backend: requests run on tokenomy's own engine in this process."""
+"""The embedded backend: requests run on tokenomy's own engine, in a child process per model (engine/client.py).
+
+The gateway side tokenizes and renders the chat template; the engine process compiles grammars, decodes and
+samples. An engine crash ends the requests it held with a 503 (an error event on streams) and restarts it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Overloaded, TokenCount, Usage
 from tokenomy.config import StructuredSettings
-from tokenomy.engine.engine import Engine, EngineConfig, QueueFull
+from tokenomy.engine.client import EngineClient, EngineUnavailable
+from tokenomy.engine.core import ConstraintSpec
+from tokenomy.engine.engine import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import TemplateError
@@ -46,40 +51,24 @@ class EmbeddedBackend:
         self.name = name
         self.structured = structured or StructuredSettings()
         self.path = gguf_path
-        self.engine = Engine(gguf_path, cfg, name=name).start()
+        self.engine = EngineClient(gguf_path, cfg, name=name)
         self._wait_ewma = 0.0
-        self._compiler: Any = None
-        self._compiler_lock = threading.Lock()
 
     # ---- structured output -------------------------------------------------------------------------------
-    def compiler(self) -> Any:
-        """Grammar compiler over this model's vocabulary, built on first use (llguidance)."""
-        with self._compiler_lock:
-            if self._compiler is None:
-                from tokenomy.structured import GrammarCompiler
-                from tokenomy.structured.tokenizer import tokenizer_from_vocab
-
-                r = self.engine.runner
-                self._compiler = GrammarCompiler(tokenizer_from_vocab(r.vocab, n_vocab=r.n_vocab))
-            return self._compiler
-
-    async def constraint_for(self, req: GenRequest) -> tuple[Any, Any]:
-        """(OutputFormat, Constraint) for the request's response_format / tools, or (None, None)."""
+    def output_format(self, req: GenRequest) -> Any:
+        """The request's OutputFormat (response_format / tools), or None. The engine process compiles its grammar
+        against the loaded vocabulary; a schema it cannot compile comes back as an invalid_schema error."""
         if req.kind != "chat" or not (req.response_format or req.tools):
-            return None, None
-        from tokenomy.structured import Constraint, SchemaError, output_format
+            return None
+        from tokenomy.structured import SchemaError, output_format
 
         try:
             st = self.structured
-            fmt = output_format(req.response_format, req.tools, req.tool_choice,
-                                req.params.get("parallel_tool_calls", True) is not False,
-                                max_string_length=st.max_string_length, max_array_items=st.max_array_items)
-            if fmt is None:
-                return None, None
-            grammar = await asyncio.to_thread(self.compiler().compile, fmt)
+            return output_format(req.response_format, req.tools, req.tool_choice,
+                                 req.params.get("parallel_tool_calls", True) is not False,
+                                 max_string_length=st.max_string_length, max_array_items=st.max_array_items)
         except SchemaError as e:
             raise InvalidRequest(f"Invalid schema: {e.reason}", param=e.param, code="invalid_schema") from e
-        return fmt, Constraint(grammar, break_loops=self.structured.break_loops)
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
@@ -116,11 +105,9 @@ class EmbeddedBackend:
         return limit - len(prompt)
 
     # ---- generation ------------------------------------------------------------------------------------
-    async def stream(self, req: GenRequest, constraint: Any = None) -> AsyncIterator[Delta]:
+    async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
-        fmt = None
-        if constraint is None:
-            fmt, constraint = await self.constraint_for(req)
+        fmt = self.output_format(req)
         if fmt is not None and fmt.may_call:
             from tokenomy.structured import tools_prompt
 
@@ -136,10 +123,7 @@ class EmbeddedBackend:
             sp = sampling_params(req.params, default_max=room)
         except ValueError as e:
             raise InvalidRequest(str(e)) from e
-        if constraint is not None and self.structured.wrap_up is not None:
-            # Wind down at the configured share of max_tokens, or earlier when the schema's shortest answer
-            # would not fit after it; the first plan for a schema walks its grammar (milliseconds to 0.5 s).
-            await asyncio.to_thread(constraint.plan_wrap_up, sp.max_tokens, self.structured.wrap_up)
+        spec = None if fmt is None else ConstraintSpec(fmt, self.structured.break_loops, self.structured.wrap_up)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
 
@@ -147,9 +131,9 @@ class EmbeddedBackend:
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
         try:
-            seq = self.engine.submit(prompt, sp, on_event, constraint=constraint, request_id=req.request_id)
-        except QueueFull as e:
-            raise Overloaded(str(e), retry_after=1.0) from e
+            handle = self.engine.submit(prompt, sp, on_event, constraint=spec, request_id=req.request_id)
+        except EngineUnavailable as e:
+            raise BackendError(str(e), status=503, retryable=True, retry_after=1.0) from e
         finished = False
         try:
             while True:
@@ -162,15 +146,15 @@ class EmbeddedBackend:
                     continue
                 finished = True
                 if ev.finish_reason == "error":
-                    raise BackendError(f"engine error: {ev.error}", status=500, retryable=True)
-                n = max(len(seq.output), 1)
+                    raise _error(ev)
+                arrival = handle.submitted_at
                 usage = Usage(
                     prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
                     cached_tokens=ev.cached_tokens,
-                    queue_s=(seq.first_scheduled or t0) - seq.arrival,
-                    ttft_s=(seq.first_token - seq.arrival) if seq.first_token else None,
+                    queue_s=max((ev.scheduled_at or arrival) - arrival, 0.0),
+                    ttft_s=(ev.first_token_at - arrival) if ev.first_token_at else None,
                     e2e_s=time.perf_counter() - t0,
-                    mean_logprob=seq.sum_logprob / n, min_logprob=seq.min_logprob,
+                    mean_logprob=ev.mean_logprob, min_logprob=ev.min_logprob,
                 )
                 self._wait_ewma = 0.8 * self._wait_ewma + 0.2 * max(usage.queue_s, 0.0)
                 finish = ev.finish_reason
@@ -184,7 +168,7 @@ class EmbeddedBackend:
                 return
         finally:
             if not finished:       # the consumer went away (client disconnect): free the sequence
-                self.engine.cancel(seq)
+                self.engine.cancel(handle)
 
     def expected_wait_s(self) -> float:
         """Queue wait a new request should expect: the current head-of-queue age, or recent waits if busier."""
@@ -193,13 +177,27 @@ class EmbeddedBackend:
         return max(self.engine.oldest_wait_s, self._wait_ewma)
 
     async def health(self) -> bool:
-        return self.engine._thread is not None and self.engine._thread.is_alive()
+        return self.engine.state == "ready"
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "embedded", "path": self.path, "max_model_len": self.engine.max_model_len}
+        return {"backend": "embedded", "path": self.path, "max_model_len": self.engine.max_model_len,
+                "engine": self.engine.describe()}
 
     async def close(self) -> None:
         await asyncio.to_thread(self.engine.stop)
+
+
+def _error(ev: TokenEvent) -> Exception:
+    """The exception for an engine's error event: the request's own fault is a 4xx and never counts against the
+    model; a full queue is a 429; a crashed engine or a failed step is a 503 another model may serve."""
+    code = ev.error_code
+    if code == "queue_full":
+        return Overloaded(ev.error or "the engine's queue is full", retry_after=1.0)
+    if code in ("invalid_schema", "invalid_request"):
+        return InvalidRequest(ev.error or "invalid request", param=ev.error_param, code=code)
+    if code == "engine_died":
+        return BackendError(ev.error or "the engine died", status=503, retryable=True, retry_after=1.0)
+    return BackendError(f"engine error: {ev.error}", status=500, retryable=True)
 
 
 def _with_system(req: GenRequest, text: str) -> GenRequest:

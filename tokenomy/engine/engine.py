@@ -33,6 +33,8 @@ class EngineConfig:
     kv_type: str = "f16"
     prefix_caching: bool = True
     flash_attn: bool = True
+    watchdog_s: float = 120.0        # engine process: no step for this long while holding requests = hung
+    start_timeout_s: float = 300.0   # engine process: load and self-check must finish within this
 
 
 @dataclass
@@ -64,7 +66,9 @@ class Engine:
             prefix_caching=cfg.prefix_caching,
         ), self.runner)
         self.stats = StepStats()
+        self.after_step: list[Callable[[], None]] = []   # called on the engine thread after every step
         self._inbox: list[Sequence] = []
+        self._calls: list[Callable[[], None]] = []
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -105,6 +109,31 @@ class Engine:
         with self._cv:
             self._cv.notify()
 
+    def run_in_loop(self, fn: Callable[[], None], timeout: float = 30.0) -> None:
+        """Run `fn` on the engine thread between two steps and wait for it (directly if the loop is not running)."""
+        if self._thread is None:
+            fn()
+            return
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        with self._cv:
+            self._calls.append(call)
+            self._cv.notify()
+        done.wait(timeout)
+
+    def drain(self) -> None:
+        """Run steps on the calling thread until no sequence waits or runs. Only before start()."""
+        assert self._thread is None, "drain() is for an engine whose loop is not running"
+        self._take_inbox()
+        while self._has_work():
+            self.step()
+
     @property
     def queue_depth(self) -> int:
         return len(self._inbox) + len(self.scheduler.waiting)
@@ -128,19 +157,26 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and not self._inbox and not self._has_work():
+                while not self._stop and not self._inbox and not self._calls and not self._has_work():
                     self._cv.wait(timeout=0.5)
                 if self._stop:
                     return
-                for seq in self._inbox:
-                    self.scheduler.waiting.append(seq)
-                self._inbox.clear()
+                self._take_inbox()
+                calls, self._calls = self._calls, []
+            for call in calls:
+                call()
             try:
                 self.step()
             except Exception as e:  # a broken step must not kill the server: fail what was in it
                 log.exception("engine step failed")
                 for seq in list(self.scheduler.running):
                     self._finish(seq, "error", error=str(e))
+            for cb in self.after_step:
+                cb()
+
+    def _take_inbox(self) -> None:
+        self.scheduler.waiting.extend(self._inbox)
+        self._inbox.clear()
 
     def _has_work(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
@@ -298,4 +334,6 @@ class Engine:
             text=text, token_ids=tokens or [], logprobs=logprobs or [], finish_reason=reason, error=error,
             token_logprobs=token_logprobs or [],
             prompt_tokens=len(seq.prompt), cached_tokens=seq.cached_tokens, completion_tokens=len(seq.output),
+            scheduled_at=seq.first_scheduled, first_token_at=seq.first_token,
+            mean_logprob=seq.sum_logprob / max(len(seq.output), 1), min_logprob=seq.min_logprob,
         ))

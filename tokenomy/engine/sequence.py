@@ -28,9 +28,16 @@ class TokenEvent:
     finish_reason: str | None = None        # stop | length | cancelled | error
     error: str | None = None
     token_logprobs: list[float] = field(default_factory=list)   # always: the chosen tokens' logprobs
+    error_code: str | None = None           # with finish_reason "error": queue_full | invalid_request | ...
+    error_param: str | None = None
+    # on the final event only: counts, and times on the monotonic perf_counter clock (shared by processes)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    mean_logprob: float | None = None
+    min_logprob: float | None = None
 
 
 _ids = itertools.count()

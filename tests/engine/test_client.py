@@ -1,0 +1,121 @@
+"""The engine process on the real SmolLM2: a crash, a kill or a hang ends the requests it held with an error, and
+the engine comes back; a broken model fails at start with its cause."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tokenomy.engine.client import EngineClient, EngineStartError, EngineUnavailable, describe_exit
+from tokenomy.engine.engine import EngineConfig
+from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.models import resolve_gguf
+
+CFG = dict(n_ctx=4096, max_model_len=2048, max_running=4, max_retired=4, max_batch_tokens=64)
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.events = []
+        self.first = threading.Event()
+        self.done = threading.Event()
+
+    def __call__(self, ev) -> None:
+        self.events.append(ev)
+        self.first.set()
+        if ev.finish_reason:
+            self.done.set()
+
+    @property
+    def last(self):
+        return self.events[-1]
+
+
+def ask(engine: EngineClient, text: str, max_tokens: int = 8) -> Collect:
+    c = Collect()
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": text}])
+    engine.submit(ids, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True), c)
+    return c
+
+
+def wait_ready(engine: EngineClient, timeout: float = 60.0) -> None:
+    deadline = time.time() + timeout
+    while engine.state != "ready":
+        assert time.time() < deadline, engine.describe()
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = EngineClient(str(resolve_gguf("smollm2-135m-instruct")), EngineConfig(**CFG, watchdog_s=3.0), name="small")
+    yield e
+    e.stop()
+
+
+def test_serves_in_a_child_process(engine) -> None:
+    c = ask(engine, "Say hi.")
+    assert c.done.wait(60)
+    assert c.last.finish_reason == "length" and c.last.completion_tokens == 8
+    assert engine.pid != os.getpid() and engine.state == "ready"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_kill_mid_stream_errors_the_request_and_restarts(engine, sig) -> None:
+    restarts, old_pid = engine.restarts, engine.pid
+    c = ask(engine, "Tell me a long story about a dragon.", max_tokens=400)
+    assert c.first.wait(60)
+    os.kill(engine.pid, sig)
+    assert c.done.wait(30)
+    last = c.last
+    assert last.finish_reason == "error" and last.error_code == "engine_died"
+    assert signal.Signals(sig).name in last.error
+    assert engine.restarts == restarts + 1 and engine.last_exit.startswith(f"died of {signal.Signals(sig).name}")
+    assert engine.state == "restarting"        # the first restart waits BACKOFF_S[0]: new work is refused at once
+    with pytest.raises(EngineUnavailable):
+        ask(engine, "Say hi.")
+    wait_ready(engine)
+    assert engine.pid != old_pid
+    again = ask(engine, "Say hi.")
+    assert again.done.wait(60) and again.last.finish_reason == "length"
+
+
+def test_kill_mid_prefill_errors_every_request_it_held(engine) -> None:
+    wait_ready(engine)
+    held = [ask(engine, "lorem ipsum " * 300, max_tokens=4) for _ in range(3)]
+    time.sleep(0.05)                                    # submitted, still prefilling 64 tokens a step
+    assert not any(c.first.is_set() for c in held)
+    os.kill(engine.pid, signal.SIGKILL)
+    for c in held:
+        assert c.done.wait(30) and c.last.error_code == "engine_died"
+    wait_ready(engine)
+    assert engine.running == 0 and engine.queue_depth == 0
+
+
+def test_a_hung_engine_is_killed_by_the_watchdog(engine) -> None:
+    wait_ready(engine)
+    restarts = engine.restarts
+    c = ask(engine, "Tell me a long story about a dragon.", max_tokens=400)
+    assert c.first.wait(60)
+    os.kill(engine.pid, signal.SIGSTOP)                # alive but making no progress
+    assert c.done.wait(30)
+    assert c.last.error_code == "engine_died" and "SIGKILL" in c.last.error
+    assert engine.restarts == restarts + 1
+    wait_ready(engine)
+
+
+def test_an_engine_that_cannot_start_fails_at_start_with_the_cause() -> None:
+    # 16M KV cells of SmolLM2 need hundreds of GB: llama.cpp cannot create the context in the engine process
+    with pytest.raises(EngineStartError) as info:
+        EngineClient(str(resolve_gguf("smollm2-135m-instruct")), EngineConfig(n_ctx=1 << 24, max_model_len=2048))
+    assert "start-up self-check" in str(info.value) and "could not create a context" in str(info.value)
+
+
+def test_exit_descriptions_name_the_cause_and_the_fix() -> None:
+    ill = describe_exit(-signal.SIGILL)
+    assert "SIGILL" in ill and "install.sh" in ill
+    assert "out of memory" in describe_exit(-signal.SIGKILL)
+    assert describe_exit(3) == "exited with status 3"

@@ -1,0 +1,312 @@
+"""The gateway's side of an engine process (core.py): submit and cancel, live state, and restarts after crashes.
+
+The model's weights, KV cache and step loop live in a child process with its own interpreter lock; the gateway
+keeps only the vocabulary (tokenizing, chat templates). When the child dies (a native crash, an OOM kill,
+kill -9) or stops making progress for `watchdog_s` while it holds requests, every request it held ends with an
+error event (error_code "engine_died"), and the child is started again with exponential backoff. Submissions
+while it restarts raise EngineUnavailable at once, so other models keep serving and callers can fall back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tokenomy.engine.core import ConstraintSpec, StepReport
+from tokenomy.engine.engine import EngineConfig, StepStats
+from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.sequence import TokenEvent
+from tokenomy.engine.tokenizer import Tokenizer
+from tokenomy.engine.vocab import Vocab
+
+log = logging.getLogger("tokenomy.engine")
+
+ENTRY = "import sys; from tokenomy.engine.core import main; main(int(sys.argv[1]))"
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+STABLE_S = 60.0   # an engine up this long has recovered: the next crash starts the backoff again
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+class EngineUnavailable(RuntimeError):
+    pass
+
+
+def describe_exit(code: int | None) -> str:
+    """How a process ended, in words, with the likely cause where the signal tells it."""
+    if code is None:
+        return "stopped responding"
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = {
+        "SIGILL": " (an instruction this CPU cannot run: llama-cpp-python was built for another CPU, or with AMX; "
+                  "reinstall it for this machine with `bash install.sh`, see docs/engine.md)",
+        "SIGKILL": " (killed: out of memory, the watchdog, or an operator)",
+        "SIGSEGV": " (a native crash in llama.cpp)",
+    }.get(name, "")
+    return f"died of {name}{hint}"
+
+
+def _reap(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Wait for the process to end; kill it if it will not."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass(eq=False)
+class Handle:
+    """One submitted request, as the gateway sees it."""
+
+    rid: int
+    on_event: Callable[[TokenEvent], None]
+    submitted_at: float
+    started: bool = False
+
+
+class EngineClient:
+    def __init__(self, model_path: str, cfg: EngineConfig | None = None, name: str = "model") -> None:
+        self.cfg = cfg = cfg or EngineConfig()
+        self.name = name
+        self.path = model_path
+        self.vocab = Vocab(model_path, vocab_only=True)
+        self.tokenizer = Tokenizer(self.vocab)
+        self.stats = StepStats()          # its callbacks run on the reader thread, once per engine step
+        self.state = "starting"           # starting | ready | restarting | stopped
+        self.restarts = 0
+        self.last_exit: str | None = None
+        self.pid: int | None = None
+        self.max_model_len = min(cfg.max_model_len, self.vocab.n_ctx_train, cfg.n_ctx)
+        self.n_ctx = cfg.n_ctx
+        self.running = 0
+        self.used_cells = 0
+        self.preemptions = 0
+        self.prefix_hit_tokens = 0
+        self._waiting = 0
+        self._pending: dict[int, Handle] = {}
+        self._calls: dict[int, Future[Any]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._last_progress = time.monotonic()
+        self._up_since = 0.0
+        self._failures = 0
+        self._spawn()
+        threading.Thread(target=self._watchdog, name=f"engine-watchdog-{name}", daemon=True).start()
+
+    # ---- process lifecycle -----------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        """Start the engine process and wait for its self-check; raise EngineStartError naming the cause."""
+        # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's __main__) on one end of
+        # a socket pair; the child exits when the gateway's end closes.
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-c", ENTRY, str(theirs.fileno())], pass_fds=[theirs.fileno()])
+        theirs.close()
+        conn = Connection(ours.detach())
+        what = f"the engine process for {self.name!r} ({self.path})"
+        try:
+            conn.send((self.path, self.cfg, self.name))
+            if not conn.poll(self.cfg.start_timeout_s):
+                proc.kill()
+                raise EngineStartError(
+                    f"{what} did not finish its start-up self-check in {self.cfg.start_timeout_s:g} s")
+            msg = conn.recv()
+        except (EOFError, OSError):
+            _reap(proc)
+            raise EngineStartError(f"{what} {describe_exit(proc.returncode)} during its start-up self-check") from None
+        if msg[0] != "ready":
+            _reap(proc)
+            raise EngineStartError(f"{what} failed its start-up self-check: {msg[1]}")
+        info = msg[1]
+        self.max_model_len, self.n_ctx, self.pid = info["max_model_len"], info["n_ctx"], info["pid"]
+        self.running = self._waiting = self.used_cells = 0
+        self._proc, self._conn = proc, conn
+        self._up_since = self._last_progress = time.monotonic()
+        self.state = "ready"
+        threading.Thread(target=self._read, args=(proc, conn), name=f"engine-reader-{self.name}",
+                         daemon=True).start()
+
+    def _read(self, proc: Any, conn: Connection) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:             # a message we cannot read: the channel is no longer trustworthy
+                log.exception("engine %s sent an unreadable message; restarting it", self.name)
+                proc.kill()
+                break
+            self._last_progress = time.monotonic()
+            if msg[0] == "step":
+                if msg[1] is not None:
+                    self._apply(msg[1])
+                for rid, ev in msg[2]:
+                    self._dispatch(rid, ev)
+            elif msg[0] == "reply":
+                fut = self._calls.pop(msg[1], None)
+                if fut is not None:
+                    fut.set_result(msg[2])
+        _reap(proc)
+        if self.state != "stopped":
+            self._crashed(describe_exit(proc.returncode))
+
+    def _crashed(self, reason: str) -> None:
+        with self._lock:
+            if self.state != "ready":
+                return
+            self.state = "restarting"
+            pending, self._pending = self._pending, {}
+            calls, self._calls = self._calls, {}
+            self.restarts += 1
+            self.last_exit = reason
+            self._failures = 0 if time.monotonic() - self._up_since > STABLE_S else self._failures + 1
+        log.error("engine %s %s; failing %d requests and restarting", self.name, reason, len(pending))
+        message = f"The engine for model {self.name!r} {reason}; it is restarting. Retry the request."
+        for h in pending.values():
+            h.on_event(TokenEvent(text="", token_ids=[], logprobs=[], finish_reason="error", error=message,
+                                  error_code="engine_died"))
+        for fut in calls.values():
+            fut.set_exception(EngineUnavailable(message))
+        threading.Thread(target=self._restart, name=f"engine-restart-{self.name}", daemon=True).start()
+
+    def _restart(self) -> None:
+        attempt = self._failures
+        while self.state == "restarting":
+            time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            if self.state != "restarting":
+                return
+            try:
+                self._spawn()
+                log.warning("engine %s restarted (restart %d)", self.name, self.restarts)
+                return
+            except EngineStartError as e:
+                self.last_exit = str(e)
+                log.error("engine %s could not restart: %s", self.name, e)
+                attempt += 1
+
+    def _watchdog(self) -> None:
+        while self.state != "stopped":
+            time.sleep(min(1.0, self.cfg.watchdog_s / 4))
+            proc = self._proc
+            if (self.state == "ready" and self._pending and proc is not None
+                    and time.monotonic() - self._last_progress > self.cfg.watchdog_s):
+                log.error("engine %s made no progress for %.0f s with %d requests: killing it", self.name,
+                          self.cfg.watchdog_s, len(self._pending))
+                proc.kill()          # the reader sees the pipe close and restarts it
+                self._last_progress = time.monotonic()
+
+    def stop(self) -> None:
+        self.state = "stopped"
+        try:
+            self._send(("stop",))
+        except EngineUnavailable:
+            pass
+        if self._proc is not None:
+            _reap(self._proc)
+        self.vocab.close()
+
+    # ---- requests ----------------------------------------------------------------------------------------
+    def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[TokenEvent], None],
+               constraint: ConstraintSpec | None = None, request_id: str | None = None) -> Handle:
+        """Queue a sequence; events arrive on the reader thread. Errors the engine finds later (queue full,
+        a bad schema, a crash) arrive as a final event with finish_reason "error" and an error_code."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt is {len(prompt)} tokens; the limit is {self.max_model_len - 1}")
+        with self._lock:
+            if self.state != "ready":
+                raise EngineUnavailable(f"The engine for model {self.name!r} is {self.state} "
+                                        f"(last exit: {self.last_exit}). Retry shortly.")
+            if not self._pending:
+                self._last_progress = time.monotonic()   # the watchdog times progress from here
+            h = Handle(next(self._ids), on_event, time.perf_counter())
+            self._pending[h.rid] = h
+        try:
+            self._send(("submit", h.rid, list(prompt), params, constraint, request_id))
+        except EngineUnavailable:
+            self._pending.pop(h.rid, None)
+            raise
+        return h
+
+    def cancel(self, h: Handle) -> None:
+        if h.rid in self._pending:
+            try:
+                self._send(("cancel", h.rid))
+            except EngineUnavailable:
+                pass
+
+    def call(self, name: str, timeout: float = 30.0) -> Any:
+        """Ask the engine process something (core.Core._call): "state", "clear_cache"."""
+        fut: Future[Any] = Future()
+        cid = next(self._ids)
+        self._calls[cid] = fut
+        self._send(("call", cid, name))
+        return fut.result(timeout)
+
+    def clear_cache(self) -> None:
+        self.call("clear_cache")
+
+    def _send(self, msg: tuple) -> None:
+        conn = self._conn
+        if conn is None:
+            raise EngineUnavailable(f"The engine for model {self.name!r} is not running.")
+        try:
+            with self._send_lock:
+                conn.send(msg)
+        except (OSError, ValueError) as e:
+            raise EngineUnavailable(f"The engine for model {self.name!r} is not reachable: {e}") from e
+
+    def _apply(self, r: StepReport) -> None:
+        self.running, self._waiting, self.used_cells = r.running, r.waiting, r.used_cells
+        self.preemptions, self.prefix_hit_tokens = r.preemptions, r.prefix_hit_tokens
+        if r.n_tokens:
+            for cb in self.stats.on_step:
+                cb(r.n_tokens, r.n_seqs, r.dt)
+            for cb2 in self.stats.on_step_seqs:
+                cb2(r.dt, r.tokens_by_seq)
+
+    def _dispatch(self, rid: int, ev: TokenEvent) -> None:
+        h = self._pending.pop(rid, None) if ev.finish_reason is not None else self._pending.get(rid)
+        if h is None:
+            return
+        h.started = True
+        h.on_event(ev)
+
+    # ---- live state (the engine's last step report, and what is in flight) ---------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return max(self._waiting, len(self._pending) - self.running)
+
+    @property
+    def oldest_wait_s(self) -> float:
+        waiting = [h.submitted_at for h in list(self._pending.values()) if not h.started]
+        return time.perf_counter() - min(waiting) if waiting else 0.0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.used_cells / self.n_ctx if self.n_ctx else 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"state": self.state, "restarts": self.restarts, "last_exit": self.last_exit, "pid": self.pid}

@@ -1,0 +1,234 @@
+"""The engine process: one model's Engine behind a pipe, as vLLM's EngineCore runs behind its client.
+
+The loop itself (engine.py) is unchanged; this module only moves requests and results across the boundary.
+Messages are tuples:
+
+    in:   ("submit", rid, prompt, SamplingParams, ConstraintSpec | None, request_id)
+          ("cancel", rid)    ("call", cid, name)    ("stop",)
+    out:  ("ready", info)    ("failed", message)    ("step", StepReport, [(rid, TokenEvent), ...])
+          ("reply", cid, value)
+
+One "step" message carries a step's statistics and every event it produced, so a step costs one write however
+many sequences it ran. A crash on either side is a closed pipe on the other: the client (client.py) turns it
+into errors and a restart, and this process exits when the gateway goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tokenomy.engine.engine import Engine, QueueFull
+from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.sequence import TokenEvent
+
+log = logging.getLogger("tokenomy.engine")
+
+SELF_CHECK_TOKENS = 4
+
+
+@dataclass
+class ConstraintSpec:
+    """What the engine process needs to constrain a sequence: the output format (its grammar is compiled here,
+    against the loaded model's vocabulary) and the model's structured settings."""
+
+    fmt: Any                      # structured.OutputFormat
+    break_loops: bool = True
+    wrap_up: float | None = None  # share of max_tokens after which the answer winds down
+
+
+@dataclass
+class StepReport:
+    """The engine's state after one step, and what the step did."""
+
+    n_tokens: int = 0
+    n_seqs: int = 0
+    dt: float = 0.0
+    tokens_by_seq: dict[Any, int] = field(default_factory=dict)
+    running: int = 0
+    waiting: int = 0
+    used_cells: int = 0
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0
+
+
+def self_check(engine: Engine) -> None:
+    """Decode a few greedy tokens of a short prompt on the real kernels: a build this CPU cannot run dies here,
+    at start, instead of at the first user's request."""
+    events: list[TokenEvent] = []
+    on_event = events.append
+
+    prompt = engine.tokenizer.encode("The capital of France is")
+    engine.submit(prompt, SamplingParams(max_tokens=SELF_CHECK_TOKENS, temperature=0.0, ignore_eos=True), on_event)
+    engine.drain()
+    last = events[-1]
+    if last.finish_reason != "length" or last.completion_tokens != SELF_CHECK_TOKENS:
+        raise RuntimeError(f"self-check decode ended with {last.finish_reason}: {last.error}")
+    engine.scheduler.clear_cache()
+
+
+class Core:
+    def __init__(self, conn: Connection, engine: Engine) -> None:
+        self.conn = conn
+        self.engine = engine
+        self._send_lock = threading.Lock()
+        self._outbox: list[tuple[int, TokenEvent]] = []
+        self._report = StepReport()
+        self._seqs: dict[int, Any] = {}
+        self._compiling: set[int] = set()          # constrained submissions whose grammar is being compiled
+        self._cancelled_early: set[int] = set()    # ... and were cancelled meanwhile
+        self._compile_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
+        self._compiler: Any = None
+        self._compiler_lock = threading.Lock()
+        engine.stats.on_step.append(self._on_step)
+        engine.stats.on_step_seqs.append(self._on_step_seqs)
+        engine.after_step.append(self._flush)
+
+    def send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    # ---- engine thread ---------------------------------------------------------------------------------
+    def _on_step(self, n_tokens: int, n_seqs: int, dt: float) -> None:
+        self._report.n_tokens, self._report.n_seqs, self._report.dt = n_tokens, n_seqs, dt
+
+    def _on_step_seqs(self, dt: float, by_seq: dict[Any, int]) -> None:
+        self._report.tokens_by_seq = dict(by_seq)
+
+    def _flush(self) -> None:
+        s = self.engine.scheduler
+        r, self._report = self._report, StepReport()
+        r.running, r.waiting, r.used_cells = len(s.running), self.engine.queue_depth, s.prefix.used_cells
+        r.preemptions, r.prefix_hit_tokens = s.preemptions, s.prefix_hit_tokens
+        out, self._outbox = self._outbox, []
+        if not out and not r.n_tokens:
+            return
+        for rid, ev in out:
+            if ev.finish_reason is not None:
+                self._seqs.pop(rid, None)
+        self.send(("step", r, out))
+
+    # ---- the pipe ----------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                return                       # the gateway is gone
+            kind = msg[0]
+            if kind == "submit":
+                self._submit(*msg[1:])
+            elif kind == "cancel":
+                seq = self._seqs.get(msg[1])
+                if seq is not None:
+                    self.engine.cancel(seq)
+                elif msg[1] in self._compiling:
+                    self._cancelled_early.add(msg[1])
+            elif kind == "call":
+                self.send(("reply", msg[1], self._call(msg[2])))
+            elif kind == "stop":
+                return
+
+    def _submit(self, rid: int, prompt: list[int], params: SamplingParams, spec: ConstraintSpec | None,
+                request_id: str | None) -> None:
+        if spec is None:
+            self._start(rid, prompt, params, None, request_id)
+        else:
+            self._compiling.add(rid)
+            self._compile_pool.submit(self._start_constrained, rid, prompt, params, spec, request_id)
+
+    def _start_constrained(self, rid: int, prompt: list[int], params: SamplingParams, spec: ConstraintSpec,
+                           request_id: str | None) -> None:
+        from tokenomy.structured import Constraint, SchemaError
+
+        try:
+            grammar = self.compiler().compile(spec.fmt)
+            constraint = Constraint(grammar, break_loops=spec.break_loops)
+            if spec.wrap_up is not None:
+                # Wind down at the configured share of max_tokens, or earlier when the schema's shortest answer
+                # would not fit after it; the first plan for a schema walks its grammar (milliseconds to 0.5 s).
+                constraint.plan_wrap_up(params.max_tokens, spec.wrap_up)
+        except SchemaError as e:
+            self._compiling.discard(rid)
+            self._reject(rid, "invalid_schema", f"Invalid schema: {e.reason}", param=e.param)
+            return
+        except Exception as e:
+            self._compiling.discard(rid)
+            self._reject(rid, "invalid_schema", f"the schema could not be prepared: {e}")
+            return
+        self._start(rid, prompt, params, constraint, request_id)
+        self._compiling.discard(rid)
+
+    def _start(self, rid: int, prompt: list[int], params: SamplingParams, constraint: Any,
+               request_id: str | None) -> None:
+        if rid in self._cancelled_early:
+            self._cancelled_early.discard(rid)
+            self._reject(rid, "cancelled", "cancelled before it started")
+            return
+
+        def on_event(ev: TokenEvent) -> None:     # engine thread, inside a step: flushed after it
+            self._outbox.append((rid, ev))
+
+        try:
+            self._seqs[rid] = self.engine.submit(prompt, params, on_event, constraint=constraint,
+                                                 request_id=request_id)
+        except QueueFull as e:
+            self._reject(rid, "queue_full", str(e))
+        except ValueError as e:
+            self._reject(rid, "invalid_request", str(e))
+
+    def _reject(self, rid: int, code: str, message: str, param: str | None = None) -> None:
+        ev = TokenEvent(text="", token_ids=[], logprobs=[], finish_reason="error", error=message, error_code=code,
+                        error_param=param)
+        self.send(("step", None, [(rid, ev)]))
+
+    def compiler(self) -> Any:
+        """Grammar compiler over this model's vocabulary, built on first use (llguidance)."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                from tokenomy.structured import GrammarCompiler
+                from tokenomy.structured.tokenizer import tokenizer_from_vocab
+
+                r = self.engine.runner
+                self._compiler = GrammarCompiler(tokenizer_from_vocab(r.vocab, n_vocab=r.n_vocab))
+            return self._compiler
+
+    def _call(self, name: str) -> Any:
+        """Introspection and maintenance for tests and operators; runs beside the loop, so reads are a snapshot."""
+        s = self.engine.scheduler
+        if name == "state":
+            return {"running": len(s.running), "waiting": self.engine.queue_depth, "used_cells": s.prefix.used_cells,
+                    "retired": len(s.prefix.retired), "pid": os.getpid()}
+        if name == "clear_cache":
+            self.engine.run_in_loop(s.clear_cache)
+            return True
+        raise ValueError(f"unknown call {name}")
+
+
+def main(fd: int) -> None:
+    """The engine process (client.ENTRY runs it on one end of a socket pair): read (model path, EngineConfig,
+    name), load, self-check, report ready, serve until the pipe closes. Interrupts are the gateway's to handle:
+    it stops this process by closing the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    model_path, cfg, name = conn.recv()
+    try:
+        engine = Engine(model_path, cfg, name=name)
+        self_check(engine)
+    except Exception as e:  # a native crash never gets here: the client reads the exit signal instead
+        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        return
+    core = Core(conn, engine)
+    engine.start()
+    conn.send(("ready", {"max_model_len": engine.max_model_len, "n_ctx": engine.runner.n_ctx, "pid": os.getpid()}))
+    try:
+        core.serve()
+    finally:
+        engine.stop()
+
