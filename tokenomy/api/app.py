@@ -80,7 +80,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def health() -> JSONResponse:
         states = {n: await b.health() for n, b in gateway.registry.backends.items()}
         ok = any(states.values())
-        return JSONResponse({"status": "ok" if ok else "unavailable", "models": states},
+        engines = {n: e.describe() for n, e in gateway.engines()}
+        return JSONResponse({"status": "ok" if ok else "unavailable", "models": states, "engines": engines},
                             status_code=200 if ok else 503)
 
     @app.get("/admin/keys")

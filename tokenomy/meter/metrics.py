@@ -19,17 +19,25 @@ class EngineCollector:
     def __init__(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         self._engines = engines
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         running = GaugeMetricFamily("tokenomy_engine_running_seqs", "Sequences in the running batch", labels=["model"])
         kv = GaugeMetricFamily("tokenomy_engine_kv_usage_ratio", "KV cells in use / KV cells", labels=["model"])
         queue = GaugeMetricFamily("tokenomy_queue_depth", "Requests waiting for the engine", labels=["model"])
+        up = GaugeMetricFamily("tokenomy_engine_up", "1 while the engine process serves, 0 while it restarts",
+                               labels=["model"])
+        restarts = CounterMetricFamily("tokenomy_engine_restarts", "Engine processes restarted after a crash or "
+                                       "a hang", labels=["model"])
         for name, engine in self._engines():
             running.add_metric([name], engine.running)
             kv.add_metric([name], engine.kv_usage)
             queue.add_metric([name], engine.queue_depth)
+            up.add_metric([name], 1.0 if engine.state == "ready" else 0.0)
+            restarts.add_metric([name], engine.restarts)
         yield running
         yield kv
         yield queue
+        yield up
+        yield restarts
 
 
 class HardwareCollector:

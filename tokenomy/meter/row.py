@@ -183,7 +183,9 @@ def row_from_context(ctx: Any, price: PriceLike | None, energy: Energy | None = 
     if ctx.error is not None:
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]
     else:
-        row.status = ctx.status
+        row.status = ctx.status         # a stream that failed after its 200 keeps it, and says why below
+        if ctx.extras.get("stream_error"):
+            row.error_code, row.error = "stream_error", ctx.extras["stream_error"][:500]
     if price is not None:
         row.price_input, row.price_cached_input = price.input, price.cached_input
         row.price_output, row.price_notional = price.output, bool(price.notional)

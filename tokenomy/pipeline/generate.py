@@ -34,6 +34,7 @@ class Generate:
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         failures: list[str] = []
         overloaded: Overloaded | None = None
+        retry_after: float | None = None     # the soonest a failed backend said it may serve again
         for name in ctx.candidates:
             if self.registry.cooling(name):
                 ctx.attempts.append({"model": name, "outcome": "cooling"})
@@ -62,6 +63,8 @@ class Generate:
                 await stream.aclose()
                 ctx.attempts.append({"model": name, "outcome": "error", "error": str(e)})
                 failures.append(f"{name}: {e}")
+                if e.retry_after is not None:
+                    retry_after = min(retry_after or e.retry_after, e.retry_after)
                 self.registry.failed(name)
                 if not e.retryable:
                     raise APIError(e.status if 400 <= e.status < 500 else 502, str(e)) from e
@@ -77,7 +80,8 @@ class Generate:
             raise APIError(429, f"Server overloaded: {overloaded}. Retry later.", code="queue_full",
                            headers={"retry-after": str(max(1, int(overloaded.retry_after)))})
         detail = "; ".join(failures) or "all candidates are cooling down after failures"
-        raise APIError(503, f"No backend could serve the request ({detail}).", code="no_backend")
+        headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after is not None else {}
+        raise APIError(503, f"No backend could serve the request ({detail}).", code="no_backend", headers=headers)
 
 
     async def _check_schema(self, ctx: RequestContext, name: str, backend: Any, req: Any, result: Result) -> Result:
@@ -176,7 +180,8 @@ async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContex
             yield _seen(d, ctx)
     except BackendError as e:
         ctx.finish_reason = "error"
-        yield Delta(error=f"the upstream failed mid-stream: {e}", finish_reason="error")
+        ctx.extras["stream_error"] = f"the upstream failed mid-stream: {e}"
+        yield Delta(error=ctx.extras["stream_error"], finish_reason="error")
     finally:
         await rest.aclose()
 
