@@ -72,3 +72,56 @@ def test_batched_greedy_equals_solo_and_preemption_recomputes_exactly(path):
             assert_same_up_to_noise(got, want)
     finally:
         tiny.stop()
+
+
+ARTICLES = [
+    "The city council met on Tuesday to discuss the new bridge over the river. Engineers said the old bridge, "
+    "built in 1932, carries four times the traffic it was designed for, and that repairs would cost almost as "
+    "much as a new one. Residents asked about noise during construction and about the bus routes that cross "
+    "the river each morning. The council voted seven to two to fund a design study, which is due next spring. "
+    "Summarize the article in two sentences.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen. It happens in chloroplasts, "
+    "where chlorophyll absorbs mostly red and blue light and reflects green. The light reactions split water "
+    "and store energy in ATP and NADPH; the Calvin cycle then uses that energy to fix carbon into sugars. "
+    "Explain in simple words what the Calvin cycle does.",
+    "A bakery sells bread for 3 dollars a loaf and cakes for 12 dollars each. On Monday it sold 40 loaves and "
+    "5 cakes; on Tuesday, 35 loaves and 9 cakes. Rent is 200 dollars a day and flour costs a dollar a loaf. "
+    "How much more money did the bakery take in on Tuesday than on Monday? Show the steps.",
+]
+
+
+def greedy_ids(engine: Engine, ids: list[int], max_tokens: int = 96) -> tuple[list[int], int]:
+    done = threading.Event()
+    got: list[int] = []
+    cached = [0]
+
+    def on(ev):
+        got.extend(ev.token_ids)
+        if ev.finish_reason:
+            cached[0] = ev.cached_tokens
+            done.set()
+
+    engine.submit(ids, SamplingParams(max_tokens=max_tokens, temperature=0), on)
+    assert done.wait(120)
+    return got, cached[0]
+
+
+def test_a_cached_prefix_does_not_change_a_greedy_answer(path):
+    """The same request served alone answers the same cold, from the prefix cache, and again. The KV cells a warm
+    request decodes into differ from the cold run's, so the attention kernel must not depend on where they lie
+    (docs/engine.md: f16 KV takes llama.cpp's split-KV path, which does)."""
+    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=8, max_batch_tokens=256)).start()
+    try:
+        for k in range(len(ARTICLES)):
+            text = " ".join(ARTICLES[k:] + ARTICLES[:k]) + " Now answer only the last question."
+            ids = engine.tokenizer.encode_chat([{"role": "user", "content": text}])
+            assert len(ids) > 256                    # cold prefill takes two chunks; attention spans 512+ cells
+            engine.run_in_loop(engine.scheduler.clear_cache)
+            cold, cached = greedy_ids(engine, ids)
+            assert cached == 0
+            warm, cached = greedy_ids(engine, ids)
+            assert cached == len(ids) - 1            # everything but the token that samples came from the cache
+            again, _ = greedy_ids(engine, ids)
+            assert cold == warm == again
+    finally:
+        engine.stop()
