@@ -1,12 +1,13 @@
-"""Engine throughput: tokenomy over HTTP vs llama-cpp-python's high-level API serving one request at a time.
+"""Engine throughput: tokenomy over HTTP vs llama.cpp's own C++ server (`llama-server`), side by side in one run.
 
-For each concurrency (1, 4, 8, 16), the same chat requests with 128-token outputs (EOS suppressed by logit_bias in
-both systems, so every answer is exactly 128 tokens) go to (a) `tokenomy serve` on the embedded SmolLM2 through
-its HTTP API and (b) `Llama.create_chat_completion`, sequentially, as a server without batching would serve them
-(a request's TTFT there includes waiting for the ones before it). Also: warm vs cold TTFT for a ~1,000-token
-system prompt that an earlier request already sent, and single-request latency through HTTP vs in-process.
+Both are built from the same llama.cpp (the sources vendored in the pinned llama-cpp-python sdist) with the same
+CPU flags: `bench/llama_server_build.py` builds and caches llama-server. For each concurrency, the same chat
+requests with 128-token answers (EOS suppressed by logit_bias, so every answer is exactly 128 tokens) go to each
+server through the same client, rounds alternating which server goes first. llama-server runs with one slot per
+concurrent request (`-np`) and continuous batching, its defaults otherwise. Also: a ~1,000-token system prompt
+shared by 8 concurrent requests (prompt tokens each server computed), and one request over HTTP vs in-process.
 
-    .venv/bin/python bench/engine_throughput.py [--json] [--levels 1,4,8,16] [--tokens 128]
+    .venv/bin/python bench/engine_throughput.py [--json] [--levels 1,8,16] [--tokens 128] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -88,69 +89,60 @@ async def level_http(url: str, c: int, n_req: int, tokens: int, bias: dict) -> d
             "tokens": sum(r[2] for r in res), "wall_s": wall}
 
 
-def baseline_runs(n_req: int, tokens: int, bias: dict, threads: int) -> list[tuple[float, float, int]]:
-    """Sequential high-level llama-cpp-python: (ttft, duration, tokens) per request."""
-    from llama_cpp import Llama
-
+def start_llama_server(port: int, slots: int, threads: int) -> subprocess.Popen:
+    from bench.llama_server_build import build
     from tokenomy.models import resolve_gguf
 
-    llm = Llama(str(resolve_gguf(MODEL)), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
-    out = []
-    for i in range(n_req):
-        msgs = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-        t0 = time.perf_counter()
-        ttft, n = None, 0
-        for chunk in llm.create_chat_completion(msgs, max_tokens=tokens, temperature=0, stream=True,
-                                                logit_bias={int(k): v for k, v in bias.items()}):
-            if chunk["choices"][0]["delta"].get("content"):
-                n += 1
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-        out.append((ttft or float("nan"), time.perf_counter() - t0, n))
-    del llm
-    return out
+    binary = build()
+    proc = subprocess.Popen([str(binary), "-m", str(resolve_gguf(MODEL)), "--port", str(port), "-np", str(slots),
+                             "-c", str(2048 * slots), "-t", str(threads), "-tb", str(threads), "--cont-batching",
+                             "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_healthy(proc, port, "llama-server")
+    return proc
 
 
-def baseline_level(runs: list[tuple[float, float, int]], c: int, n_req: int) -> dict[str, float]:
-    """Requests arrive c at a time (a closed loop of c clients) at a server that serves one at a time."""
-    clock, ttfts, total = 0.0, [], 0
-    free_at = [0.0] * c                     # when each client sends its next request
-    for i in range(n_req):
-        ttft, dur, n = runs[i % len(runs)]
-        k = min(range(c), key=free_at.__getitem__)
-        arrival = free_at[k]
-        start = max(clock, arrival)
-        ttfts.append(start - arrival + ttft)
-        clock = start + dur
-        free_at[k] = clock
-        total += n
-    return {"tok_s": total / clock, "ttft_p50": pct(ttfts, 0.5), "ttft_p95": pct(ttfts, 0.95)}
+def wait_healthy(proc: subprocess.Popen, port: int, what: str) -> None:
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{what} did not start")
 
 
 def start_server(port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("tokenomy serve did not start")
+    wait_healthy(proc, port, "tokenomy serve")
+    return proc
 
 
-async def prefix_ttft(url: str) -> dict[str, float]:
+async def shared_prefix(url: str, n: int = 8) -> dict[str, float]:
+    """n concurrent requests behind one ~1,000-token system prompt: prompt tokens the server computed."""
     system = ("You are the support assistant of a large online bookshop. Be precise and polite. " * 70).strip()
     async with httpx.AsyncClient(timeout=600) as client:
-        async def ask(q: str) -> float:
-            msgs = [{"role": "system", "content": system}, {"role": "user", "content": q}]
-            return (await one_http(client, url, msgs, 8, {}))[0]
-        cold = await ask("Do you ship abroad?")
-        warm = await ask("Can I return a book?")
-    return {"cold_ttft_s": cold, "warm_ttft_s": warm, "ratio": warm / cold}
+        async def ask(q: str) -> tuple[int, int]:
+            body = {"model": MODEL, "messages": [{"role": "system", "content": system},
+                                                 {"role": "user", "content": q}],
+                    "max_tokens": 8, "temperature": 0}
+            r = await client.post(url + "/chat/completions", json=body, headers=NO_CACHE)
+            r.raise_for_status()
+            data = r.json()
+            usage = data["usage"]
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            computed = (data.get("timings") or {}).get("prompt_n", usage["prompt_tokens"] - cached)
+            return usage["prompt_tokens"], computed
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*[ask(f"Question {i}: do you ship to country {i}?") for i in range(n)])
+        wall = time.perf_counter() - t0
+    return {"requests": n, "prompt_tokens": sum(r[0] for r in res), "computed": sum(r[1] for r in res),
+            "wall_s": wall}
 
 
 def in_process_latency(tokens: int, bias: dict, repeats: int) -> float:
@@ -187,8 +179,9 @@ def http_latency(url: str, tokens: int, bias: dict, repeats: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--levels", default="1,4,8,16")
+    ap.add_argument("--levels", default="1,8,16")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", action="store_true")
@@ -196,48 +189,58 @@ def main() -> None:
     console = Console(stderr=True)
     levels = [int(x) for x in args.levels.split(",")]
     bias = eog_bias()
-    url = f"http://127.0.0.1:{args.port}/v1"
-    results: dict[str, Any] = {"levels": [], "tokens": args.tokens}
+    urls = {"tokenomy": f"http://127.0.0.1:{args.port}/v1", "llama-server": f"http://127.0.0.1:{args.port + 1}/v1"}
+    results: dict[str, Any] = {"levels": [], "tokens": args.tokens, "rounds": args.rounds}
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("baseline: llama-cpp-python, one at a time", total=None)
-        base_runs = baseline_runs(8, args.tokens, bias, args.threads)
-        progress.update(task, description="tokenomy: starting server")
-        proc = start_server(args.port)
+        task = progress.add_task("starting llama-server (building it first if needed)", total=None)
+        procs = [start_llama_server(args.port + 1, max(levels), args.threads)]
         try:
-            asyncio.run(level_http(url, 2, 2, 8, bias))                 # warm-up
+            progress.update(task, description="starting tokenomy serve")
+            procs.append(start_server(args.port))
+            for url in urls.values():
+                asyncio.run(level_http(url, 2, 2, 8, bias))                 # warm-up
             for c in levels:
-                progress.update(task, description=f"tokenomy: concurrency {c}")
                 n_req = 4 if c == 1 else 2 * c
-                t = asyncio.run(level_http(url, c, n_req, args.tokens, bias))
-                b = baseline_level(base_runs, c, n_req)
-                results["levels"].append({"concurrency": c, "requests": n_req, "tokenomy": t, "baseline": b,
-                                          "ratio": t["tok_s"] / b["tok_s"]})
-            progress.update(task, description="prefix: warm vs cold TTFT")
-            results["prefix"] = asyncio.run(prefix_ttft(url))
+                runs: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
+                for r in range(args.rounds):
+                    order = list(urls) if r % 2 == 0 else list(reversed(urls))
+                    for name in order:
+                        progress.update(task, description=f"{name}: concurrency {c}, round {r + 1}")
+                        runs[name].append(asyncio.run(level_http(urls[name], c, n_req, args.tokens, bias)))
+                row: dict[str, Any] = {"concurrency": c, "requests": n_req}
+                for name, rs in runs.items():
+                    row[name] = {k: statistics.median(x[k] for x in rs) for k in ("tok_s", "ttft_p50", "ttft_p95")}
+                    row[name]["rounds_tok_s"] = [x["tok_s"] for x in rs]
+                row["ratio"] = row["tokenomy"]["tok_s"] / row["llama-server"]["tok_s"]
+                results["levels"].append(row)
+            progress.update(task, description="shared 1,000-token prefix, 8 concurrent requests")
+            results["shared_prefix"] = {name: asyncio.run(shared_prefix(url)) for name, url in urls.items()}
             progress.update(task, description="single request over HTTP")
-            results["http_latency_s"] = http_latency(url, args.tokens, bias, 3)
+            results["http_latency_s"] = http_latency(urls["tokenomy"], args.tokens, bias, 3)
         finally:
-            proc.terminate()
-            proc.wait(30)
+            for p in procs:
+                p.terminate()
+                p.wait(30)
         progress.update(task, description="single request in-process")
         results["inproc_latency_s"] = in_process_latency(args.tokens, bias, 3)
     results["http_overhead_ratio"] = results["http_latency_s"] / results["inproc_latency_s"]
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    table = Table(title=f"Aggregate output tok/s, {args.tokens}-token answers, SmolLM2-135M, {args.threads} threads")
-    for col in ("concurrency", "tokenomy tok/s", "baseline tok/s", "ratio", "tokenomy TTFT p50/p95 s",
-                "baseline TTFT p50/p95 s"):
+    table = Table(title=f"Aggregate output tok/s, {args.tokens}-token answers, SmolLM2-135M, {args.threads} threads, "
+                        f"median of {args.rounds} alternating rounds")
+    for col in ("concurrency", "tokenomy tok/s", "llama-server tok/s", "ratio", "tokenomy TTFT p50/p95 s",
+                "llama-server TTFT p50/p95 s"):
         table.add_column(col, justify="right")
     for lv in results["levels"]:
-        t, b = lv["tokenomy"], lv["baseline"]
+        t, b = lv["tokenomy"], lv["llama-server"]
         table.add_row(str(lv["concurrency"]), f"{t['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{lv['ratio']:.2f}x",
                       f"{t['ttft_p50']:.2f} / {t['ttft_p95']:.2f}", f"{b['ttft_p50']:.2f} / {b['ttft_p95']:.2f}")
     out = Console()
     out.print(table)
-    p = results["prefix"]
-    out.print(f"~1,000-token shared system prompt: cold TTFT {p['cold_ttft_s']:.2f}s, warm {p['warm_ttft_s']:.2f}s,"
-              f" ratio {p['ratio']:.3f}")
+    for name, p in results["shared_prefix"].items():
+        out.print(f"{name}: 8 requests behind one ~1,000-token system prompt: {p['prompt_tokens']} prompt tokens, "
+                  f"{p['computed']} computed, {p['wall_s']:.2f}s")
     out.print(f"single request ({args.tokens} tokens): HTTP {results['http_latency_s']:.2f}s, in-process "
               f"{results['inproc_latency_s']:.2f}s, ratio {results['http_overhead_ratio']:.3f}")
 

@@ -1,7 +1,7 @@
 """The ceiling under the engine: raw batched `llama_decode` of SmolLM2-135M through tokenomy's ModelRunner, one
-token per sequence, with and without flash attention, next to a 512-token prefill.
+token per sequence, with and without flash attention and for each KV cache type, next to a 512-token prefill.
 
-    .venv/bin/python bench/raw_decode.py [--json]
+    .venv/bin/python bench/raw_decode.py [--json] [--kv-types f16,q8_0]
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from tokenomy.engine.runner import Chunk, ModelRunner, RunnerConfig  # noqa: E40
 from tokenomy.models import resolve_gguf  # noqa: E402
 
 
-def measure(flash: bool, batches: list[int], steps: int = 20) -> dict:
+def measure(flash: bool, batches: list[int], kv_type: str, steps: int = 20) -> dict:
     r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
-                    RunnerConfig(n_ctx=4096, n_seq_max=max(batches) + 1, n_batch=512, flash_attn=flash))
+                    RunnerConfig(n_ctx=4096, n_seq_max=max(batches) + 1, n_batch=512, flash_attn=flash,
+                                 kv_type=kv_type))
     toks = r.tokenize("hello world " * 300)[:512]
     t = time.perf_counter()
     r.decode([Chunk(0, toks, 0, True)])
-    out = {"flash_attn": flash, "prefill_512_s": time.perf_counter() - t, "tok_s": {}}
+    out = {"flash_attn": flash, "kv_type": kv_type, "prefill_512_s": time.perf_counter() - t, "tok_s": {}}
     for b in batches:
         r.clear()
         for s in range(b):
@@ -43,19 +44,23 @@ def measure(flash: bool, batches: list[int], steps: int = 20) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--kv-types", default="f16,q8_0")
     args = ap.parse_args()
     batches = [1, 4, 8, 16]
-    res = [measure(False, batches), measure(True, batches)]
+    # quantized V needs flash attention, so only f16 runs without it
+    res = [measure(False, batches, "f16")] + [measure(True, batches, kv) for kv in args.kv_types.split(",")]
     if args.json:
         print(json.dumps(res, indent=2))
         return
     t = Table(title="Raw batched llama_decode, SmolLM2-135M Q4_1, one token per sequence (tok/s)")
     t.add_column("flash attention")
+    t.add_column("KV")
     for b in batches:
         t.add_column(f"batch {b}", justify="right")
     t.add_column("512-token prefill s", justify="right")
     for r in res:
-        t.add_row(str(r["flash_attn"]), *(f"{r['tok_s'][b]:.0f}" for b in batches), f"{r['prefill_512_s']:.2f}")
+        t.add_row(str(r["flash_attn"]), r["kv_type"], *(f"{r['tok_s'][b]:.0f}" for b in batches),
+                  f"{r['prefill_512_s']:.2f}")
     Console().print(t)
 
 
