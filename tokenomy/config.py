@@ -33,7 +33,9 @@ class EngineSettings(_Strict):
     max_batch_tokens: int = Field(512, ge=16, description="tokens per llama_decode step (chunked prefill)")
     max_waiting: int = Field(256, ge=1)
     n_threads: int = Field(0, ge=0, description="0 = all cores")
-    kv_type: Literal["f16", "q8_0", "q4_0"] = "q8_0"
+    kv_type: str = Field("q8_0/f16", pattern=r"^(f16|q8_0|q4_0)(/(f16|q8_0|q4_0))?$",
+                         description="KV cache types as K/V (one name sets both); both f16 makes a cached prefix "
+                         "able to change a greedy answer (docs/engine.md)")
     prefix_caching: bool = True
     flash_attn: bool = True
     watchdog_s: float = Field(120.0, gt=0, description="an engine process that holds requests and finishes no "

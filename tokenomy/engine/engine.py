@@ -30,7 +30,7 @@ class EngineConfig:
     max_batch_tokens: int = 512
     max_waiting: int = 256
     n_threads: int = 0
-    kv_type: str = "q8_0"
+    kv_type: str = "q8_0/f16"       # K/V cache types: runner.kv_types
     prefix_caching: bool = True
     flash_attn: bool = True
     watchdog_s: float = 120.0        # engine process: no step for this long while holding requests = hung

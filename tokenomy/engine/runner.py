@@ -18,13 +18,29 @@ from tokenomy.engine.vocab import Vocab
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
 
+def kv_types(spec: str) -> tuple[str, str]:
+    """"q8_0/f16" -> (K type, V type); one name sets both. Raises ValueError for an unknown type.
+
+    The default quantizes K only. With K and V both f16, a single-query decode over 512+ cells takes
+    llama.cpp's split-KV flash attention, which divides the cells between threads by index, so a request
+    decoding into other cells (after a prefix-cache hit) sums in another order and a greedy answer can change.
+    Any other pair takes the per-head path, which does not depend on where the cells lie. q8_0 K costs about
+    15% of a 512-token prefill here, q8_0 K and V about 28% (docs/engine.md)."""
+    k, _, v = spec.partition("/")
+    v = v or k
+    for t in (k, v):
+        if t not in KV_TYPES:
+            raise ValueError(f"unknown KV cache type {t!r}; choose from {', '.join(KV_TYPES)}")
+    return k, v
+
+
 @dataclass
 class RunnerConfig:
     n_ctx: int = 16384           # KV cells shared by all sequences (unified cache)
     n_seq_max: int = 48          # llama.cpp sequence slots: running sequences plus retired prefix holders
     n_batch: int = 512           # max tokens in one llama_decode (the per-step token budget)
     n_threads: int = 0           # 0 = all cores
-    kv_type: str = "q8_0"         # f16 | q8_0 | q4_0 (quantized V needs flash attention)
+    kv_type: str = "q8_0/f16"    # K/V cache types (one name: both), f16 | q8_0 | q4_0; see KV_DEFAULT
     # Flash attention skips masked cells: with one unified KV buffer, attention without it costs every cell of
     # every sequence (measured here: batch-8 decode 98 -> 81 ms, a 512-token prefill 4.3 -> 3.7 s).
     flash_attn: bool = True
@@ -57,10 +73,9 @@ class ModelRunner(Vocab):
         cparams.kv_unified = True      # shared prefixes share cells: seq_cp is metadata only
         cparams.swa_full = True        # sliding-window models keep full KV so prefixes stay reusable
         cparams.no_perf = True
-        kv = KV_TYPES[cfg.kv_type]
-        cparams.type_k = kv
-        cparams.type_v = kv
-        flash = cfg.flash_attn or cfg.kv_type != "f16"
+        k, v = kv_types(cfg.kv_type)
+        cparams.type_k, cparams.type_v = KV_TYPES[k], KV_TYPES[v]
+        flash = cfg.flash_attn or v != "f16"      # llama.cpp needs flash attention for a quantized V
         cparams.flash_attn_type = (
             llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
