@@ -62,15 +62,21 @@ def self_check(engine: Engine) -> None:
     """Decode a few greedy tokens of a short prompt on the real kernels: a build this CPU cannot run dies here,
     at start, instead of at the first user's request."""
     events: list[TokenEvent] = []
-    on_event = events.append
+    done = threading.Event()
+
+    def on_event(ev: TokenEvent) -> None:
+        events.append(ev)
+        if ev.finish_reason:
+            done.set()
 
     prompt = engine.tokenizer.encode("The capital of France is")
     engine.submit(prompt, SamplingParams(max_tokens=SELF_CHECK_TOKENS, temperature=0.0, ignore_eos=True), on_event)
-    engine.drain()
+    if not done.wait(300):
+        raise RuntimeError("self-check decode did not finish in 300 s")
     last = events[-1]
     if last.finish_reason != "length" or last.completion_tokens != SELF_CHECK_TOKENS:
         raise RuntimeError(f"self-check decode ended with {last.finish_reason}: {last.error}")
-    engine.scheduler.clear_cache()
+    engine.run_in_loop(engine.scheduler.clear_cache)
 
 
 class Core:
@@ -219,13 +225,14 @@ def main(fd: int) -> None:
     conn = Connection(fd)
     model_path, cfg, name = conn.recv()
     try:
-        engine = Engine(model_path, cfg, name=name)
+        # every llama_decode runs on the engine thread, the self-check's too: llama.cpp's OpenMP team belongs
+        # to the thread that first computes, and a second calling thread made each step three times slower
+        engine = Engine(model_path, cfg, name=name).start()
         self_check(engine)
     except Exception as e:  # a native crash never gets here: the client reads the exit signal instead
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
     core = Core(conn, engine)
-    engine.start()
     conn.send(("ready", {"max_model_len": engine.max_model_len, "n_ctx": engine.runner.n_ctx, "pid": os.getpid()}))
     try:
         core.serve()

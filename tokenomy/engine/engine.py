@@ -127,12 +127,6 @@ class Engine:
             self._cv.notify()
         done.wait(timeout)
 
-    def drain(self) -> None:
-        """Run steps on the calling thread until no sequence waits or runs. Only before start()."""
-        assert self._thread is None, "drain() is for an engine whose loop is not running"
-        self._take_inbox()
-        while self._has_work():
-            self.step()
 
     @property
     def queue_depth(self) -> int:
