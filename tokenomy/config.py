@@ -30,6 +30,10 @@ class EngineSettings(_Strict):
     max_model_len: int = Field(8192, ge=64)
     max_running: int = Field(16, ge=1, le=128)
     max_retired: int = Field(32, ge=0, le=128, description="finished sequences kept as reusable prefixes")
+    max_retired_cells: int = Field(2048, ge=0, description="KV cells held by finished sequences alone; more slows "
+                                   "every decode step (docs/engine.md)")
+    retire_outputs: bool = Field(False, description="keep a finished answer's own tokens as a prefix too, for the "
+                                 "next turn of a conversation; off: only its prompt stays cached")
     max_batch_tokens: int = Field(512, ge=16, description="tokens per llama_decode step (chunked prefill)")
     max_waiting: int = Field(256, ge=1)
     n_threads: int = Field(0, ge=0, description="0 = all cores")

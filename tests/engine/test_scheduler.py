@@ -12,8 +12,8 @@ class KVLog:
     def copy_prefix(self, src, dst, length):
         self.ops.append(("cp", src, dst, length))
 
-    def remove(self, slot):
-        self.ops.append(("rm", slot))
+    def remove(self, slot, start=0):
+        self.ops.append(("rm", slot) if start == 0 else ("rm", slot, start))
 
 
 def seq(tokens, max_tokens=8):
@@ -68,3 +68,60 @@ def test_kv_exhaustion_evicts_retired_then_preempts_newest_and_requeues_it():
     assert plan == [(a, 1)]
     assert b.status is Status.WAITING and s.waiting[0] is b and b.n_kv == 0 and s.preemptions == 1
     assert ("rm", 1) in kv.ops or ("rm", 0) in kv.ops
+
+
+def test_a_finished_sequence_keeps_only_its_prompt_as_a_prefix():
+    kv = KVLog()
+    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=64), kv)
+    a = seq([1, 2, 3, 4, 5])
+    s.waiting.append(a)
+    run_plan(s, s.schedule())
+    run_plan(s, s.schedule())
+    a.output += [7, 8, 9]
+    s.committed(a, [7, 8])                         # the last sampled token never got KV
+    slot = a.slot
+    s.finish(a)
+    assert ("rm", slot, 5) in kv.ops               # the answer's cells go back, the prompt's stay
+    assert s.prefix.used_cells == 5 and s.retired_cells() == 5
+    assert s.prefix.match([1, 2, 3, 4, 5, 7, 8]) == (5, slot)
+    kept = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=64, retire_outputs=True), KVLog())
+    b = seq([1, 2, 3, 4, 5])
+    kept.waiting.append(b)
+    run_plan(kept, kept.schedule())
+    run_plan(kept, kept.schedule())
+    b.output += [7, 8]
+    kept.committed(b, [7])
+    kept.finish(b)
+    assert kept.prefix.used_cells == 6 and kept.prefix.match([1, 2, 3, 4, 5, 7, 9]) == (6, 0)
+
+
+def test_retired_cells_are_capped_least_recently_used_first():
+    kv = KVLog()
+    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=8, max_batch_tokens=64, max_retired_cells=10), kv)
+    done = []
+    for base in (10, 20, 30):                     # three unrelated 5-token prompts, finished in turn
+        q = seq(range(base, base + 5))
+        s.waiting.append(q)
+        run_plan(s, s.schedule())
+        run_plan(s, s.schedule())
+        done.append(q.slot)
+        s.finish(q)
+    assert s.retired_cells() == 10 and len(s.prefix.retired) == 2
+    assert done[0] not in s.prefix.retired and ("rm", done[0]) in kv.ops
+
+
+def test_shared_cells_do_not_count_against_the_retired_cap():
+    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=8, max_batch_tokens=64, max_retired_cells=3), KVLog())
+    a, b = seq([1, 2, 3, 4, 5, 6]), seq([1, 2, 3, 4, 5, 9])
+    s.waiting.append(a)
+    run_plan(s, s.schedule())
+    run_plan(s, s.schedule())
+    s.finish(a)                                    # 6 cells only it holds: over the cap, evicted
+    assert not s.prefix.retired and s.prefix.used_cells == 0
+    s.waiting.append(a2 := seq([1, 2, 3, 4, 5, 6]))
+    run_plan(s, s.schedule())
+    run_plan(s, s.schedule())
+    s.waiting.append(b)
+    run_plan(s, s.schedule())                      # b shares a2's first 5 cells
+    s.finish(a2)                                   # a2's own cell is 1 (the 6th), under the cap
+    assert len(s.prefix.retired) == 1 and s.retired_cells() == 1

@@ -27,6 +27,8 @@ class EngineConfig:
     max_model_len: int = 8192
     max_running: int = 16
     max_retired: int = 32
+    max_retired_cells: int = 2048    # KV cells kept for finished sequences alone (scheduler.SchedulerConfig)
+    retire_outputs: bool = False     # keep finished answers' tokens as prefixes too (scheduler.SchedulerConfig)
     max_batch_tokens: int = 512
     max_waiting: int = 256
     n_threads: int = 0
@@ -63,7 +65,8 @@ class Engine:
         self.scheduler = Scheduler(SchedulerConfig(
             n_ctx=self.runner.n_ctx, n_slots=cfg.max_running + cfg.max_retired, max_running=cfg.max_running,
             max_batch_tokens=cfg.max_batch_tokens, max_waiting=cfg.max_waiting,
-            prefix_caching=cfg.prefix_caching,
+            prefix_caching=cfg.prefix_caching, max_retired_cells=cfg.max_retired_cells,
+            retire_outputs=cfg.retire_outputs,
         ), self.runner)
         self.stats = StepStats()
         self.after_step: list[Callable[[], None]] = []   # called on the engine thread after every step

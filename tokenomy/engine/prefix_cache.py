@@ -106,6 +106,22 @@ class PrefixCache:
                 assert node.parent is not None
                 node.parent.children.remove(node)
 
+    def truncate(self, slot: int, length: int) -> None:
+        """The slot's KV past position `length` was removed (llama_memory_seq_rm(slot, length, -1))."""
+        path = self.paths.get(slot, [])
+        straddling = next((n for n in path if n.start < length < n.end), None)
+        if straddling is not None:
+            self._split(straddling, length - straddling.start)
+            path = self.paths[slot]
+        keep = [n for n in path if n.end <= length]
+        for node in reversed(path[len(keep):]):
+            node.slots.discard(slot)
+            if not node.slots:
+                self.used_cells -= len(node.tokens)
+                assert node.parent is not None
+                node.parent.children.remove(node)
+        self.paths[slot] = keep
+
     def retire(self, slot: int) -> None:
         self.retired[slot] = time.monotonic()
 
@@ -121,6 +137,17 @@ class PrefixCache:
     def exclusive_cells(self, slot: int) -> int:
         """Cells freed if this slot were released now."""
         return sum(len(n.tokens) for n in self.paths.get(slot, []) if n.slots == {slot})
+
+    def retired_exclusive_cells(self) -> int:
+        """Cells on paths that only retired slots use."""
+        seen: set[int] = set()
+        total = 0
+        for slot in self.retired:
+            for node in self.paths.get(slot, []):
+                if id(node) not in seen and node.slots <= self.retired.keys():
+                    seen.add(id(node))
+                    total += len(node.tokens)
+        return total
 
     def resident(self, slot: int) -> int:
         path = self.paths.get(slot)

@@ -99,8 +99,9 @@ class ModelRunner(Vocab):
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, length)
 
-    def remove(self, slot: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+    def remove(self, slot: int, start: int = 0) -> None:
+        """Drop the slot's KV from position `start` on (all of it by default)."""
+        llama_cpp.llama_memory_seq_rm(self.mem, slot, start if start > 0 else -1, -1)
 
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)

@@ -25,13 +25,18 @@ class SchedulerConfig:
     max_batch_tokens: int = 512
     max_waiting: int = 256
     prefix_caching: bool = True
+    # Cells held only by retired prefixes. Every query row's attention scans the whole used range of the unified
+    # KV cache, so cached cells slow every decode step in proportion to the batch: at 16 concurrent answers,
+    # 32 retired 160-token sequences cost a fifth of the throughput (docs/engine.md).
+    max_retired_cells: int = 2048
+    retire_outputs: bool = False   # keep a finished answer's own tokens too (multi-turn reuse), not just its prompt
 
 
 class KVOps:
     """What the scheduler needs from the runner: share a prefix, drop a slot's KV."""
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None: ...
-    def remove(self, slot: int) -> None: ...
+    def remove(self, slot: int, start: int = 0) -> None: ...
 
 
 class Scheduler:
@@ -141,11 +146,19 @@ class Scheduler:
             self.waiting.remove(seq)
         if seq.slot is not None:
             if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
+                if not self.cfg.retire_outputs and self.prefix.resident(seq.slot) > len(seq.prompt):
+                    self.kv.remove(seq.slot, len(seq.prompt))
+                    self.prefix.truncate(seq.slot, len(seq.prompt))
                 self.prefix.retire(seq.slot)
+                self._evict_until(lambda: self.retired_cells() <= self.cfg.max_retired_cells)
             else:
                 self._drop_slot(seq.slot)
         seq.slot = None
         seq.status = Status.FINISHED
+
+    def retired_cells(self) -> int:
+        """Cells that only retired prefixes hold (freed if every retired slot were evicted)."""
+        return self.prefix.retired_exclusive_cells()
 
     def _drop_slot(self, slot: int | None) -> None:
         if slot is None:
