@@ -76,7 +76,10 @@ async def one_http(client: httpx.AsyncClient, url: str, messages: list[dict], to
 
 async def level_http(url: str, c: int, n_req: int, tokens: int, bias: dict) -> dict[str, float]:
     sem = asyncio.Semaphore(c)
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
+    # a fresh connection per request, for both servers alike: llama-server (cpp-httplib) closes a kept-alive
+    # connection after a few requests, and a request racing that close fails with "Server disconnected"
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64,
+                                                                 max_keepalive_connections=0)) as client:
         async def run(i: int) -> tuple[float, float, int]:
             async with sem:
                 msgs = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
