@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -21,7 +22,10 @@ MSG = [{"role": "user", "content": "Say hi."}]
 
 
 def start_tokenomy(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port)], cwd=ROOT,
+    # its own folder: the default cache and ledger live in the working directory, and an answer cached by an
+    # earlier run (another version, other kernels) must not stand in for this one
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port)],
+                            cwd=tempfile.mkdtemp(prefix="tokenomy-upstream-"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline:
