@@ -131,7 +131,8 @@ class EmbeddedBackend:
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
         try:
-            handle = self.engine.submit(prompt, sp, on_event, constraint=spec, request_id=req.request_id)
+            handle = self.engine.submit(prompt, sp, on_event, constraint=spec, request_id=req.request_id,
+                                        stream=req.stream)
         except EngineUnavailable as e:
             raise BackendError(str(e), status=503, retryable=True, retry_after=1.0) from e
         finished = False

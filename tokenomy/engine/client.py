@@ -228,9 +228,11 @@ class EngineClient:
 
     # ---- requests ----------------------------------------------------------------------------------------
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[TokenEvent], None],
-               constraint: ConstraintSpec | None = None, request_id: str | None = None) -> Handle:
-        """Queue a sequence; events arrive on the reader thread. Errors the engine finds later (queue full,
-        a bad schema, a crash) arrive as a final event with finish_reason "error" and an error_code."""
+               constraint: ConstraintSpec | None = None, request_id: str | None = None,
+               stream: bool = True) -> Handle:
+        """Queue a sequence; events arrive on the reader thread (with stream=False, one final event carrying the
+        whole answer). Errors the engine finds later (queue full, a bad schema, a crash) arrive as a final event
+        with finish_reason "error" and an error_code."""
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) >= self.max_model_len:
@@ -244,7 +246,7 @@ class EngineClient:
             h = Handle(next(self._ids), on_event, time.perf_counter())
             self._pending[h.rid] = h
         try:
-            self._send(("submit", h.rid, list(prompt), params, constraint, request_id))
+            self._send(("submit", h.rid, list(prompt), params, constraint, request_id, stream))
         except EngineUnavailable:
             self._pending.pop(h.rid, None)
             raise

@@ -3,18 +3,21 @@
 The loop itself (engine.py) is unchanged; this module only moves requests and results across the boundary.
 Messages are tuples:
 
-    in:   ("submit", rid, prompt, SamplingParams, ConstraintSpec | None, request_id)
+    in:   ("submit", rid, prompt, SamplingParams, ConstraintSpec | None, request_id, stream)
           ("cancel", rid)    ("call", cid, name)    ("stop",)
     out:  ("ready", info)    ("failed", message)    ("step", StepReport, [(rid, TokenEvent), ...])
           ("reply", cid, value)
 
 One "step" message carries a step's statistics and every event it produced, so a step costs one write however
-many sequences it ran. A crash on either side is a closed pipe on the other: the client (client.py) turns it
-into errors and a restart, and this process exits when the gateway goes away.
+many sequences it ran; a request that is not streamed gets one event, at its end, so the gateway (which shares
+the cores with the step loop) wakes once per answer instead of once per token. A crash on either side is a
+closed pipe on the other: the client (client.py) turns it into errors and a restart, and this process exits when
+the gateway goes away.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -77,6 +80,17 @@ def self_check(engine: Engine) -> None:
     if last.finish_reason != "length" or last.completion_tokens != SELF_CHECK_TOKENS:
         raise RuntimeError(f"self-check decode ended with {last.finish_reason}: {last.error}")
     engine.run_in_loop(engine.scheduler.clear_cache)
+
+
+def merged(events: list[TokenEvent], last: TokenEvent) -> TokenEvent:
+    """One event for a whole answer: the text, tokens and logprobs of `events` and `last`, with `last`'s end."""
+    if not events:
+        return last
+    every = [*events, last]
+    return dataclasses.replace(
+        last, text="".join(e.text for e in every), token_ids=[t for e in every for t in e.token_ids],
+        logprobs=[lp for e in every for lp in e.logprobs],
+        token_logprobs=[lp for e in every for lp in e.token_logprobs])
 
 
 class Core:
@@ -142,15 +156,15 @@ class Core:
                 return
 
     def _submit(self, rid: int, prompt: list[int], params: SamplingParams, spec: ConstraintSpec | None,
-                request_id: str | None) -> None:
+                request_id: str | None, stream: bool) -> None:
         if spec is None:
-            self._start(rid, prompt, params, None, request_id)
+            self._start(rid, prompt, params, None, request_id, stream)
         else:
             self._compiling.add(rid)
-            self._compile_pool.submit(self._start_constrained, rid, prompt, params, spec, request_id)
+            self._compile_pool.submit(self._start_constrained, rid, prompt, params, spec, request_id, stream)
 
     def _start_constrained(self, rid: int, prompt: list[int], params: SamplingParams, spec: ConstraintSpec,
-                           request_id: str | None) -> None:
+                           request_id: str | None, stream: bool) -> None:
         from tokenomy.structured import Constraint, SchemaError
 
         try:
@@ -168,18 +182,24 @@ class Core:
             self._compiling.discard(rid)
             self._reject(rid, "invalid_schema", f"the schema could not be prepared: {e}")
             return
-        self._start(rid, prompt, params, constraint, request_id)
+        self._start(rid, prompt, params, constraint, request_id, stream)
         self._compiling.discard(rid)
 
     def _start(self, rid: int, prompt: list[int], params: SamplingParams, constraint: Any,
-               request_id: str | None) -> None:
+               request_id: str | None, stream: bool) -> None:
         if rid in self._cancelled_early:
             self._cancelled_early.discard(rid)
             self._reject(rid, "cancelled", "cancelled before it started")
             return
+        held: list[TokenEvent] = []
 
         def on_event(ev: TokenEvent) -> None:     # engine thread, inside a step: flushed after it
-            self._outbox.append((rid, ev))
+            if stream:
+                self._outbox.append((rid, ev))
+            elif ev.finish_reason is None:
+                held.append(ev)
+            else:
+                self._outbox.append((rid, merged(held, ev)))
 
         try:
             self._seqs[rid] = self.engine.submit(prompt, params, on_event, constraint=constraint,

@@ -40,7 +40,7 @@ class Generate:
                 ctx.attempts.append({"model": name, "outcome": "cooling"})
                 continue
             backend = self.registry.get(name)
-            req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id)
+            req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream)
             stream = backend.stream(req, **ctx.extras.get("backend_kwargs", {}))
             try:
                 if ctx.stream:
