@@ -51,6 +51,7 @@ class Gateway:
         self.config = config
         self.config_path = config_path
         self.metrics = Metrics()
+        self.metrics.names = {m.name for m in config.models} | set(config.routes)
         self.registry = Registry(config.cooldown.failures, config.cooldown.window_s, config.cooldown.cooldown_s)
         for spec in config.models:
             self.registry.add(build_backend(spec, config, metrics=self.metrics))
@@ -173,6 +174,7 @@ class Gateway:
         self.budgets.__dict__.update(fresh.__dict__)
         self.routes.clear()
         self.routes.update(new.routes)
+        self.metrics.names = {m.name for m in new.models} | set(new.routes)
         self.registry.failures = new.cooldown.failures
         self.registry.window_s, self.registry.cooldown_s = new.cooldown.window_s, new.cooldown.cooldown_s
         self.config = new

@@ -81,8 +81,9 @@ def create_app(gateway: Gateway) -> FastAPI:
         states = {n: await b.health() for n, b in gateway.registry.backends.items()}
         ok = any(states.values())
         engines = {n: e.describe() for n, e in gateway.engines()}
-        return JSONResponse({"status": "ok" if ok else "unavailable", "models": states, "engines": engines},
-                            status_code=200 if ok else 503)
+        cooling = sorted(n for n in states if gateway.registry.cooling(n))
+        return JSONResponse({"status": "ok" if ok else "unavailable", "models": states, "engines": engines,
+                             "cooling": cooling}, status_code=200 if ok else 503)
 
     @app.get("/admin/keys")
     async def admin_keys(request: Request) -> dict[str, Any]:
@@ -136,6 +137,38 @@ async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseMo
         raise
 
 
+MAX_JSON_DEPTH = 128
+
+
+def check_json(data: Any) -> None:
+    """Refuse what parses as JSON but cannot be served: text with a lone UTF-16 surrogate ("\\ud800"), which no
+    response, log line, ledger row or metric can encode, and nesting deeper than MAX_JSON_DEPTH. The error names
+    the field."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep (at {path}).",
+                           param=path or None, code="invalid_json")
+        if isinstance(value, str):
+            _encodable(value, path)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                _encodable(k, path)
+                stack.append((v, f"{path}.{k}" if path else k, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+
+
+def _encodable(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        field = path or "the body"
+        raise APIError(400, f"{field} contains a lone UTF-16 surrogate, which is not valid Unicode text.",
+                       param=path or None, code="invalid_encoding") from None
+
+
 async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
     raw = await request.body()
     if len(raw) > limit:
@@ -149,8 +182,12 @@ async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseMo
     except json.JSONDecodeError as e:
         raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
                        f"column {e.colno}.", code="invalid_json") from e
+    except RecursionError:
+        raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
+                       code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
+    check_json(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -22,7 +22,8 @@ from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import TemplateError
 
 
-def sampling_params(params: dict[str, Any], default_max: int) -> SamplingParams:
+def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int) -> SamplingParams:
+    """The engine's SamplingParams for OpenAI sampling fields; ValueError (a 400) names what is out of range."""
     stop = params.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
@@ -40,9 +41,24 @@ def sampling_params(params: dict[str, Any], default_max: int) -> SamplingParams:
         stop=list(stop),
         logprobs=bool(params.get("logprobs")),
         top_logprobs=int(params.get("top_logprobs") or 0),
-        logit_bias={int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()},
+        logit_bias=logit_bias(params.get("logit_bias") or {}, n_vocab),
         ignore_eos=bool(params.get("ignore_eos")),
     )
+
+
+def logit_bias(bias: dict[str, Any], n_vocab: int) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias key {key!r} is not a token id") from None
+        if not 0 <= token < n_vocab:
+            raise ValueError(f"logit_bias key {key} is not a token id of this model (0 to {n_vocab - 1})")
+        if not -100.0 <= float(value) <= 100.0:
+            raise ValueError(f"logit_bias value for {key} must be between -100 and 100")
+        out[token] = float(value)
+    return out
 
 
 class EmbeddedBackend:
@@ -120,9 +136,11 @@ class EmbeddedBackend:
         prompt = self.prompt_tokens(req)
         room = self._check_length(prompt, req.params)
         try:
-            sp = sampling_params(req.params, default_max=room)
+            sp = sampling_params(req.params, default_max=room, n_vocab=self.engine.vocab.n_vocab)
         except ValueError as e:
-            raise InvalidRequest(str(e)) from e
+            param = next((f for f in ("logit_bias", "repetition_penalty", "temperature", "top_p", "max_tokens")
+                          if f in str(e)), None)
+            raise InvalidRequest(str(e), param=param) from e
         spec = None if fmt is None else ConstraintSpec(fmt, self.structured.break_loops, self.structured.wrap_up)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
@@ -194,10 +212,15 @@ def _error(ev: TokenEvent) -> Exception:
     code = ev.error_code
     if code == "queue_full":
         return Overloaded(ev.error or "the engine's queue is full", retry_after=1.0)
+    if code == "invalid_schema" and ev.error and not ev.error.startswith("Invalid schema"):
+        return InvalidRequest(f"Invalid schema: no answer can satisfy it ({ev.error})", param="response_format",
+                              code=code)
     if code in ("invalid_schema", "invalid_request"):
         return InvalidRequest(ev.error or "invalid request", param=ev.error_param, code=code)
     if code == "engine_died":
         return BackendError(ev.error or "the engine died", status=503, retryable=True, retry_after=1.0)
+    if code == "sequence_failed":   # this request's own sequence failed; the engine serves on
+        return BackendError(f"the model failed on this request: {ev.error}", status=500, retryable=False)
     return BackendError(f"engine error: {ev.error}", status=500, retryable=True)
 
 

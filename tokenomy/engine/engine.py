@@ -219,7 +219,8 @@ class Engine:
                     self._postprocess(seq, logits[row])
                 except Exception as e:      # e.g. a grammar that cannot go on: end this sequence only
                     log.warning("sequence %s failed: %s", seq.seq_id, e)
-                    self._finish(seq, "error", error=str(e))
+                    self._finish(seq, "error", error=str(e),
+                                 error_code=getattr(e, "error_code", "sequence_failed"))
                 row += 1
 
     def _reap_cancelled(self) -> None:
@@ -321,7 +322,7 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: str, text: str = "", tokens: list[int] | None = None,
                 logprobs: list[dict[str, Any]] | None = None, error: str | None = None,
-                token_logprobs: list[float] | None = None) -> None:
+                token_logprobs: list[float] | None = None, error_code: str | None = None) -> None:
         if seq.status is Status.FINISHED:
             return
         seq.finish_reason = reason
@@ -329,7 +330,7 @@ class Engine:
         self.scheduler.finish(seq, keep_prefix=reason not in ("cancelled", "error"))
         seq.on_event(TokenEvent(
             text=text, token_ids=tokens or [], logprobs=logprobs or [], finish_reason=reason, error=error,
-            token_logprobs=token_logprobs or [],
+            error_code=error_code, token_logprobs=token_logprobs or [],
             prompt_tokens=len(seq.prompt), cached_tokens=seq.cached_tokens, completion_tokens=len(seq.output),
             scheduled_at=seq.first_scheduled, first_token_at=seq.first_token,
             mean_logprob=seq.sum_logprob / max(len(seq.output), 1), min_logprob=seq.min_logprob,

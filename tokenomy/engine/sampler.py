@@ -23,7 +23,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 class Sampler:
     def __init__(self, params: SamplingParams, prompt: list[int]) -> None:
         self.p = params
-        self.rng = np.random.default_rng(params.seed)
+        # any integer seeds a generator (OpenAI takes negative ones too): fold it into numpy's unsigned range
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)
         self.counts: dict[int, int] = {}
         self._prompt_set = np.unique(np.asarray(prompt, dtype=np.int64)) if params.repetition_penalty != 1.0 else None
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -35,8 +37,8 @@ class SamplingParams:
             raise ValueError("min_p must be in [0, 1]")
         if not -2.0 <= self.presence_penalty <= 2.0 or not -2.0 <= self.frequency_penalty <= 2.0:
             raise ValueError("presence_penalty and frequency_penalty must be between -2 and 2")
-        if self.repetition_penalty <= 0.0:
-            raise ValueError("repetition_penalty must be > 0")
+        if not 0.01 <= self.repetition_penalty <= 100.0:   # beyond these, float32 logits overflow to inf
+            raise ValueError("repetition_penalty must be between 0.01 and 100")
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError("top_logprobs must be between 0 and 20")
         if len(self.stop) > 4:
@@ -44,4 +46,6 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below GREEDY_BELOW sample the top token: dividing logits by 1e-45 gives inf, not a
+        sharper distribution."""
+        return self.temperature < GREEDY_BELOW

@@ -87,8 +87,14 @@ class LedgerCollector:
                                 value=self.ledger.pending)
 
 
+OTHER = "other"
+
+
 class Metrics:
     def __init__(self) -> None:
+        # Configured model and route names: the only values a client's request may put in a label (label()).
+        # None: not configured (a Metrics used on its own), every name passes.
+        self.names: set[str] | None = None
         r = self.registry = CollectorRegistry()
         # scheduling
         self.queue_wait = Histogram("tokenomy_queue_wait_seconds", "Time from arrival to first schedule",
@@ -142,6 +148,13 @@ class Metrics:
 
     def watch_ledger(self, ledger: Any) -> None:
         self.registry.register(LedgerCollector(ledger))
+
+    def label(self, name: str | None) -> str:
+        """A model or route name as a label value: a configured name as it is, anything else (a name a client
+        made up, or one that cannot be encoded) as "other", so no request can grow or break the exposition."""
+        if not name:
+            return OTHER
+        return name if self.names is None or name in self.names else OTHER
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

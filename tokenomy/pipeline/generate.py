@@ -63,11 +63,11 @@ class Generate:
                 await stream.aclose()
                 ctx.attempts.append({"model": name, "outcome": "error", "error": str(e)})
                 failures.append(f"{name}: {e}")
+                if not e.retryable:   # this request's failure, not the deployment's: it never counts
+                    raise APIError(e.status if 400 <= e.status < 500 else 502, str(e)) from e
                 if e.retry_after is not None:
                     retry_after = min(retry_after or e.retry_after, e.retry_after)
                 self.registry.failed(name)
-                if not e.retryable:
-                    raise APIError(e.status if 400 <= e.status < 500 else 502, str(e)) from e
                 continue
             self.registry.succeeded(name)
             ctx.attempts.append({"model": name, "outcome": "ok"})

@@ -56,7 +56,7 @@ class Record:
             self.finish(ctx)
 
     def finish(self, ctx: RequestContext) -> None:
-        m, model = self.metrics, ctx.model or ctx.asked_model
+        m, model = self.metrics, self.metrics.label(ctx.model or ctx.asked_model)
         status = "ok" if ctx.error is None and ctx.finish_reason not in ("error",) else "error"
         m.requests.labels(status, model).inc()
         u = ctx.usage

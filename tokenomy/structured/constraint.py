@@ -239,7 +239,10 @@ def loop_continuation(history: list[int], repeats: int = LOOP_REPEATS, max_perio
 
 class ConstraintError(RuntimeError):
     """The grammar cannot go on: a token outside the mask was appended (a sampler bug), or llguidance hit a
-    lexer/parser limit mid-answer (rare: compile probes the usual causes). End the sequence with an error."""
+    lexer/parser limit mid-answer (rare: compile probes the usual causes; a schema whose required properties
+    recurse forever is one). End the sequence with an error, blamed on the schema (`error_code`)."""
+
+    error_code = "invalid_schema"
 
 
 class Constraint:

@@ -1,0 +1,74 @@
+"""What one bad request can do to everyone else: nothing. Each test is a defect found by probing the server
+(issue 14), reproduced through the HTTP API."""
+
+from __future__ import annotations
+
+import httpx
+
+MODEL = "smollm2-135m-instruct"
+
+
+def chat(server, raw: str | None = None, **body) -> httpx.Response:
+    if raw is not None:
+        return httpx.post(server.base_url + "/chat/completions", content=raw.encode(),
+                          headers={"content-type": "application/json"}, timeout=60)
+    body.setdefault("model", MODEL)
+    body.setdefault("messages", [{"role": "user", "content": "Say hi."}])
+    body.setdefault("max_tokens", 4)
+    return httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+
+
+def test_made_up_model_names_never_become_metric_labels_and_metrics_never_break(server):
+    bad = chat(server, raw='{"model": "x\\ud800", "messages": [{"role": "user", "content": "hi"}]}')
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "model"
+    for i in range(30):
+        assert chat(server, model=f"made-up-{i}").status_code == 404
+    metrics = httpx.get(server.root + "/metrics")
+    assert metrics.status_code == 200
+    assert "made-up-" not in metrics.text and 'model="other"' in metrics.text
+
+
+def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field(server):
+    body = '{"model": "MODEL", "messages": [{"role": "user", "content": "a\\udc00b"}]}'.replace("MODEL", MODEL)
+    r = chat(server, raw=body)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "messages[0].content" and err["code"] == "invalid_encoding"
+
+
+def test_json_nested_too_deeply_is_a_400_even_in_an_ignored_field(server):
+    deep = "[" * 5000 + "]" * 5000
+    body = '{"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "x": DEEP}'
+    r = chat(server, raw=body.replace("MODEL", MODEL).replace("DEEP", deep))
+    assert r.status_code == 400 and "nested" in r.json()["error"]["message"]
+
+
+def test_parameters_out_of_range_fail_only_their_request_and_never_cool_the_model(server):
+    for _ in range(4):                               # more than the cool-down's failure count
+        r = chat(server, logit_bias={"60000": 1})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "logit_bias" and "60000" in r.json()["error"]["message"]
+        assert chat(server, logit_bias={str(2**70): 1}).status_code == 400
+        assert chat(server, repetition_penalty=1e-300).status_code == 400
+    health = httpx.get(server.root + "/health").json()
+    assert health["cooling"] == [] and health["models"][MODEL] is True
+    assert chat(server).status_code == 200
+
+
+def test_a_vanishing_temperature_is_greedy_and_any_seed_is_accepted(server):
+    greedy = chat(server, temperature=0, max_tokens=8).json()["choices"][0]["message"]["content"]
+    tiny = chat(server, temperature=1e-45, max_tokens=8)
+    assert tiny.status_code == 200 and tiny.json()["choices"][0]["message"]["content"] == greedy
+    for seed in (-1, 2**63 + 5):
+        r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "Once", "max_tokens": 4,
+                                                               "seed": seed, "temperature": 1.0}, timeout=60)
+        assert r.status_code == 200, r.text
+
+
+def test_a_schema_no_answer_can_satisfy_is_a_400_and_never_cools_the_model(server):
+    schema = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}   # required forever
+    for _ in range(3):
+        r = chat(server, max_tokens=16,
+                 response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_schema", r.text
+    assert httpx.get(server.root + "/health").json()["cooling"] == []
