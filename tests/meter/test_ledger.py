@@ -222,3 +222,14 @@ def test_urls(tmp_path, monkeypatch):
 def test_an_unreachable_database_is_a_clear_error():
     with pytest.raises(LedgerError, match="cannot open the ledger"):
         Ledger("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
+
+
+def test_a_row_that_cannot_be_encoded_is_lost_alone(ledger_url):
+    rows = rows_for([Spec("small", 10, 0, 1, ago_s=i) for i in range(60)])
+    rows[30].error = "bad \ud800 text"              # no database can store a lone surrogate
+    with Ledger(ledger_url, batch_size=64) as led:
+        for r in rows:
+            led.write(r)
+        assert led.flush()
+        assert led.failed == 1 and led.written == 59
+        assert {r.request_id for r in led.query()} == {r.request_id for i, r in enumerate(rows) if i != 30}

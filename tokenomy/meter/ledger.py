@@ -253,15 +253,15 @@ class Ledger:
                     conn.execute(ledger.insert(), [r.to_db() for r in rows])
                 self.written += len(rows)
                 return
-            except sa.exc.IntegrityError:
-                self._commit_one_by_one(rows)
-                return
-            except sa.exc.SQLAlchemyError as e:
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:   # the database, not a row: retry
                 if attempt == self.retries:
                     self.failed += len(rows)
                     log.error("ledger: %d rows not written after %d tries: %s", len(rows), attempt + 1, e)
                     return
                 time.sleep(0.5 * 2 ** attempt)
+            except Exception:   # a row the database refuses or cannot encode: write one by one, lose only it
+                self._commit_one_by_one(rows)
+                return
 
     def _commit_one_by_one(self, rows: list[LedgerRow]) -> None:
         for r in rows:
@@ -269,9 +269,9 @@ class Ledger:
                 with self._begin() as conn:
                     conn.execute(ledger.insert(), [r.to_db()])
                 self.written += 1
-            except sa.exc.SQLAlchemyError as e:
+            except Exception as e:
                 self.failed += 1
-                log.error("ledger: row %s not written: %s", r.request_id, getattr(e, "orig", e))
+                log.error("ledger: row %r not written: %s", r.request_id, getattr(e, "orig", e))
 
     # ---- reading -----------------------------------------------------------------------------------------
     def query(self, since: float | dt.datetime | None = None, until: float | dt.datetime | None = None,
