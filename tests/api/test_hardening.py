@@ -72,3 +72,38 @@ def test_a_schema_no_answer_can_satisfy_is_a_400_and_never_cools_the_model(serve
                  response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_schema", r.text
     assert httpx.get(server.root + "/health").json()["cooling"] == []
+
+
+def raw_post(port: int, path: str, headers: dict[str, str], body: bytes = b"") -> bytes:
+    """Send a request head (and some body) on a plain socket and read what comes back within 10 s: a server
+    that waited for the declared body would never answer."""
+    import socket
+
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head.encode() + b"\r\n" + body)
+        return s.recv(4096)
+
+
+def test_bodies_are_refused_by_their_declared_size_and_after_auth_before_they_are_read():
+    from tests.conftest import live_server
+
+    keys = [{"key": "sk-tenant", "tenant": "a"}]
+    with live_server({"keys": keys, "engine": {"n_ctx": 1024, "max_model_len": 512}}) as srv:
+        big = raw_post(srv.port, "/v1/chat/completions",
+                       {"content-type": "application/json", "content-length": str(512 << 20),
+                        "authorization": "Bearer sk-tenant"})
+        assert big.startswith(b"HTTP/1.1 413"), big[:80]
+        chunk = b"x" * 65536
+        no_key = raw_post(srv.port, "/v1/chat/completions",
+                          {"content-type": "application/json", "transfer-encoding": "chunked"},
+                          b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        assert no_key.startswith(b"HTTP/1.1 401"), no_key[:80]
+        feedback = raw_post(srv.port, "/v1/feedback",
+                            {"content-type": "application/json", "content-length": str(64 << 20)})
+        assert feedback.startswith(b"HTTP/1.1 401"), feedback[:80]
+        over = raw_post(srv.port, "/v1/chat/completions",
+                        {"content-type": "application/json", "transfer-encoding": "chunked",
+                         "authorization": "Bearer sk-tenant"},
+                        b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(70)))   # 4.4 MB > 4 MB
+        assert over.startswith(b"HTTP/1.1 413"), over[:80]

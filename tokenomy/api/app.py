@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokenomy.api.body import read_body
 from tokenomy.api.dashboard import dashboard_router
 from tokenomy.api.errors import (
     api_error_handler,
@@ -101,7 +102,8 @@ def create_app(gateway: Gateway) -> FastAPI:
         app.include_router(dashboard_router(
             gateway.ledger, gateway.metrics,
             guard=lambda r: gateway.keyring.admin(r.headers.get("authorization")),
-            feedback_guard=lambda r, row: _own_request(gateway, r, row)))
+            feedback_guard=lambda r, row: _own_request(gateway, r, row),
+            authenticate=lambda r: gateway.keyring.enabled and gateway.keyring.lookup(r.headers.get("authorization"))))
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -120,8 +122,11 @@ def _own_request(gateway: Gateway, request: Request, row: Any) -> None:
 
 
 async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseModel], kind: str) -> BaseModel:
-    """Parse the body; a refused body still gets its ledger row (status 4xx, no model)."""
+    """Authenticate, then parse the body (no byte of it is read for a caller without a valid key); a refused
+    request still gets its ledger row (status 4xx, no model)."""
     try:
+        if gateway.keyring.enabled:
+            gateway.keyring.lookup(request.headers.get("authorization"))
         return await _parse(request, model, gateway.config.server.max_body_bytes)
     except (APIError, RequestValidationError) as e:
         err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")
@@ -170,9 +175,7 @@ def _encodable(text: str, path: str) -> None:
 
 
 async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
-    raw = await request.body()
-    if len(raw) > limit:
-        raise APIError(413, f"Request body is {len(raw)} bytes; the limit is {limit}.", code="body_too_large")
+    raw = await read_body(request, limit)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

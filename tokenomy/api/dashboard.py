@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from tokenomy.api.body import read_body
 from tokenomy.api.errors import error_response
 from tokenomy.errors import APIError
 from tokenomy.meter.ledger import FEEDBACK_RANGE, MAX_COMMENT, Ledger
@@ -57,6 +58,7 @@ def _err(status: int, message: str, param: str | None = None, code: str | None =
 
 def dashboard_router(ledger: Ledger, metrics: Any = None, guard: Callable[[Request], Any] | None = None,
                      feedback_guard: Callable[[Request, LedgerRow], Any] | None = None,
+                     authenticate: Callable[[Request], Any] | None = None,
                      refresh_s: float = 5.0, default_since: str = "24h") -> APIRouter:
     router = APIRouter()
     page = render_page(data_url="/dashboard/data", refresh_s=refresh_s, title="tokenomy dashboard")
@@ -88,10 +90,12 @@ def dashboard_router(ledger: Ledger, metrics: Any = None, guard: Callable[[Reque
 
     @router.post("/v1/feedback")
     async def feedback(request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > MAX_FEEDBACK_BYTES:
-            return _err(413, f"Request body is {len(raw)} bytes; the limit is {MAX_FEEDBACK_BYTES}.",
-                        code="body_too_large")
+        try:
+            if authenticate is not None:
+                authenticate(request)          # before a byte of the body is read
+            raw = await read_body(request, MAX_FEEDBACK_BYTES)
+        except APIError as e:
+            return error_response(e)
         try:
             body = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
