@@ -107,3 +107,43 @@ def test_bodies_are_refused_by_their_declared_size_and_after_auth_before_they_ar
                          "authorization": "Bearer sk-tenant"},
                         b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(70)))   # 4.4 MB > 4 MB
         assert over.startswith(b"HTTP/1.1 413"), over[:80]
+
+
+def test_a_stream_the_client_cuts_short_is_billed_for_what_it_got():
+    import time
+
+    from tests.conftest import NO_CACHE, live_server
+
+    models = [{"name": MODEL, "gguf": MODEL, "price": {"input": 1.0, "cached_input": 0.5, "output": 2.0}}]
+    with live_server({"models": models, "cache": NO_CACHE,
+                      "engine": {"n_ctx": 4096, "max_model_len": 2048, "max_batch_tokens": 64}}) as srv:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
+                "max_tokens": 300, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as c, c.stream("POST", srv.base_url + "/chat/completions", json=body) as r:
+            seen = 0
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    seen += 1
+                if seen >= 15:
+                    break
+        try:                                          # a long prompt, abandoned during its prefill
+            httpx.post(srv.base_url + "/chat/completions", timeout=0.3,
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "lorem ipsum " * 400}],
+                             "max_tokens": 10})
+        except httpx.TimeoutException:
+            pass
+        ledger = srv.gateway.ledger
+        deadline = time.time() + 30
+        rows = []
+        while time.time() < deadline and len(rows) < 2:
+            ledger.flush()
+            rows = [row for row in ledger.query() if row.status == 499]
+            time.sleep(0.2)
+        assert len(rows) == 2, [(row.status, row.finish_reason) for row in ledger.query()]
+        streamed, abandoned = sorted(rows, key=lambda row: row.ts)
+        assert streamed.model == MODEL and streamed.prompt_tokens > 10
+        assert streamed.completion_tokens >= 13 and streamed.cost_usd > 0
+        assert abandoned.model == MODEL and abandoned.prompt_tokens > 800 and abandoned.cost_usd > 0
+        metrics = httpx.get(srv.root + "/metrics").text
+        assert f'tokenomy_requests_total{{model="{MODEL}",status="cancelled"}} 2.0' in metrics, [
+            line for line in metrics.splitlines() if line.startswith("tokenomy_requests_total")]

@@ -41,6 +41,7 @@ class Generate:
                 continue
             backend = self.registry.get(name)
             req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream)
+            ctx.extras["serving"] = name     # the model at work, should the client leave before it answers
             stream = backend.stream(req, **ctx.extras.get("backend_kwargs", {}))
             try:
                 if ctx.stream:
@@ -188,6 +189,9 @@ async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContex
 
 def _seen(d: Delta, ctx: RequestContext) -> Delta:
     ctx.text += d.text
+    # tokens delivered so far, for billing a stream the client cuts short: exact where the backend reports each
+    # token's logprob, else one per chunk with text (upstreams send about one token a chunk)
+    ctx.extras["seen_tokens"] = ctx.extras.get("seen_tokens", 0) + (len(d.confidence) or (1 if d.text else 0))
     if d.usage is not None:
         ctx.usage = d.usage
     if d.finish_reason is not None:

@@ -7,15 +7,18 @@ The record observes; it never changes a response.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
-from tokenomy.backends.base import Delta
+from tokenomy.backends.base import Delta, Usage
 from tokenomy.errors import APIError
 from tokenomy.meter.metrics import Metrics
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 
 log = logging.getLogger("tokenomy.record")
+
+CLIENT_CLOSED = 499     # nginx's status for a client that closed the connection before the answer was complete
 
 Sink = Callable[[RequestContext], None]
 
@@ -56,8 +59,19 @@ class Record:
             self.finish(ctx)
 
     def finish(self, ctx: RequestContext) -> None:
+        if ctx.finish_reason == "cancelled" and ctx.error is None:
+            ctx.status = CLIENT_CLOSED
+            ctx.model = ctx.model or ctx.extras.get("serving")
+            if ctx.usage is None and ctx.model is not None:
+                # the client left: what a model already did for it is billed and counted against its limits
+                ctx.usage = Usage(prompt_tokens=ctx.prompt_tokens or 0,
+                                  completion_tokens=ctx.extras.get("seen_tokens", 0), counted=True,
+                                  e2e_s=time.perf_counter() - ctx.started)
         m, model = self.metrics, self.metrics.label(ctx.model or ctx.asked_model)
-        status = "ok" if ctx.error is None and ctx.finish_reason not in ("error",) else "error"
+        if ctx.error is not None or ctx.finish_reason == "error":
+            status = "error"
+        else:
+            status = "cancelled" if ctx.finish_reason == "cancelled" else "ok"
         m.requests.labels(status, model).inc()
         u = ctx.usage
         if u is not None:
