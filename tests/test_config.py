@@ -79,3 +79,20 @@ def test_structured_and_semantic_settings_are_checked(tmp_path):
     p.write_text("cache: {semantic: {min_margin: -0.1}}\n")
     with pytest.raises(ConfigError, match="min_margin"):
         load_config(p)
+
+
+def test_the_same_key_twice_and_unknown_allowed_models_are_refused() -> None:
+    import pytest
+
+    from tokenomy.config import Config
+
+    with pytest.raises(ValueError, match="more than once"):
+        Config.model_validate({"keys": [{"key": "sk-same", "tenant": "a"},
+                                        {"key": "sk-same", "tenant": "b", "admin": True}]})
+    import hashlib
+
+    digest = hashlib.sha256(b"sk-same").hexdigest()
+    with pytest.raises(ValueError, match="more than once"):
+        Config.model_validate({"keys": [{"key": "sk-same"}, {"key_sha256": digest.upper()}]})
+    with pytest.raises(ValueError, match="unknown models or routes"):
+        Config.model_validate({"keys": [{"key": "sk-a", "models": ["gpt-9"]}]})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -185,6 +186,7 @@ class KeySpec(_Strict):
     rpm: int | None = Field(None, ge=1)
     tpm: int | None = Field(None, ge=1)
     budget: BudgetLimits | None = None
+    models: list[str] | None = None              # model and route names this key may ask for; None: all
 
     @model_validator(mode="after")
     def _one(self) -> KeySpec:
@@ -232,6 +234,7 @@ class EnergySettings(_Strict):
 
 class TenantSpec(_Strict):
     budget: BudgetLimits | None = None
+    models: list[str] | None = None              # model and route names the tenant's keys may ask for; None: all
 
 
 class ServerSettings(_Strict):
@@ -266,6 +269,17 @@ class Config(_Strict):
             missing = [m for m in r.models + [rule.model for rule in r.rules] if m not in names]
             if missing:
                 raise ValueError(f"routes.{rname}.models: unknown models {missing}; known: {names}")
+        known = set(names) | set(self.routes)
+        for where, allowed in [(f"keys[{i}] ({k.name})", k.models) for i, k in enumerate(self.keys)] + [
+                (f"tenants.{t}", spec.models) for t, spec in self.tenants.items()]:
+            unknown = sorted(set(allowed or []) - known)
+            if unknown:
+                raise ValueError(f"{where}.models: unknown models or routes {unknown}; known: {sorted(known)}")
+        digests = [(k.key_sha256 or "").lower() or hashlib.sha256((k.key or "").encode()).hexdigest()
+                   for k in self.keys]
+        dup = sorted({self.keys[i].name for i, d in enumerate(digests) if digests.count(d) > 1})
+        if dup:   # the last one would win silently, perhaps making a tenant's key another's admin key
+            raise ValueError(f"keys: the same key is listed more than once ({', '.join(dup)})")
         return self
 
     def model(self, name: str) -> ModelSpec:

@@ -58,7 +58,7 @@ class Gateway:
         self.metrics.watch_engines(self.engines)
         for name, engine in self.engines():
             self._watch_engine(name, engine)
-        self.keyring = Keyring(config.keys)
+        self.keyring = Keyring(config.keys, config.tenants)
         self.routes = dict(config.routes)     # shared with the stages, updated in place on reload
         self.ledger = Ledger(config.ledger) if config.ledger else None
         e = config.energy
@@ -159,6 +159,14 @@ class Gateway:
     def model_names(self) -> list[str]:
         return [m.name for m in self.config.models] + list(self.routes)
 
+    def models_for(self, authorization: str | None) -> list[str]:
+        """The names a caller may use: all without keys; with keys, the presented key's (401 without one)."""
+        names = self.model_names()
+        if not self.keyring.enabled:
+            return names
+        allowed = self.keyring.lookup(authorization).allowed
+        return names if allowed is None else [n for n in names if n in allowed]
+
     def reload(self) -> dict[str, Any]:
         """Re-read the config file: keys, routes and cool-down settings change in place; models need a restart."""
         if self.config_path is None:
@@ -169,7 +177,7 @@ class Gateway:
             raise APIError(400, str(e), code="invalid_config") from e
         if [m.model_dump() for m in new.models] != [m.model_dump() for m in self.config.models]:
             raise APIError(400, "models changed: restart tokenomy to load them.", code="restart_needed")
-        self.keyring.__init__(new.keys)  # type: ignore[misc]
+        self.keyring.__init__(new.keys, new.tenants)  # type: ignore[misc]
         fresh = self._budgets(new)
         self.budgets.__dict__.update(fresh.__dict__)
         self.routes.clear()

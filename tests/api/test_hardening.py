@@ -147,3 +147,28 @@ def test_a_stream_the_client_cuts_short_is_billed_for_what_it_got():
         metrics = httpx.get(srv.root + "/metrics").text
         assert f'tokenomy_requests_total{{model="{MODEL}",status="cancelled"}} 2.0' in metrics, [
             line for line in metrics.splitlines() if line.startswith("tokenomy_requests_total")]
+
+
+def test_keys_and_tenants_may_name_only_the_models_and_routes_they_are_allowed():
+    from tests.conftest import NO_CACHE, live_server
+
+    cfg = {"models": [{"name": "cheap", "gguf": MODEL}, {"name": "dear", "gguf": MODEL}],
+           "routes": {"auto": {"strategy": "fixed", "models": ["cheap", "dear"]}},
+           "tenants": {"t": {"models": ["auto", "cheap"]}},
+           "keys": [{"key": "sk-narrow", "tenant": "t", "models": ["auto"]}, {"key": "sk-wide", "tenant": "u"}],
+           "cache": NO_CACHE, "engine": {"n_ctx": 1024, "max_model_len": 512}}
+    with live_server(cfg) as srv:
+        def ask(key: str, model: str) -> httpx.Response:
+            return httpx.post(srv.base_url + "/chat/completions", timeout=60,
+                              headers={"authorization": f"Bearer {key}"},
+                              json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert ask("sk-narrow", "auto").status_code == 200
+        for model in ("dear", "cheap"):                # not on the key's list ("cheap" is on the tenant's only)
+            r = ask("sk-narrow", model)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed"
+        missing = ask("sk-narrow", "nope")
+        assert missing.status_code == 403 and "dear" not in missing.text
+        assert ask("sk-wide", "dear").status_code == 200
+        listed = httpx.get(srv.base_url + "/models", headers={"authorization": "Bearer sk-narrow"}).json()
+        assert [m["id"] for m in listed["data"]] == ["auto"]
+        assert httpx.get(srv.base_url + "/models").status_code == 401

@@ -66,14 +66,14 @@ def create_app(gateway: Gateway) -> FastAPI:
                             echo=body.text if body.echo else "")
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy"}
-            for name in gateway.model_names()]}
+            for name in gateway.models_for(request.headers.get("authorization"))]}
 
     @app.get("/v1/models/{model_id}")
-    async def model(model_id: str) -> dict[str, Any]:
-        if model_id not in gateway.model_names():
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        if model_id not in gateway.models_for(request.headers.get("authorization")):
             raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy"}
 

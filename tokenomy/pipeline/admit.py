@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.config import KeySpec
+from tokenomy.config import KeySpec, TenantSpec
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
@@ -33,16 +33,19 @@ class KeyInfo:
     admin: bool
     rpm: int | None
     tpm: int | None
+    allowed: frozenset[str] | None = None    # model and route names it may ask for (key's and tenant's); None: all
     requests: deque[float] = field(default_factory=deque)
     tokens: deque[tuple[float, int]] = field(default_factory=deque)
 
 
 class Keyring:
-    def __init__(self, keys: list[KeySpec]) -> None:
+    def __init__(self, keys: list[KeySpec], tenants: dict[str, TenantSpec] | None = None) -> None:
         self.by_hash: dict[str, KeyInfo] = {}
         for k in keys:
             h = k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or "")
-            self.by_hash[h] = KeyInfo(h[:12], k.name, k.tenant, k.admin, k.rpm, k.tpm)
+            lists = [set(x) for x in (k.models, (tenants or {}).get(k.tenant, TenantSpec()).models) if x is not None]
+            allowed = frozenset(set.intersection(*lists)) if lists else None
+            self.by_hash[h] = KeyInfo(h[:12], k.name, k.tenant, k.admin, k.rpm, k.tpm, allowed)
 
     @property
     def enabled(self) -> bool:
@@ -79,6 +82,11 @@ class Admit:
         if self.keyring.enabled:
             info = self.keyring.lookup(ctx.headers.get("authorization"))
             ctx.key_id, ctx.tenant = info.key_id, info.tenant
+            if info.allowed is not None:
+                ctx.extras["allowed_models"] = info.allowed
+                if ctx.gen.model not in info.allowed:
+                    raise APIError(403, f"This key may not use the model '{ctx.gen.model}'. It may use: "
+                                   f"{', '.join(sorted(info.allowed))}.", param="model", code="model_not_allowed")
             self._check_limits(info, ctx)
         if self.budgets is not None:
             self.budgets.check(ctx.key_id, ctx.tenant)   # raises BudgetExceeded: a 429 naming the budget

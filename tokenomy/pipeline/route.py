@@ -63,7 +63,8 @@ class Route:
             return
         spec = self.routes.get(asked)
         if spec is None:
-            known = ", ".join(self.models + list(self.routes))
+            allowed = ctx.extras.get("allowed_models")    # a key with an allow-list learns only its own names
+            known = ", ".join(n for n in self.models + list(self.routes) if allowed is None or n in allowed)
             raise APIError(404, f"The model '{asked}' does not exist. Available: {known}.", param="model",
                            code="model_not_found")
         ctx.route = asked
