@@ -172,3 +172,20 @@ def test_keys_and_tenants_may_name_only_the_models_and_routes_they_are_allowed()
         listed = httpx.get(srv.base_url + "/models", headers={"authorization": "Bearer sk-narrow"}).json()
         assert [m["id"] for m in listed["data"]] == ["auto"]
         assert httpx.get(srv.base_url + "/models").status_code == 401
+
+
+def test_request_fields_are_typed_as_strictly_as_openai_types_them(server):
+    for bad in ({"max_tokens": "8"}, {"stream": "yes"}, {"temperature": True}, {"logprobs": 1},
+                {"tool_choice": "auto"}):
+        r = chat(server, **bad)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    assert chat(server, temperature=1).status_code == 200            # an integer is a number
+    bom = b"\xef\xbb\xbf" + b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}' \
+        % MODEL.encode()
+    r = httpx.post(server.base_url + "/chat/completions", content=bom,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 200, r.text
+    for prompt in ("", [""]):
+        r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": prompt}, timeout=60)
+        assert r.status_code == 400 and "empty" in r.json()["error"]["message"], r.text

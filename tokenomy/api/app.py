@@ -177,7 +177,7 @@ def _encodable(text: str, path: str) -> None:
 async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
     raw = await read_body(request, limit)
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")      # a leading byte-order mark is not part of the JSON
     except UnicodeDecodeError as e:
         raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
     try:

@@ -1,4 +1,5 @@
-"""OpenAI request bodies. Unknown fields are ignored (as vLLM does), known ones are type-checked."""
+"""OpenAI request bodies. Unknown fields are ignored (as vLLM does), known ones are type-checked strictly, as
+OpenAI checks them: "8" is not a number, "yes" and 1 are not booleans (an int still passes for a float)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Body):
@@ -119,6 +120,8 @@ class ChatCompletionRequest(_Sampling):
             self.max_tokens = self.max_completion_tokens
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice is only allowed when tools are specified")
         return self
 
     def sampling(self) -> dict[str, Any]:
@@ -143,6 +146,8 @@ class CompletionRequest(_Sampling):
         if isinstance(v, list):
             if len(v) != 1 or not isinstance(v[0], str):
                 raise ValueError("prompt must be a string (batched or token-id prompts are not supported)")
+        if (v if isinstance(v, str) else v[0]) == "":
+            raise ValueError("prompt must not be empty")
         return v
 
     @property
