@@ -82,6 +82,7 @@ class Gateway:
         self.record = Record(self.metrics, sinks=[admit.on_record, self.meter])
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
         self.exact_cache, self.semantic_cache = self._caches(config)
+        self.metrics.watch_caches(self.cache_stores)
         self.pipeline = Pipeline([
             self.record,
             admit,
@@ -132,6 +133,10 @@ class Gateway:
                                      min_margin=s.min_margin)
             semantic.warm()
         return exact, semantic
+
+    def cache_stores(self) -> list[tuple[str, Any]]:
+        return [(name, c.store) for name, c in (("exact", self.exact_cache), ("semantic", self.semantic_cache))
+                if c is not None]
 
     def cost(self, model: str, usage: Usage) -> float:
         """USD for a generation: uncached input, cached input and output each at their own price."""

@@ -189,3 +189,30 @@ def test_request_fields_are_typed_as_strictly_as_openai_types_them(server):
     for prompt in ("", [""]):
         r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": prompt}, timeout=60)
         assert r.status_code == 400 and "empty" in r.json()["error"]["message"], r.text
+
+
+def test_an_unreachable_redis_cache_shows_on_metrics_health_and_the_log_once(caplog):
+    import logging
+    import time
+
+    from tests.conftest import free_port, live_server
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"          # nothing listens there
+    with caplog.at_level(logging.WARNING, logger="tokenomy.cache"), live_server(
+            {"cache": {"store": dead, "semantic": {"enabled": False}},
+             "engine": {"n_ctx": 1024, "max_model_len": 512}}) as srv:
+        for _ in range(3):
+            r = httpx.post(srv.base_url + "/chat/completions", timeout=60, json={
+                "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
+            assert r.status_code == 200 and r.headers["x-tokenomy-cache"] == "miss"
+        time.sleep(1.2)                                   # past the breaker's pause: still shown as down
+        metrics = httpx.get(srv.root + "/metrics").text
+        errors = [ln for ln in metrics.splitlines()
+                  if ln.startswith('tokenomy_cache_store_errors_total{cache="exact"}')]
+        assert errors and float(errors[0].split()[-1]) >= 1
+        assert 'tokenomy_cache_store_up{cache="exact"} 0.0' in metrics
+        health = httpx.get(srv.root + "/health")
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert health.json()["caches"] == {"exact": False}
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 1, [r.getMessage() for r in caplog.records]

@@ -83,8 +83,10 @@ def create_app(gateway: Gateway) -> FastAPI:
         ok = any(states.values())
         engines = {n: e.describe() for n, e in gateway.engines()}
         cooling = sorted(n for n in states if gateway.registry.cooling(n))
-        return JSONResponse({"status": "ok" if ok else "unavailable", "models": states, "engines": engines,
-                             "cooling": cooling}, status_code=200 if ok else 503)
+        caches = {n: getattr(store, "healthy", True) for n, store in gateway.cache_stores()}
+        status = "unavailable" if not ok else "degraded" if not all(caches.values()) or cooling else "ok"
+        return JSONResponse({"status": status, "models": states, "engines": engines, "cooling": cooling,
+                             "caches": caches}, status_code=200 if ok else 503)
 
     @app.get("/admin/keys")
     async def admin_keys(request: Request) -> dict[str, Any]:

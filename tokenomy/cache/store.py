@@ -13,6 +13,7 @@ JSON-able dicts are a caller bug and raise TypeError.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 Clock = Callable[[], float]
+
+log = logging.getLogger("tokenomy.cache")
 
 
 @runtime_checkable
@@ -207,6 +210,7 @@ class RedisStore:
         self.errors = 0
         self.skipped = 0
         self._down_until = 0.0
+        self._outage = False
         self._redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._errors_types: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         prefix = f"tokenomy:{namespace}:"
@@ -220,16 +224,29 @@ class RedisStore:
             self.skipped += 1
             return None
         try:
-            return fn()
-        except self._errors_types:
+            result = fn()
+        except self._errors_types as e:
             self.errors += 1
             self._down_until = time.monotonic() + self.retry_after_s
+            if not self._outage:        # once per outage, not once per request
+                self._outage = True
+                log.warning("cache store %s (%s) failed: %s; serving uncached until it answers again",
+                            self.namespace, self.url, e)
             return None
+        if self._outage:
+            self._outage = False
+            log.warning("cache store %s (%s) answers again", self.namespace, self.url)
+        return result
 
     @property
     def available(self) -> bool:
         """False while the breaker is open after a failure."""
         return time.monotonic() >= self._down_until
+
+    @property
+    def healthy(self) -> bool:
+        """False from a failed call until a call succeeds again (what /health and /metrics show)."""
+        return not self._outage
 
     def get(self, key: str) -> dict[str, Any] | None:
         _check(key)

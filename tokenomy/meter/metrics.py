@@ -40,6 +40,21 @@ class EngineCollector:
         yield restarts
 
 
+class CacheCollector:
+    def __init__(self, stores: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self._stores = stores
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        errors = CounterMetricFamily("tokenomy_cache_store_errors", "Failed cache store calls (the request was "
+                                     "served uncached)", labels=["cache"])
+        up = GaugeMetricFamily("tokenomy_cache_store_up", "1 while the cache store answers", labels=["cache"])
+        for name, store in self._stores():
+            errors.add_metric([name], store.errors)
+            up.add_metric([name], 1.0 if getattr(store, "healthy", True) else 0.0)
+        yield errors
+        yield up
+
+
 class HardwareCollector:
     """Hardware layer, read at scrape time from an EnergyMeter: energy (labelled by source: nvml | rapl |
     estimate), power (the source's own reading, else mean power since the previous scrape), memory."""
@@ -141,6 +156,10 @@ class Metrics:
 
     def watch_engines(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         self.registry.register(EngineCollector(engines))
+
+    def watch_caches(self, stores: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        """Response-cache store health: errors and whether each store answers (a dead Redis is never silent)."""
+        self.registry.register(CacheCollector(stores))
 
     def watch_hardware(self, meter: Any) -> None:
         """Export the hardware layer from an energy.EnergyMeter."""
