@@ -17,9 +17,10 @@ WORDS = ["Hello", " from", " the", " stub", "."]
 
 class Stub:
     def __init__(self, delay: float = 0.0, fail_status: int | None = None, fail_times: int = 0,
-                 no_usage: bool = False, stall_after: int | None = None) -> None:
+                 no_usage: bool = False, stall_after: int | None = None, json_for_stream: bool = False) -> None:
         self.delay, self.fail_status, self.fail_times = delay, fail_status, fail_times
         self.no_usage, self.stall_after = no_usage, stall_after
+        self.json_for_stream = json_for_stream   # answer a streamed request with one JSON body, as some servers do
         self.hits = 0
         self.peers: set[tuple[str, int]] = set()   # client (host, port) of each connection that sent a request
 
@@ -54,7 +55,7 @@ class Stub:
         req = json.loads(body or b"{}")
         chat = path.endswith("/chat/completions")
         usage = {"prompt_tokens": 7, "completion_tokens": len(WORDS), "total_tokens": 7 + len(WORDS)}
-        if not req.get("stream"):
+        if not req.get("stream") or self.json_for_stream:
             choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
             if chat:
                 choice["message"] = {"role": "assistant", "content": "".join(WORDS)}

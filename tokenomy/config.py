@@ -74,6 +74,11 @@ class ModelSpec(_Strict):
     timeout_s: float = Field(60.0, gt=0)
     connect_timeout_s: float = Field(5.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
+    deadline_s: float | None = Field(None, gt=0, description="openai: the most one request may wait for the "
+                                     "upstream's first byte, retries included (default: timeout_s)")
+    retry_after_send: bool = Field(False, description="openai: also retry a request the upstream may have "
+                                   "received (a read timeout or a dropped connection): it may be generated and "
+                                   "billed twice")
     schema_policy: Literal["flag", "repair"] = "flag"   # openai: an answer that breaks its schema
     structured: StructuredSettings = StructuredSettings()   # embedded: constrained decoding
 

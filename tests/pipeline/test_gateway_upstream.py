@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -167,3 +168,34 @@ def test_streamed_answers_leave_the_upstream_connection_open_for_the_next_reques
             assert r.status_code == 200 and "stub" in r.text
         assert s.stub.hits == 4
         assert len(s.stub.peers) == 1, s.stub.peers
+
+
+def test_a_frozen_upstream_is_not_sent_the_request_again_and_the_deadline_holds():
+    with StubServer(Stub(delay=15)) as s, live_server(gateway_config(s.port, timeout_s=1.0, max_retries=2)) as gw:
+        t0 = time.time()
+        r = httpx.post(gw.base_url + "/chat/completions", json={"model": "remote", "messages": MSG}, timeout=60)
+        assert r.status_code == 503 and time.time() - t0 < 5
+        assert s.stub.hits == 1                        # a read timeout: it may be generating; never sent twice
+    with StubServer(Stub(delay=15)) as s, live_server(gateway_config(s.port, timeout_s=10, deadline_s=1.0,
+                                                                     max_retries=2)) as gw:
+        t0 = time.time()
+        r = httpx.post(gw.base_url + "/chat/completions", json={"model": "remote", "messages": MSG}, timeout=60)
+        assert r.status_code == 503 and time.time() - t0 < 5 and "deadline" in r.json()["error"]["message"]
+    with StubServer(Stub(delay=15)) as s, live_server(gateway_config(s.port, timeout_s=0.5, max_retries=2,
+                                                                     retry_after_send=True, deadline_s=30)) as gw:
+        httpx.post(gw.base_url + "/chat/completions", json={"model": "remote", "messages": MSG}, timeout=60)
+        assert s.stub.hits == 3                        # allowed explicitly: one try and two retries
+
+
+def test_an_upstream_that_answers_a_stream_with_one_json_body_is_read_as_the_answer():
+    with StubServer(Stub(json_for_stream=True)) as s, live_server(gateway_config(s.port)) as gw:
+        body = {"model": "remote", "messages": MSG, "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert lines[-1] == "data: [DONE]" and '"finish_reason":"stop"' in "".join(lines)
+        text = "".join(json.loads(x[6:])["choices"][0]["delta"].get("content") or ""
+                       for x in lines[:-1] if json.loads(x[6:])["choices"])
+        assert "stub" in text
+        plain = httpx.post(gw.base_url + "/chat/completions", json={"model": "remote", "messages": MSG}, timeout=30)
+        assert plain.json()["choices"][0]["message"]["content"] == text

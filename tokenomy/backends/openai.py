@@ -66,7 +66,19 @@ class OpenAIBackend:
         return path, body
 
     async def _open(self, path: str, body: dict[str, Any]) -> httpx.Response:
-        """Send with bounded retries; returns an open streaming response with a 200 status."""
+        """Send with bounded retries, all within the model's deadline; returns an open streaming response with
+        a 200 status. A request the upstream may already have received is not sent again unless the model
+        allows it (`retry_after_send`): a second send could generate, and bill, the answer twice."""
+        deadline = self.spec.deadline_s or self.spec.timeout_s
+        try:
+            async with asyncio.timeout(deadline):
+                return await self._send_with_retries(path, body)
+        except TimeoutError:
+            self._count_error("deadline")
+            raise BackendError(f"{self.name} did not answer within its {deadline:g} s deadline", status=504,
+                               retry_after=None) from None
+
+    async def _send_with_retries(self, path: str, body: dict[str, Any]) -> httpx.Response:
         attempt, delay = 0, 0.2
         while True:
             t0 = time.perf_counter()
@@ -75,8 +87,10 @@ class OpenAIBackend:
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError,
                     httpx.ReadError, httpx.WriteError, httpx.PoolTimeout) as e:
                 self._count_error(type(e).__name__)
-                if attempt >= self.spec.max_retries:
-                    raise BackendError(f"{self.name} unreachable: {type(e).__name__}: {e}", status=502) from e
+                sent = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
+                if attempt >= self.spec.max_retries or (sent and not self.spec.retry_after_send):
+                    what = "did not answer" if sent else "unreachable"
+                    raise BackendError(f"{self.name} {what}: {type(e).__name__}: {e}", status=502) from e
             else:
                 self._observe(time.perf_counter() - t0)
                 if resp.status_code == 200:
@@ -102,6 +116,11 @@ class OpenAIBackend:
         t0 = time.perf_counter()
         path, body = self._body(req)
         resp = await self._open(path, body)
+        if "application/json" in resp.headers.get("content-type", ""):
+            # some OpenAI-compatible servers answer a streamed request with the whole completion
+            async for d in self._whole(resp, req, t0):
+                yield d
+            return
         usage: Usage | None = None
         finish: str | None = None
         ttft: float | None = None
@@ -165,6 +184,32 @@ class OpenAIBackend:
         if n_lp:
             usage.mean_logprob, usage.min_logprob = sum_lp / n_lp, min_lp
         yield Delta(finish_reason=finish, usage=usage)
+
+    async def _whole(self, resp: httpx.Response, req: GenRequest, t0: float) -> AsyncIterator[Delta]:
+        """A complete (non-streamed) completion body, as one delta and the final one."""
+        try:
+            data = json.loads(await resp.aread())
+        except (json.JSONDecodeError, httpx.HTTPError) as e:
+            raise BackendError(f"{self.name} sent an unreadable answer: {e}") from e
+        finally:
+            await resp.aclose()
+        choice = (data.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        text = (message.get("content") if req.kind == "chat" else choice.get("text")) or ""
+        if not choice.get("finish_reason"):
+            raise BackendError(f"{self.name} answered without a finish_reason", status=502)
+        u = data.get("usage")
+        if u:
+            usage = Usage(prompt_tokens=u.get("prompt_tokens", 0), completion_tokens=u.get("completion_tokens", 0),
+                          cached_tokens=(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        else:
+            usage = Usage(prompt_tokens=self.counter.count_request(req).tokens,
+                          completion_tokens=self.counter.count_text(text).tokens if text else 0, counted=True)
+        usage.e2e_s = usage.ttft_s = time.perf_counter() - t0
+        calls = message.get("tool_calls")
+        if text or calls:
+            yield Delta(text=text, tool_calls=[dict(c, index=i) for i, c in enumerate(calls)] if calls else None)
+        yield Delta(finish_reason=choice["finish_reason"], usage=usage)
 
     def expected_wait_s(self) -> float:
         """Unknown for an upstream (it queues on its side); treated as no wait."""
