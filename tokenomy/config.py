@@ -257,6 +257,9 @@ class Config(_Strict):
     keys: list[KeySpec] = Field(default_factory=list)
     cache: CacheSettings = CacheSettings()
     ledger: str | None = "sqlite:///tokenomy.db"      # postgresql://user@host/db; null: no ledger
+    # false: rows are committed by a background writer, usually within milliseconds of the answer, and a crash
+    # in that window loses them; true: the answer's last byte waits for its row's commit
+    ledger_durable: bool = False
     energy: EnergySettings = EnergySettings()
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -79,7 +80,8 @@ class Gateway:
         admit = Admit(self.keyring, self.budgets)
         self.meter = MeterSink(self.ledger, {m.name: m.price for m in config.models}, self.metrics,
                                self.budgets, self.energy, {m.name: m.backend for m in config.models})
-        self.record = Record(self.metrics, sinks=[admit.on_record, self.meter])
+        durable = self._commit_ledger if self.ledger is not None and config.ledger_durable else None
+        self.record = Record(self.metrics, sinks=[admit.on_record, self.meter], durable=durable)
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
         self.exact_cache, self.semantic_cache = self._caches(config)
         self.metrics.watch_caches(self.cache_stores)
@@ -133,6 +135,11 @@ class Gateway:
                                      min_margin=s.min_margin)
             semantic.warm()
         return exact, semantic
+
+    async def _commit_ledger(self) -> None:
+        """Wait, off the event loop, until every ledger row written so far is committed (ledger_durable)."""
+        assert self.ledger is not None
+        await asyncio.to_thread(self.ledger.flush)
 
     def cache_stores(self) -> list[tuple[str, Any]]:
         return [(name, c.store) for name, c in (("exact", self.exact_cache), ("semantic", self.semantic_cache))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 MODEL = "smollm2-135m-instruct"
 
@@ -216,3 +217,29 @@ def test_an_unreachable_redis_cache_shows_on_metrics_health_and_the_log_once(cap
         assert health.json()["caches"] == {"exact": False}
     failed = [r for r in caplog.records if "failed" in r.getMessage()]
     assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(durable):
+    import time
+
+    from tests.conftest import NO_CACHE, live_server
+
+    with live_server({"ledger_durable": durable, "cache": NO_CACHE,
+                      "engine": {"n_ctx": 1024, "max_model_len": 512}}) as srv:
+        ledger = srv.gateway.ledger
+        original = ledger._commit
+
+        def slow_commit(rows):                          # a database that takes half a second to commit
+            time.sleep(0.5)
+            original(rows)
+
+        ledger._commit = slow_commit
+        for stream in (False, True):
+            rid = None
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                    "stream": stream}
+            with httpx.stream("POST", srv.base_url + "/chat/completions", json=body, timeout=60) as r:
+                r.read()
+                rid = r.headers["x-tokenomy-request-id"]
+            assert (ledger.get(rid) is not None) == durable, (stream, durable)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from tokenomy.backends.base import Delta, Usage
 from tokenomy.errors import APIError
@@ -26,9 +27,11 @@ Sink = Callable[[RequestContext], None]
 class Record:
     name = "record"
 
-    def __init__(self, metrics: Metrics, sinks: list[Sink] | None = None) -> None:
+    def __init__(self, metrics: Metrics, sinks: list[Sink] | None = None,
+                 durable: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.metrics = metrics
         self.sinks = sinks or []
+        self.durable = durable    # awaited after the sinks, before the answer's last byte (ledger_durable)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         try:
@@ -36,6 +39,7 @@ class Record:
         except APIError as e:
             ctx.error, ctx.status = e, e.status
             self.finish(ctx)
+            await self._commit()
             raise
         except BaseException as e:  # cancelled (client gone) or a bug: still one record
             if isinstance(e, Exception):
@@ -48,6 +52,7 @@ class Record:
             ctx.deltas = self._wrap(ctx.deltas, ctx)
         else:
             self.finish(ctx)
+            await self._commit()
 
     async def _wrap(self, deltas: AsyncIterator[Delta], ctx: RequestContext) -> AsyncIterator[Delta]:
         try:
@@ -57,6 +62,14 @@ class Record:
             if ctx.finish_reason is None:
                 ctx.finish_reason = "cancelled"
             self.finish(ctx)
+        await self._commit()          # only a stream that ran to its end: its [DONE] follows
+
+    async def _commit(self) -> None:
+        if self.durable is not None:
+            try:
+                await self.durable()
+            except Exception:
+                log.exception("durable ledger commit failed")
 
     def finish(self, ctx: RequestContext) -> None:
         if ctx.finish_reason == "cancelled" and ctx.error is None:
