@@ -202,8 +202,10 @@ class Core:
                 self._outbox.append((rid, merged(held, ev)))
 
         try:
-            self._seqs[rid] = self.engine.submit(prompt, params, on_event, constraint=constraint,
-                                                 request_id=request_id)
+            seq = self._seqs[rid] = self.engine.submit(prompt, params, on_event, constraint=constraint,
+                                                       request_id=request_id)
+            if seq.is_finished:          # it ended before it was filed here: _flush found nothing to drop
+                self._seqs.pop(rid, None)
         except QueueFull as e:
             self._reject(rid, "queue_full", str(e))
         except ValueError as e:
