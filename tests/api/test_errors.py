@@ -61,3 +61,11 @@ def test_completions_bad_inputs(server):
     assert_error(post(server, {"model": MODEL, "prompt": [1, 2]}, "/completions"), 400, "prompt")
     assert_error(post(server, {"model": MODEL}, "/completions"), 400, "prompt")
     assert_error(post(server, {"model": MODEL, "prompt": "x", "logprobs": 9}, "/completions"), 400, "logprobs")
+
+
+def test_a_wrong_method_is_a_405_that_says_which_methods_are_allowed(server):
+    import httpx
+
+    r = httpx.get(server.base_url + "/chat/completions")
+    assert r.status_code == 405 and r.headers.get("allow") == "POST"
+    assert r.json()["error"]["type"]

@@ -202,3 +202,30 @@ def test_guards(tmp_path):
                               headers={"authorization": "Bearer k1"}).status_code == 403
             assert httpx.post(root + "/v1/feedback", content=body,
                               headers={"authorization": "Bearer k9"}).status_code == 200
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)")
+def test_a_key_in_the_dashboard_url_leaves_the_address_bar_and_still_authorizes(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    def admin(request: Request) -> None:
+        if request.headers.get("authorization") != "Bearer sk-admin":
+            raise APIError(401, "admin key needed")
+
+    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
+        for r in rows_for(mixed()):
+            led.write(r)
+        led.flush()
+        app = FastAPI()
+        app.include_router(dashboard_router(led, Metrics(), guard=admin, refresh_s=1.0))
+        with serve(app) as root, sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page()
+                page.goto(root + "/dashboard#key=sk-admin")
+                page.wait_for_selector('[data-figure="all:requests"]', timeout=20_000)
+                assert page.evaluate("location.href") == root + "/dashboard"     # no key left to record
+                page.wait_for_timeout(1500)                    # a refresh still authorizes from the session
+                assert page.is_hidden("#error")
+            finally:
+                browser.close()

@@ -43,7 +43,7 @@ async def validation_handler(_: Request, exc: Exception) -> JSONResponse:
 
 async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return error_response(APIError(exc.status_code, str(exc.detail)))
+    return error_response(APIError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
 
 
 async def unhandled_handler(_: Request, exc: Exception) -> JSONResponse:
