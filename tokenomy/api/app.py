@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokenomy.api import openapi
 from tokenomy.api.body import read_body
 from tokenomy.api.dashboard import dashboard_router
 from tokenomy.api.errors import (
@@ -44,7 +45,9 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.add_exception_handler(Exception, unhandled_handler)
 
-    @app.post("/v1/chat/completions")
+    openapi.install(app)
+
+    @app.post("/v1/chat/completions", openapi_extra=openapi.documented(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await _parse_recorded(gateway, request, ChatCompletionRequest, "chat")
         assert isinstance(body, ChatCompletionRequest)
@@ -54,7 +57,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await _serve(request, gateway, gen, body.stream, include_usage)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=openapi.documented(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = await _parse_recorded(gateway, request, CompletionRequest, "completion")
         assert isinstance(body, CompletionRequest)
