@@ -246,6 +246,9 @@ class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: int = Field(4 << 20, ge=1024)
+    # with keys configured, these paths answer without one; /metrics, /docs and /openapi.json need any valid key
+    # unless listed (a Prometheus scrape can send one as a bearer token)
+    public: list[str] = Field(default_factory=lambda: ["/health"])
 
 
 class Config(_Strict):

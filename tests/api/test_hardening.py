@@ -243,3 +243,18 @@ def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(d
                 r.read()
                 rid = r.headers["x-tokenomy-request-id"]
             assert (ledger.get(rid) is not None) == durable, (stream, durable)
+
+
+def test_a_keyed_server_opens_only_its_public_paths_without_a_key():
+    from tests.conftest import live_server
+
+    small = {"n_ctx": 1024, "max_model_len": 512}
+    with live_server({"keys": [{"key": "sk-k", "tenant": "a"}], "engine": small}) as srv:
+        for path in ("/metrics", "/openapi.json", "/docs", "/v1/models"):
+            assert httpx.get(srv.root + path).status_code == 401, path
+            assert httpx.get(srv.root + path, headers={"authorization": "Bearer sk-k"}).status_code == 200, path
+        assert httpx.get(srv.root + "/health").status_code == 200
+    with live_server({"keys": [{"key": "sk-k"}], "engine": small,
+                      "server": {"public": ["/health", "/metrics"]}}) as srv:
+        assert httpx.get(srv.root + "/metrics").status_code == 200
+        assert httpx.get(srv.root + "/openapi.json").status_code == 401

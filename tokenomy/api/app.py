@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -38,7 +39,23 @@ def create_app(gateway: Gateway) -> FastAPI:
         yield
         await gateway.close()
 
-    app = FastAPI(title="tokenomy", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="tokenomy", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    def keyed(request: Request) -> None:
+        """With keys configured, a path not in server.public needs a valid key."""
+        if gateway.keyring.enabled and request.url.path not in gateway.config.server.public:
+            gateway.keyring.lookup(request.headers.get("authorization"))
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_json(request: Request) -> JSONResponse:
+        keyed(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> Response:
+        keyed(request)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="tokenomy API")
     app.state.gateway = gateway
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)
@@ -111,7 +128,8 @@ def create_app(gateway: Gateway) -> FastAPI:
             authenticate=lambda r: gateway.keyring.enabled and gateway.keyring.lookup(r.headers.get("authorization"))))
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        keyed(request)
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
