@@ -28,8 +28,8 @@ def _load(name: str, path: Path):
 
 
 def build() -> Path:
-    cpu = _load("tokenomy_cpu", ROOT / "tokenomy" / "engine" / "cpu.py")
-    version = _load("llama_wheel", ROOT / "scripts" / "llama_wheel.py").VERSION
+    wheel = _load("llama_wheel", ROOT / "scripts" / "llama_wheel.py")   # one pin, one CPU-flag reader
+    cpu, version = wheel.load_cpu(), wheel.VERSION
     cache = Path(os.environ.get("TOKENOMY_CACHE", Path.home() / ".cache" / "tokenomy"))
     out = cache / "llama-server" / version / cpu.build_key() / "llama-server"
     if out.exists():
