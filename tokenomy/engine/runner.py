@@ -44,6 +44,10 @@ class RunnerConfig:
     # Flash attention skips masked cells: with one unified KV buffer, attention without it costs every cell of
     # every sequence (measured here: batch-8 decode 98 -> 81 ms, a 512-token prefill 4.3 -> 3.7 s).
     flash_attn: bool = True
+    # One KV buffer for all sequences, so shared prefixes share cells (seq_cp is metadata only). False gives each
+    # of n_seq_max sequences its own stream of n_ctx / n_seq_max cells (llama-server's layout); the engine's
+    # prefix cache needs True, bench/kv_streams.py measures the difference.
+    kv_unified: bool = True
 
 
 @dataclass
@@ -70,7 +74,7 @@ class ModelRunner(Vocab):
         cparams.n_seq_max = cfg.n_seq_max
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        cparams.kv_unified = True      # shared prefixes share cells: seq_cp is metadata only
+        cparams.kv_unified = cfg.kv_unified
         cparams.swa_full = True        # sliding-window models keep full KV so prefixes stay reusable
         cparams.no_perf = True
         k, v = kv_types(cfg.kv_type)
