@@ -89,7 +89,7 @@ QUESTIONS = [
 
 async def answer(spec: ModelSpec, prompts: list[str], max_tokens: int, threads: int) -> list[Answer]:
     from tokenomy.backends.embedded import EmbeddedBackend
-    from tokenomy.engine.engine import EngineConfig
+    from tokenomy.engine.config import EngineConfig
     from tokenomy.models import resolve_gguf
 
     assert spec.gguf is not None

@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tokenomy.engine.engine import Engine, EngineConfig  # noqa: E402
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.engine import Engine  # noqa: E402
 from tokenomy.engine.sampling_params import SamplingParams  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
 

@@ -46,10 +46,10 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def eog_bias() -> dict[str, float]:
-    from tokenomy.engine.runner import ModelRunner, RunnerConfig
+    from tokenomy.engine.vocab import Vocab
     from tokenomy.models import resolve_gguf
 
-    r = ModelRunner(str(resolve_gguf(MODEL)), RunnerConfig(n_ctx=256, n_seq_max=1, n_batch=32))
+    r = Vocab(str(resolve_gguf(MODEL)), vocab_only=True)
     bias = {str(t): -100.0 for t in sorted(r.eog)}
     r.close()
     return bias

@@ -20,13 +20,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tokenomy.engine.runner import Chunk, ModelRunner, RunnerConfig  # noqa: E402
+from tokenomy.engine.config import EngineConfig  # noqa: E402
+from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
 
 
 def measure(unified: bool, b: int, steps: int = 128, prompt: int = 30, retired: int = 16) -> float:
-    cfg = (RunnerConfig(n_ctx=16384, n_seq_max=48, kv_unified=True) if unified
-           else RunnerConfig(n_ctx=512 * b, n_seq_max=b, kv_unified=False))
+    cfg = (EngineConfig(n_ctx=16384, max_running=16, max_retired=32) if unified
+           else EngineConfig(n_ctx=512 * b, max_running=b, max_retired=0, kv_unified=False))
     r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")), cfg)
     toks = r.tokenize("hello world " * 300)
     if unified:

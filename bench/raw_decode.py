@@ -17,14 +17,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tokenomy.engine.runner import Chunk, ModelRunner, RunnerConfig  # noqa: E402
+from tokenomy.engine.config import EngineConfig  # noqa: E402
+from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
 
 
 def measure(flash: bool, batches: list[int], kv_type: str, steps: int = 20) -> dict:
     r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
-                    RunnerConfig(n_ctx=4096, n_seq_max=max(batches) + 1, n_batch=512, flash_attn=flash,
-                                 kv_type=kv_type))
+                    EngineConfig(n_ctx=4096, max_running=max(batches) + 1, max_retired=0, max_batch_tokens=512,
+                                 flash_attn=flash, kv_type=kv_type))
     toks = r.tokenize("hello world " * 300)[:512]
     t = time.perf_counter()
     r.decode([Chunk(0, toks, 0, True)])

@@ -9,6 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tokenomy.engine.config import EngineConfig
 from tokenomy.meter.budget import BudgetLimits
 from tokenomy.models import DEFAULT_MODEL, PACKAGED
 
@@ -24,29 +25,6 @@ class Price(_Strict):
     cached_input: float = Field(0.0, ge=0)
     output: float = Field(0.0, ge=0)
     notional: bool = False      # a made-up price for a packaged model; reports say so
-
-
-class EngineSettings(_Strict):
-    n_ctx: int = Field(16384, ge=256, description="KV cells shared by all sequences of a model")
-    max_model_len: int = Field(8192, ge=64)
-    max_running: int = Field(16, ge=1, le=128)
-    max_retired: int = Field(32, ge=0, le=128, description="finished sequences kept as reusable prefixes")
-    max_retired_cells: int = Field(2048, ge=0, description="KV cells held by finished sequences alone; more slows "
-                                   "every decode step (docs/engine.md)")
-    retire_outputs: bool = Field(False, description="keep a finished answer's own tokens as a prefix too, for the "
-                                 "next turn of a conversation; off: only its prompt stays cached")
-    max_batch_tokens: int = Field(512, ge=16, description="tokens per llama_decode step (chunked prefill)")
-    max_waiting: int = Field(256, ge=1)
-    n_threads: int = Field(0, ge=0, description="0 = all cores")
-    kv_type: str = Field("q8_0/f16", pattern=r"^(f16|q8_0|q4_0)(/(f16|q8_0|q4_0))?$",
-                         description="KV cache types as K/V (one name sets both); both f16 makes a cached prefix "
-                         "able to change a greedy answer (docs/engine.md)")
-    prefix_caching: bool = True
-    flash_attn: bool = True
-    watchdog_s: float = Field(120.0, gt=0, description="an engine process that holds requests and finishes no "
-                              "step for this long is killed and restarted")
-    start_timeout_s: float = Field(300.0, gt=0, description="time for an engine process to load its model and "
-                                   "pass its self-check")
 
 
 class StructuredSettings(_Strict):
@@ -70,7 +48,7 @@ class ModelSpec(_Strict):
     api_key_env: str | None = None               # openai: env var holding the upstream key (never the key)
     tokenizer: str | None = None                 # a tiktoken encoding or a packaged model name to count with
     price: Price | None = None
-    engine: EngineSettings | None = None         # per-model engine overrides
+    engine: EngineConfig | None = None         # per-model engine overrides
     timeout_s: float = Field(60.0, gt=0)
     connect_timeout_s: float = Field(5.0, gt=0)
     max_retries: int = Field(2, ge=0, le=10)
@@ -253,7 +231,7 @@ class ServerSettings(_Strict):
 
 class Config(_Strict):
     server: ServerSettings = ServerSettings()
-    engine: EngineSettings = EngineSettings()
+    engine: EngineConfig = EngineConfig()
     models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec(name=DEFAULT_MODEL)])
     routes: dict[str, RouteSpec] = Field(default_factory=dict)
     cooldown: CooldownSettings = CooldownSettings()

@@ -11,7 +11,6 @@ from tokenomy.backends.base import TokenCount, Usage
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
 from tokenomy.config import Config, ConfigError, ModelSpec, load_config
-from tokenomy.engine.engine import EngineConfig
 from tokenomy.errors import APIError
 from tokenomy.meter import pricing
 from tokenomy.meter.budget import Budgets
@@ -37,17 +36,17 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
     """The backend for one configured model: the embedded engine (started here, with the model's engine and
     structured settings; ``n_threads`` overrides the engine's threads) or the OpenAI-compatible upstream."""
     if spec.backend == "embedded":
-        settings = (spec.engine or config.engine).model_dump()
+        cfg = spec.engine or config.engine
         if n_threads is not None:
-            settings["n_threads"] = n_threads
+            cfg = cfg.model_copy(update={"n_threads": n_threads})
         path = str(resolve_gguf(spec.gguf))
         log.info("loading %s from %s", spec.name, path)
         cores = os.cpu_count() or 1
-        if settings["n_threads"] in (0, cores) and cores > 1:
+        if cfg.n_threads in (0, cores) and cores > 1:
             log.warning("engine %s decodes on all %d cores: any other CPU work on this machine stalls every step "
                         "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
                         "engine.n_threads to %d.", spec.name, cores, cores - 1)
-        return EmbeddedBackend(spec.name, path, EngineConfig(**settings), structured=spec.structured)
+        return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured)
     from tokenomy.backends.openai import OpenAIBackend
 
     return OpenAIBackend(spec, metrics=metrics)

@@ -12,7 +12,7 @@ from tests.conftest import SMALL_ENGINE
 from tokenomy.backends.base import GenRequest
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.config import StructuredSettings
-from tokenomy.engine.engine import EngineConfig
+from tokenomy.engine.config import EngineConfig
 from tokenomy.models import resolve_gguf
 
 

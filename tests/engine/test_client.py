@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tokenomy.engine.client import EngineClient, EngineStartError, EngineUnavailable, describe_exit
-from tokenomy.engine.engine import EngineConfig
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.models import resolve_gguf
 

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from tests.noise import assert_same_up_to_noise
-from tokenomy.engine.engine import Engine, EngineConfig
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.models import resolve_gguf
 
@@ -25,8 +26,7 @@ def run(engine: Engine, prompts: list[str], max_tokens: int = 12) -> list[list[t
     def cb(i):
         def on(ev):
             for e in ev.logprobs:
-                tops = e["top_logprobs"]
-                out[i].append((e["token"], e["logprob"], tops[0]["logprob"] - tops[1]["logprob"]))
+                out[i].append((e.token, e.logprob, e.top[0][1] - e.top[1][1]))
             if ev.finish_reason:
                 with lock:
                     left[0] -= 1

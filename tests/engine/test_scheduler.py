@@ -1,5 +1,6 @@
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams
-from tokenomy.engine.scheduler import Scheduler, SchedulerConfig
+from tokenomy.engine.scheduler import Scheduler
 from tokenomy.engine.sequence import Sequence, Status
 
 
@@ -26,7 +27,7 @@ def run_plan(s, plan):
 
 
 def test_chunked_prefill_respects_token_budget_and_decodes_first():
-    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=8), KVLog())
+    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=8), KVLog(), n_ctx=1000)
     a, b = seq(range(20)), seq(range(100, 105))
     s.waiting.extend([a, b])
     plan = s.schedule()
@@ -41,7 +42,7 @@ def test_chunked_prefill_respects_token_budget_and_decodes_first():
 
 def test_prefix_hit_copies_kv_and_skips_prefill():
     kv = KVLog()
-    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=64), kv)
+    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64), kv, n_ctx=1000)
     a = seq([1, 2, 3, 4, 5, 6, 7, 8])
     s.waiting.append(a)
     run_plan(s, s.schedule())
@@ -55,7 +56,7 @@ def test_prefix_hit_copies_kv_and_skips_prefill():
 
 def test_kv_exhaustion_evicts_retired_then_preempts_newest_and_requeues_it():
     kv = KVLog()
-    s = Scheduler(SchedulerConfig(n_ctx=10, n_slots=4, max_batch_tokens=64, prefix_caching=False), kv)
+    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, prefix_caching=False), kv, n_ctx=10)
     a, b = seq([1, 2, 3, 4]), seq([5, 6, 7, 8])
     s.waiting.extend([a, b])
     run_plan(s, s.schedule())
@@ -72,7 +73,7 @@ def test_kv_exhaustion_evicts_retired_then_preempts_newest_and_requeues_it():
 
 def test_a_finished_sequence_keeps_only_its_prompt_as_a_prefix():
     kv = KVLog()
-    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=64), kv)
+    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64), kv, n_ctx=1000)
     a = seq([1, 2, 3, 4, 5])
     s.waiting.append(a)
     run_plan(s, s.schedule())
@@ -84,7 +85,8 @@ def test_a_finished_sequence_keeps_only_its_prompt_as_a_prefix():
     assert ("rm", slot, 5) in kv.ops               # the answer's cells go back, the prompt's stay
     assert s.prefix.used_cells == 5 and s.retired_cells() == 5
     assert s.prefix.match([1, 2, 3, 4, 5, 7, 8]) == (5, slot)
-    kept = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=4, max_batch_tokens=64, retire_outputs=True), KVLog())
+    kept = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, retire_outputs=True), KVLog(),
+                     n_ctx=1000)
     b = seq([1, 2, 3, 4, 5])
     kept.waiting.append(b)
     run_plan(kept, kept.schedule())
@@ -97,7 +99,7 @@ def test_a_finished_sequence_keeps_only_its_prompt_as_a_prefix():
 
 def test_retired_cells_are_capped_least_recently_used_first():
     kv = KVLog()
-    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=8, max_batch_tokens=64, max_retired_cells=10), kv)
+    s = Scheduler(EngineConfig(max_running=8, max_retired=0, max_batch_tokens=64, max_retired_cells=10), kv, n_ctx=1000)
     done = []
     for base in (10, 20, 30):                     # three unrelated 5-token prompts, finished in turn
         q = seq(range(base, base + 5))
@@ -111,7 +113,8 @@ def test_retired_cells_are_capped_least_recently_used_first():
 
 
 def test_shared_cells_do_not_count_against_the_retired_cap():
-    s = Scheduler(SchedulerConfig(n_ctx=1000, n_slots=8, max_batch_tokens=64, max_retired_cells=3), KVLog())
+    s = Scheduler(EngineConfig(max_running=8, max_retired=0, max_batch_tokens=64, max_retired_cells=3), KVLog(),
+                  n_ctx=1000)
     a, b = seq([1, 2, 3, 4, 5, 6]), seq([1, 2, 3, 4, 5, 9])
     s.waiting.append(a)
     run_plan(s, s.schedule())

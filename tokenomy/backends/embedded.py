@@ -15,8 +15,9 @@ from typing import Any
 from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Overloaded, TokenCount, Usage
 from tokenomy.config import StructuredSettings
 from tokenomy.engine.client import EngineClient, EngineUnavailable
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec
-from tokenomy.engine.engine import EngineConfig
+from tokenomy.engine.output import TokenLogprob
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import TemplateError
@@ -160,7 +161,7 @@ class EmbeddedBackend:
                 text, tool_deltas = calls.feed(ev.text) if calls is not None else (ev.text, [])
                 if ev.finish_reason is None:
                     if text or tool_deltas or ev.logprobs:
-                        yield Delta(text=text, logprobs=ev.logprobs, confidence=ev.token_logprobs,
+                        yield Delta(text=text, logprobs=self._wire(ev.logprobs), confidence=ev.token_logprobs,
                                     tool_calls=tool_deltas or None)
                     continue
                 finished = True
@@ -182,12 +183,22 @@ class EmbeddedBackend:
                     text += rest
                     if calls.calls and finish == "stop":
                         finish = "tool_calls"
-                yield Delta(text=text, logprobs=ev.logprobs, finish_reason=finish, usage=usage,
+                yield Delta(text=text, logprobs=self._wire(ev.logprobs), finish_reason=finish, usage=usage,
                             confidence=ev.token_logprobs, tool_calls=tool_deltas or None)
                 return
         finally:
             if not finished:       # the consumer went away (client disconnect): free the sequence
                 self.engine.cancel(handle)
+
+    def _wire(self, logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """OpenAI's logprobs content entries: token text, logprob, bytes and top_logprobs."""
+        piece = self.engine.vocab.piece
+
+        def entry(token: int, lp: float) -> dict[str, Any]:
+            b = piece(token)
+            return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+
+        return [dict(entry(x.token, x.logprob), top_logprobs=[entry(t, lp) for t, lp in x.top]) for x in logprobs]
 
     def expected_wait_s(self) -> float:
         """Queue wait a new request should expect: the current head-of-queue age, or recent waits if busier."""

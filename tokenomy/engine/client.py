@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec, StepReport
-from tokenomy.engine.engine import EngineConfig, StepStats
+from tokenomy.engine.engine import StepStats
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import Tokenizer

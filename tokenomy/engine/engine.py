@@ -9,34 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.engine.runner import Chunk, KVFull, ModelRunner, RunnerConfig
-from tokenomy.engine.sampler import Sampler, chosen_logprob, describe, token_logprobs
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.output import SequenceOutput
+from tokenomy.engine.runner import Chunk, KVFull, ModelRunner
 from tokenomy.engine.sampling_params import SamplingParams
-from tokenomy.engine.scheduler import QueueFull, Scheduler, SchedulerConfig
+from tokenomy.engine.scheduler import QueueFull, Scheduler
 from tokenomy.engine.sequence import Sequence, Status, TokenEvent
-from tokenomy.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from tokenomy.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("tokenomy.engine")
 
 __all__ = ["Engine", "EngineConfig", "QueueFull", "StepStats"]
-
-
-@dataclass
-class EngineConfig:
-    n_ctx: int = 16384
-    max_model_len: int = 8192
-    max_running: int = 16
-    max_retired: int = 32
-    max_retired_cells: int = 2048    # KV cells kept for finished sequences alone (scheduler.SchedulerConfig)
-    retire_outputs: bool = False     # keep finished answers' tokens as prefixes too (scheduler.SchedulerConfig)
-    max_batch_tokens: int = 512
-    max_waiting: int = 256
-    n_threads: int = 0
-    kv_type: str = "q8_0/f16"       # K/V cache types: runner.kv_types
-    prefix_caching: bool = True
-    flash_attn: bool = True
-    watchdog_s: float = 120.0        # engine process: no step for this long while holding requests = hung
-    start_timeout_s: float = 300.0   # engine process: load and self-check must finish within this
 
 
 @dataclass
@@ -56,18 +39,10 @@ class Engine:
     def __init__(self, model_path: str, cfg: EngineConfig | None = None, name: str = "model") -> None:
         self.cfg = cfg = cfg or EngineConfig()
         self.name = name
-        self.runner = ModelRunner(model_path, RunnerConfig(
-            n_ctx=cfg.n_ctx, n_seq_max=cfg.max_running + cfg.max_retired, n_batch=cfg.max_batch_tokens,
-            n_threads=cfg.n_threads, kv_type=cfg.kv_type, flash_attn=cfg.flash_attn,
-        ))
+        self.runner = ModelRunner(model_path, cfg)
         self.tokenizer = Tokenizer(self.runner)
         self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx)
-        self.scheduler = Scheduler(SchedulerConfig(
-            n_ctx=self.runner.n_ctx, n_slots=cfg.max_running + cfg.max_retired, max_running=cfg.max_running,
-            max_batch_tokens=cfg.max_batch_tokens, max_waiting=cfg.max_waiting,
-            prefix_caching=cfg.prefix_caching, max_retired_cells=cfg.max_retired_cells,
-            retire_outputs=cfg.retire_outputs,
-        ), self.runner)
+        self.scheduler = Scheduler(cfg, self.runner, self.runner.n_ctx)
         self.stats = StepStats()
         self.after_step: list[Callable[[], None]] = []   # called on the engine thread after every step
         self._inbox: list[Sequence] = []
@@ -100,6 +75,7 @@ class Engine:
             raise ValueError(f"prompt is {len(prompt)} tokens; the limit is {self.max_model_len - 1}")
         seq = Sequence(prompt=list(prompt), params=params, on_event=on_event, constraint=constraint,
                        request_id=request_id)
+        seq.out = SequenceOutput(params, seq.prompt, seq.output, self.runner, self.max_model_len)
         with self._cv:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.cfg.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({self.cfg.max_waiting} requests)")
@@ -179,15 +155,30 @@ class Engine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> None:
+        """Schedule, decode, commit, process outputs."""
         self._reap_cancelled()
         plan = self.scheduler.schedule()
         if not plan:
             return
-        for seq, _ in plan:
-            if seq.first_scheduled is None:
-                seq.first_scheduled = time.perf_counter()
         chunks = [Chunk(seq.slot, seq.tokens[seq.n_kv:seq.n_kv + n], seq.n_kv, seq.n_kv + n == seq.num_tokens)
                   for seq, n in plan]
+        logits = self._decode(plan, chunks)
+        if logits is None:
+            return
+        for (seq, _), chunk in zip(plan, chunks, strict=True):
+            self.scheduler.committed(seq, chunk.tokens)
+            if seq.n_kv <= len(seq.prompt):
+                self.stats.prompt_tokens += len(chunk.tokens)
+        sampling = [seq for (seq, _), chunk in zip(plan, chunks, strict=True) if chunk.logits]
+        for seq, row in zip(sampling, logits, strict=True):
+            self._process_output(seq, row)
+
+    def _decode(self, plan: list[tuple[Sequence, int]], chunks: list[Chunk]) -> Any:
+        """One llama_decode over the step's chunks; its logits rows, or None when llama.cpp found no room."""
+        now = time.perf_counter()
+        for seq, _ in plan:
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
         t0 = time.perf_counter()
         try:
             logits = self.runner.decode(chunks)
@@ -195,7 +186,7 @@ class Engine:
             # llama.cpp found no room although our accounting did (fragmentation): give back the newest.
             if self.scheduler.running:
                 self.scheduler.preempt(self.scheduler.running[-1])
-            return
+            return None
         dt = time.perf_counter() - t0
         n_tokens = sum(len(c.tokens) for c in chunks)
         st = self.stats
@@ -209,19 +200,27 @@ class Engine:
             by_seq = {seq.request_id or seq.seq_id: len(c.tokens) for (seq, _), c in zip(plan, chunks, strict=True)}
             for cb2 in st.on_step_seqs:
                 cb2(dt, by_seq)
-        row = 0
-        for (seq, _), chunk in zip(plan, chunks, strict=True):
-            self.scheduler.committed(seq, chunk.tokens)
-            if seq.n_kv <= len(seq.prompt):
-                st.prompt_tokens += len(chunk.tokens)
-            if chunk.logits:
-                try:
-                    self._postprocess(seq, logits[row])
-                except Exception as e:      # e.g. a grammar that cannot go on: end this sequence only
-                    log.warning("sequence %s failed: %s", seq.seq_id, e)
-                    self._finish(seq, "error", error=str(e),
-                                 error_code=getattr(e, "error_code", "sequence_failed"))
-                row += 1
+        return logits
+
+    def _process_output(self, seq: Sequence, row: Any) -> None:
+        """Sample from the sequence's logits row and send what it produced; a failure ends this sequence only
+        (for example a grammar that cannot go on)."""
+        assert seq.out is not None
+        try:
+            e = seq.out.after_logits(row, seq.constraint)
+        except Exception as ex:
+            log.warning("sequence %s failed: %s", seq.seq_id, ex)
+            self._finish(seq, "error", error=str(ex), error_code=getattr(ex, "error_code", "sequence_failed"))
+            return
+        if seq.first_token is None:
+            seq.first_token = time.perf_counter()
+        self.stats.generated_tokens += len(e.tokens)
+        if e.finish_reason:
+            self._finish(seq, e.finish_reason, TokenEvent(text=e.text, token_ids=e.tokens, logprobs=e.logprobs,
+                                                          token_logprobs=e.token_logprobs))
+        else:
+            seq.on_event(TokenEvent(text=e.text, token_ids=e.tokens, logprobs=e.logprobs,
+                                    token_logprobs=e.token_logprobs))
 
     def _reap_cancelled(self) -> None:
         for seq in [s for s in self.scheduler.waiting if s.cancelled]:
@@ -230,108 +229,20 @@ class Engine:
         for seq in [s for s in self.scheduler.running if s.cancelled]:
             self._finish(seq, "cancelled")
 
-    # ---- after the step: sample, detokenize, stop, emit ------------------------------------------------
-    def _postprocess(self, seq: Sequence, raw: Any) -> None:
-        p = seq.params
-        sampler: Sampler = seq.state.get("sampler") or seq.state.setdefault("sampler", Sampler(p, seq.prompt))
-        detok: IncrementalDetokenizer = seq.state.get("detok") or seq.state.setdefault(
-            "detok", IncrementalDetokenizer(self.runner))
-        mask = seq.constraint.allowed() if seq.constraint is not None else None
-        token = sampler.sample(raw, mask)
-        new = [token]
-        lps: list[dict[str, Any]] = []
-        chosen: list[float] = []
-        if p.logprobs:
-            lp, tops = token_logprobs(raw, token, p.top_logprobs)
-            entry = describe([(token, lp)], self.runner.piece)[0]
-            entry["top_logprobs"] = describe(tops, self.runner.piece)
-            lps.append(entry)
-        else:
-            lp = chosen_logprob(raw, token)
-        seq.sum_logprob += lp
-        seq.min_logprob = min(seq.min_logprob, lp)
-        chosen.append(lp)
-        if seq.constraint is not None:
-            seq.constraint.advance([token])
-            forced = seq.constraint.forced()
-            if forced and token not in self.runner.eog:
-                seq.constraint.advance(forced)
-                new += forced
-                chosen += [0.0] * len(forced)
-                if p.logprobs:  # forced tokens have probability 1 under the constrained distribution
-                    lps += [dict(d, top_logprobs=[]) for d in describe([(t, 0.0) for t in forced],
-                                                                       self.runner.piece)]
-        if seq.first_token is None:
-            seq.first_token = time.perf_counter()
-        finish: str | None = None
-        text = ""
-        emitted: list[int] = []
-        for t in new:
-            if t in self.runner.eog and not p.ignore_eos:
-                finish = "stop"
-                break
-            seq.output.append(t)
-            sampler.accept(t)
-            emitted.append(t)
-            text += detok.add(t)
-            if len(seq.output) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-                finish = "length"
-                break
-        self.stats.generated_tokens += len(emitted)
-        if seq.constraint is not None and finish is None and seq.constraint.is_done():
-            finish = "stop"
-        if finish:
-            text += detok.flush()
-        seq.text += text
-        out, stop_hit = self._release(seq, final=finish is not None)
-        if stop_hit:
-            finish = "stop"
-        chosen = chosen[:len(emitted)]
-        if finish:
-            self._finish(seq, finish, text=out, tokens=emitted, logprobs=lps, token_logprobs=chosen)
-        else:
-            seq.on_event(TokenEvent(text=out, token_ids=emitted, logprobs=lps, token_logprobs=chosen))
-
-    def _release(self, seq: Sequence, final: bool) -> tuple[str, bool]:
-        """Text that can be sent now. Holds back a tail that could start a stop string; cuts at a stop string."""
-        stops = seq.params.stop
-        if not stops:
-            out = seq.text[seq.released:]
-            seq.released = len(seq.text)
-            return out, False
-        longest = max(len(s) for s in stops)
-        search_from = max(0, seq.released - longest + 1)
-        hits = [i for s in stops if (i := seq.text.find(s, search_from)) >= 0]
-        if hits:
-            cut = min(hits)
-            out = seq.text[seq.released:cut]
-            seq.text = seq.text[:cut]
-            seq.released = cut
-            return out, True
-        keep = 0
-        if not final:
-            for s in stops:
-                for k in range(min(len(s) - 1, len(seq.text) - seq.released), 0, -1):
-                    if seq.text.endswith(s[:k]):
-                        keep = max(keep, k)
-                        break
-        end = len(seq.text) - keep
-        out = seq.text[seq.released:end]
-        seq.released = end
-        return out, False
-
-    def _finish(self, seq: Sequence, reason: str, text: str = "", tokens: list[int] | None = None,
-                logprobs: list[dict[str, Any]] | None = None, error: str | None = None,
-                token_logprobs: list[float] | None = None, error_code: str | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: str, last: TokenEvent | None = None, error: str | None = None,
+                error_code: str | None = None) -> None:
+        """End the sequence: free its slot (keeping its prefix unless it failed) and send its final event,
+        `last`'s text and tokens with the request's counts and times."""
         if seq.status is Status.FINISHED:
             return
         seq.finish_reason = reason
         seq.finished_at = time.perf_counter()
         self.scheduler.finish(seq, keep_prefix=reason not in ("cancelled", "error"))
-        seq.on_event(TokenEvent(
-            text=text, token_ids=tokens or [], logprobs=logprobs or [], finish_reason=reason, error=error,
-            error_code=error_code, token_logprobs=token_logprobs or [],
-            prompt_tokens=len(seq.prompt), cached_tokens=seq.cached_tokens, completion_tokens=len(seq.output),
-            scheduled_at=seq.first_scheduled, first_token_at=seq.first_token,
-            mean_logprob=seq.sum_logprob / max(len(seq.output), 1), min_logprob=seq.min_logprob,
-        ))
+        ev = last or TokenEvent(text="", token_ids=[], logprobs=[])
+        out = seq.out
+        ev.finish_reason, ev.error, ev.error_code = reason, error, error_code
+        ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens = len(seq.prompt), seq.cached_tokens, len(seq.output)
+        ev.scheduled_at, ev.first_token_at = seq.first_scheduled, seq.first_token
+        ev.mean_logprob = out.mean_logprob if out else 0.0
+        ev.min_logprob = out.min_logprob if out else 0.0
+        seq.on_event(ev)

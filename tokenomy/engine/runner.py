@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.vocab import Vocab
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -35,22 +36,6 @@ def kv_types(spec: str) -> tuple[str, str]:
 
 
 @dataclass
-class RunnerConfig:
-    n_ctx: int = 16384           # KV cells shared by all sequences (unified cache)
-    n_seq_max: int = 48          # llama.cpp sequence slots: running sequences plus retired prefix holders
-    n_batch: int = 512           # max tokens in one llama_decode (the per-step token budget)
-    n_threads: int = 0           # 0 = all cores
-    kv_type: str = "q8_0/f16"    # K/V cache types (one name: both), f16 | q8_0 | q4_0; see KV_DEFAULT
-    # Flash attention skips masked cells: with one unified KV buffer, attention without it costs every cell of
-    # every sequence (measured here: batch-8 decode 98 -> 81 ms, a 512-token prefill 4.3 -> 3.7 s).
-    flash_attn: bool = True
-    # One KV buffer for all sequences, so shared prefixes share cells (seq_cp is metadata only). False gives each
-    # of n_seq_max sequences its own stream of n_ctx / n_seq_max cells (llama-server's layout); the engine's
-    # prefix cache needs True, bench/kv_streams.py measures the difference.
-    kv_unified: bool = True
-
-
-@dataclass
 class Chunk:
     """A slice of one sequence fed in a step: tokens at positions start..start+len-1 of llama seq `slot`."""
 
@@ -63,15 +48,16 @@ class Chunk:
 class ModelRunner(Vocab):
     """One model with one llama.cpp context over it (the vocabulary methods come from Vocab)."""
 
-    def __init__(self, path: str, cfg: RunnerConfig) -> None:
+    def __init__(self, path: str, cfg: EngineConfig) -> None:
+        """A context of cfg.n_ctx cells for cfg.n_seqs sequences, fed up to cfg.max_batch_tokens per decode."""
         super().__init__(path)
         self.cfg = cfg
         cparams = llama_cpp.llama_context_default_params()
         threads = cfg.n_threads or os.cpu_count() or 1
         cparams.n_ctx = cfg.n_ctx
-        cparams.n_batch = cfg.n_batch
-        cparams.n_ubatch = cfg.n_batch
-        cparams.n_seq_max = cfg.n_seq_max
+        cparams.n_batch = cfg.max_batch_tokens
+        cparams.n_ubatch = cfg.max_batch_tokens
+        cparams.n_seq_max = cfg.n_seqs
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = cfg.kv_unified
@@ -89,7 +75,7 @@ class ModelRunner(Vocab):
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
 
-        n = cfg.n_batch
+        n = cfg.max_batch_tokens
         self._tok = np.zeros(n, dtype=np.int32)
         self._pos = np.zeros(n, dtype=np.int32)
         self._nseq = np.ones(n, dtype=np.int32)

@@ -8,8 +8,6 @@ distribution (log-softmax of the unmodified logits), as OpenAI reports them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from tokenomy.engine.sampling_params import SamplingParams
@@ -92,11 +90,3 @@ def token_logprobs(raw: np.ndarray, token: int, top: int) -> tuple[float, list[t
 def chosen_logprob(raw: np.ndarray, token: int) -> float:
     m = float(raw.max())
     return float(raw[token]) - (m + float(np.log(np.exp(raw - m).sum())))
-
-
-def describe(tokens: list[tuple[int, float]], piece: Any) -> list[dict[str, Any]]:
-    out = []
-    for t, lp in tokens:
-        b = piece(t)
-        out.append({"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)})
-    return out

@@ -7,8 +7,9 @@ back at the front of the queue to be recomputed later (its prefix may still be c
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from typing import Protocol
 
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.prefix_cache import PrefixCache
 from tokenomy.engine.sequence import Sequence, Status
 
@@ -17,22 +18,7 @@ class QueueFull(RuntimeError):
     pass
 
 
-@dataclass
-class SchedulerConfig:
-    n_ctx: int                  # KV cells
-    n_slots: int                # llama.cpp sequence ids
-    max_running: int = 16
-    max_batch_tokens: int = 512
-    max_waiting: int = 256
-    prefix_caching: bool = True
-    # Cells held only by retired prefixes. Every query row's attention scans the whole used range of the unified
-    # KV cache, so cached cells slow every decode step in proportion to the batch: at 16 concurrent answers,
-    # 32 retired 160-token sequences cost a fifth of the throughput (docs/engine.md).
-    max_retired_cells: int = 2048
-    retire_outputs: bool = False   # keep a finished answer's own tokens too (multi-turn reuse), not just its prompt
-
-
-class KVOps:
+class KVOps(Protocol):
     """What the scheduler needs from the runner: share a prefix, drop a slot's KV."""
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None: ...
@@ -40,20 +26,24 @@ class KVOps:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, kv: KVOps) -> None:
+    def __init__(self, cfg: EngineConfig, kv: KVOps, n_ctx: int) -> None:
+        """`n_ctx`: the KV cells the runner's context really has (llama.cpp may round cfg.n_ctx).
+        Cells held only by retired prefixes are capped at cfg.max_retired_cells: every query row's attention
+        scans the whole used range of the unified KV buffer, so cached cells slow every decode step."""
         self.cfg = cfg
+        self.n_ctx = n_ctx
         self.kv = kv
         self.prefix = PrefixCache()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_slots: list[int] = list(range(cfg.n_slots - 1, -1, -1))
+        self.free_slots: list[int] = list(range(cfg.n_seqs - 1, -1, -1))
         self.preemptions = 0
         self.prefix_hit_tokens = 0
         self._reserved = 0
 
     @property
     def free_cells(self) -> int:
-        return self.cfg.n_ctx - self.prefix.used_cells - self._reserved
+        return self.n_ctx - self.prefix.used_cells - self._reserved
 
     # ---- the plan for one step ---------------------------------------------------------------------------
     def schedule(self) -> list[tuple[Sequence, int]]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
+from tokenomy.engine.output import SequenceOutput, TokenLogprob
 from tokenomy.engine.sampling_params import SamplingParams
 
 
@@ -24,7 +25,7 @@ class TokenEvent:
 
     text: str                               # newly released text (stop strings held back until resolved)
     token_ids: list[int]
-    logprobs: list[dict[str, Any]]          # one per token when requested: token, logprob, bytes, top_logprobs
+    logprobs: list[TokenLogprob]            # one per token when the request asked for logprobs
     finish_reason: str | None = None        # stop | length | cancelled | error
     error: str | None = None
     token_logprobs: list[float] = field(default_factory=list)   # always: the chosen tokens' logprobs
@@ -62,13 +63,8 @@ class Sequence:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished_at: float | None = None
-    # detokenisation and stop-string state, owned by the engine
-    text: str = ""
-    released: int = 0
     finish_reason: str | None = None
-    sum_logprob: float = 0.0
-    min_logprob: float = 0.0
-    state: dict[str, Any] = field(default_factory=dict)
+    out: SequenceOutput | None = None      # sampling, text and stop strings; the engine sets it at submit
 
     @property
     def tokens(self) -> list[int]:

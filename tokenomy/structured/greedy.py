@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenomy.engine.runner import Chunk, ModelRunner, RunnerConfig
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.runner import Chunk, ModelRunner
 from tokenomy.structured.constraint import Constraint
 from tokenomy.structured.tokenizer import packaged_model_path
 
@@ -60,8 +61,9 @@ class GreedyRunner:
         from tokenomy.structured.tokenizer import _quiet_llama
 
         _quiet_llama()
-        self.runner = ModelRunner(model_path or packaged_model_path(), RunnerConfig(
-            n_ctx=n_ctx, n_seq_max=1, n_batch=n_batch, n_threads=n_threads, flash_attn=flash_attn))
+        self.runner = ModelRunner(model_path or packaged_model_path(), EngineConfig(
+            n_ctx=n_ctx, max_running=1, max_retired=0, max_batch_tokens=n_batch, n_threads=n_threads,
+            flash_attn=flash_attn))
         self.n_ctx = self.runner.n_ctx
         self.n_vocab = self.runner.n_vocab
         self.eog = self.runner.eog

@@ -1,0 +1,39 @@
+"""The engine's one configuration: validated once (it is the YAML file's `engine:` section), read by the engine,
+its scheduler and its runner."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n_ctx: int = Field(16384, ge=256, description="KV cells shared by all sequences of a model")
+    max_model_len: int = Field(8192, ge=64)
+    max_running: int = Field(16, ge=1, le=128)
+    max_retired: int = Field(32, ge=0, le=128, description="finished sequences kept as reusable prefixes")
+    max_retired_cells: int = Field(2048, ge=0, description="KV cells held by finished sequences alone; more slows "
+                                   "every decode step (docs/engine.md)")
+    retire_outputs: bool = Field(False, description="keep a finished answer's own tokens as a prefix too, for the "
+                                 "next turn of a conversation; off: only its prompt stays cached")
+    max_batch_tokens: int = Field(512, ge=1, description="tokens per llama_decode step (chunked prefill)")
+    max_waiting: int = Field(256, ge=1)
+    n_threads: int = Field(0, ge=0, description="0 = all cores")
+    kv_type: str = Field("q8_0/f16", pattern=r"^(f16|q8_0|q4_0)(/(f16|q8_0|q4_0))?$",
+                         description="KV cache types as K/V (one name sets both); both f16 makes a cached prefix "
+                         "able to change a greedy answer (docs/engine.md)")
+    kv_unified: bool = Field(True, description="one KV buffer for all sequences, so shared prefixes share cells; "
+                             "false gives each sequence its own stream of n_ctx / n_seqs cells (llama-server's "
+                             "layout, no prefix sharing; bench/kv_streams.py)")
+    prefix_caching: bool = True
+    flash_attn: bool = Field(True, description="flash attention skips masked cells of the unified KV buffer")
+    watchdog_s: float = Field(120.0, gt=0, description="an engine process that holds requests and finishes no "
+                              "step for this long is killed and restarted")
+    start_timeout_s: float = Field(300.0, gt=0, description="time for an engine process to load its model and "
+                                   "pass its self-check")
+
+    @property
+    def n_seqs(self) -> int:
+        """llama.cpp sequence ids: running sequences plus retired prefix holders."""
+        return self.max_running + self.max_retired

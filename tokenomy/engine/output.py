@@ -1,0 +1,135 @@
+"""One sequence's output side: from a row of logits to the tokens, text and logprobs the client is sent.
+
+A SequenceOutput owns everything that happens after a step for one sequence: sampling (with the grammar mask),
+logprobs, the grammar's forced tokens, detokenising, the length and end-of-generation checks, and stop strings
+(held back while they might still match, cut where they do). The engine calls `after_logits` once per step that
+gave the sequence a logits row and gets back an `Emitted`; it never touches the sequence's text itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokenomy.engine.sampler import Sampler, chosen_logprob, token_logprobs
+from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.tokenizer import IncrementalDetokenizer
+from tokenomy.engine.vocab import Vocab
+
+
+@dataclass
+class TokenLogprob:
+    """One emitted token's logprob under the model's raw distribution, and the most likely alternatives
+    (`top`, (token id, logprob), most likely first; empty unless the request asked for top_logprobs)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Emitted:
+    """What one step produced for one sequence."""
+
+    text: str                       # releasable now (a possible stop-string start is held back)
+    tokens: list[int]               # appended to the output this step
+    token_logprobs: list[float]     # one per token in `tokens`
+    logprobs: list[TokenLogprob]    # one per token in `tokens` when the request asked for logprobs
+    finish_reason: str | None       # stop | length, or None while the sequence goes on
+
+
+class SequenceOutput:
+    def __init__(self, params: SamplingParams, prompt: list[int], tokens: list[int], vocab: Vocab,
+                 max_model_len: int) -> None:
+        """`tokens` is the sequence's output list: sampled tokens are appended to it."""
+        self.params = params
+        self.vocab = vocab
+        self.max_model_len = max_model_len
+        self.n_prompt = len(prompt)
+        self.sampler = Sampler(params, prompt)
+        self.detok = IncrementalDetokenizer(vocab)
+        self.tokens = tokens
+        self.text = ""                  # text so far, cut at a stop string once one matched
+        self.released = 0               # text[:released] has been emitted
+        self.sum_logprob = 0.0
+        self.min_logprob = 0.0
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.sum_logprob / max(len(self.tokens), 1)
+
+    def after_logits(self, raw: np.ndarray, constraint: Any = None) -> Emitted:
+        """Sample from `raw` (one row of logits), advance the constraint and return what to emit."""
+        p, eog = self.params, self.vocab.eog
+        token = self.sampler.sample(raw, constraint.allowed() if constraint is not None else None)
+        new, chosen, lps = [token], [], []
+        if p.logprobs:
+            lp, tops = token_logprobs(raw, token, p.top_logprobs)
+            lps.append(TokenLogprob(token, lp, tops))
+        else:
+            lp = chosen_logprob(raw, token)
+        self.sum_logprob += lp
+        self.min_logprob = min(self.min_logprob, lp)
+        chosen.append(lp)
+        if constraint is not None:
+            constraint.advance([token])
+            forced = constraint.forced()
+            if forced and token not in eog:
+                constraint.advance(forced)
+                new += forced
+                chosen += [0.0] * len(forced)          # forced tokens have probability 1 under the grammar
+                if p.logprobs:
+                    lps += [TokenLogprob(t, 0.0) for t in forced]
+
+        finish: str | None = None
+        text = ""
+        emitted: list[int] = []
+        for t in new:
+            if t in eog and not p.ignore_eos:
+                finish = "stop"
+                break
+            self.tokens.append(t)
+            self.sampler.accept(t)
+            emitted.append(t)
+            text += self.detok.add(t)
+            if len(self.tokens) >= p.max_tokens or self.n_prompt + len(self.tokens) >= self.max_model_len:
+                finish = "length"
+                break
+        if constraint is not None and finish is None and constraint.is_done():
+            finish = "stop"
+        if finish:
+            text += self.detok.flush()
+        self.text += text
+        out, stop_hit = self._release(final=finish is not None)
+        return Emitted(text=out, tokens=emitted, token_logprobs=chosen[:len(emitted)], logprobs=lps[:len(emitted)],
+                       finish_reason="stop" if stop_hit else finish)
+
+    def _release(self, final: bool) -> tuple[str, bool]:
+        """Text that can be sent now. Holds back a tail that could start a stop string; cuts at a stop string."""
+        stops = self.params.stop
+        if not stops:
+            out = self.text[self.released:]
+            self.released = len(self.text)
+            return out, False
+        longest = max(len(s) for s in stops)
+        search_from = max(0, self.released - longest + 1)
+        hits = [i for s in stops if (i := self.text.find(s, search_from)) >= 0]
+        if hits:
+            cut = min(hits)
+            out = self.text[self.released:cut]
+            self.text = self.text[:cut]
+            self.released = cut
+            return out, True
+        keep = 0
+        if not final:
+            for s in stops:
+                for k in range(min(len(s) - 1, len(self.text) - self.released), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        keep = max(keep, k)
+                        break
+        end = len(self.text) - keep
+        out = self.text[self.released:end]
+        self.released = end
+        return out, False
