@@ -10,12 +10,24 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tokenomy.engine.config import EngineConfig
-from tokenomy.meter.budget import BudgetLimits
 from tokenomy.models import DEFAULT_MODEL, PACKAGED
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class BudgetLimits(_Strict):
+    """Limits for one key or tenant; any left out is unlimited. Meant for the config file."""
+
+    usd_per_day: float | None = Field(None, gt=0)
+    usd_per_month: float | None = Field(None, gt=0)
+    tokens_per_day: int | None = Field(None, gt=0)
+    tokens_per_month: int | None = Field(None, gt=0)
+    warn_at: float = Field(0.8, gt=0, le=1, description="share of a limit that logs a warning")
+
+    def limit(self, unit: str, period: str) -> float | None:
+        return getattr(self, f"{unit}_per_{period}")
 
 
 class Price(_Strict):

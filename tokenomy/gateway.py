@@ -7,10 +7,11 @@ import logging
 import os
 from typing import Any
 
-from tokenomy.backends.base import TokenCount, Usage
+from tokenomy.backends.base import GenRequest, Usage
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
 from tokenomy.config import Config, ConfigError, ModelSpec, load_config
+from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.meter import pricing
 from tokenomy.meter.budget import Budgets
@@ -207,6 +208,18 @@ class Gateway:
 
     async def handle(self, ctx: RequestContext) -> RequestContext:
         return await self.pipeline.run(ctx)
+
+    def refused(self, kind: str, error: APIError, headers: dict[str, str]) -> None:
+        """Record a request refused before the pipeline (a body that could not be read or parsed): a ledger row
+        with its status, no model, and the key and tenant when the key is valid."""
+        ctx = RequestContext(gen=GenRequest(model="", kind=kind), error=error, status=error.status, headers=headers)
+        if self.keyring.enabled:
+            try:
+                info = self.keyring.lookup(headers.get("authorization"))
+                ctx.key_id, ctx.tenant = info.key_id, info.tenant
+            except APIError:
+                pass
+        self.record.finish(ctx)
 
     async def close(self) -> None:
         await self.registry.close()

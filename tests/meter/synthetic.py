@@ -58,8 +58,6 @@ def context(spec: Spec, rid: str, now: float) -> RequestContext:
         ctx.usage = Usage(prompt_tokens=spec.prompt, cached_tokens=spec.cached, completion_tokens=spec.completion,
                           queue_s=spec.queue, ttft_s=spec.ttft, e2e_s=spec.gen_s)
     ctx.finish_reason = spec.finish
-    if spec.savings:
-        ctx.extras["savings"] = dict(spec.savings)
     return ctx
 
 
@@ -70,7 +68,8 @@ def rows_for(specs: list[Spec], now: float | None = None, prefix: str = "req") -
     for i, s in enumerate(specs):
         ctx = context(s, f"{prefix}_{i:04d}", now)
         price = PRICES.get(s.model or "")
-        out.append(row_from_context(ctx, price, s.energy, BACKENDS.get(s.model or ""), now=now - s.ago_s + s.e2e))
+        out.append(row_from_context(ctx, price, s.energy, BACKENDS.get(s.model or ""), now=now - s.ago_s + s.e2e,
+                                    savings=s.savings))
     return out
 
 
@@ -94,7 +93,7 @@ def mixed() -> list[Spec]:
              e2e=0.001),
         Spec("small", 80, 64, 1, route="default", ago_s=200, ttft=0.04, gen_s=0.04, e2e=0.05),
         Spec("small", 200, 128, 90, key_id=None, tenant="default", ago_s=100, ttft=0.07, gen_s=1.1, e2e=1.2,
-             savings={"compress": (150, 0.000003)}),
+             savings={"route": (0, 0.000003)}),
     ]
 
 

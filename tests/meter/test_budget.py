@@ -8,7 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from tests.meter.synthetic import Spec, rows_for
-from tokenomy.meter.budget import BudgetExceeded, BudgetLimits, Budgets, period_bounds
+from tokenomy.config import BudgetLimits
+from tokenomy.meter.budget import BudgetExceeded, Budgets, period_bounds
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
 

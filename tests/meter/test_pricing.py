@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tokenomy.config import Price
-from tokenomy.meter.pricing import cache_saving, compress_saving, cost, prefix_saving, route_saving
+from tokenomy.meter.pricing import cache_saving, cost, prefix_saving, route_saving
 
 PRICE = Price(input=3.0, cached_input=0.3, output=15.0)
 
@@ -36,7 +36,6 @@ def test_savings():
     cheap = Price(input=0.1, cached_input=0.01, output=0.4)
     assert route_saving(PRICE, cheap, 1000, 0, 100) == pytest.approx((1000 * 2.9 + 100 * 14.6) / 1e6)
     assert route_saving(cheap, PRICE, 1000, 0, 100) == 0.0
-    assert compress_saving(PRICE, 500) == pytest.approx(500 * 3.0 / 1e6)
 
 
 @pytest.mark.parametrize("args,fragment", [

@@ -7,7 +7,7 @@ import pytest
 from tests.meter.synthetic import PRICES, Spec, context, rows_for
 from tokenomy.meter.energy import Energy
 from tokenomy.meter.pricing import cost
-from tokenomy.meter.row import LedgerRow, Saving, row_from_context
+from tokenomy.meter.row import CacheSaving, LedgerRow, Saving, row_from_context
 
 SMALL, LARGE = PRICES["small"], PRICES["large"]
 
@@ -38,11 +38,10 @@ def test_cache_hit_costs_nothing_and_saves_the_generation_it_avoided():
     assert row.billed_tokens == 0 and row.delivered_tokens == 60
 
 
-def test_explicit_savings_from_stages_are_kept():
-    ctx = context(Spec("small", 100, 0, 10, savings={"route": Saving(0, 0.002), "compress": (40, 8e-7)}), "r1",
-                  time.time())
-    row = row_from_context(ctx, SMALL)
-    assert row.saved_by == {"route": {"tokens": 0, "usd": 0.002}, "compress": {"tokens": 40, "usd": 8e-7}}
+def test_savings_the_caller_found_are_kept():
+    ctx = context(Spec("small", 100, 0, 10), "r1", time.time())
+    row = row_from_context(ctx, SMALL, savings={"route": Saving(0, 0.002), "exact": (40, 8e-7)})
+    assert row.saved_by == {"route": {"tokens": 0, "usd": 0.002}, "exact": {"tokens": 40, "usd": 8e-7}}
     assert row.saved_usd == pytest.approx(0.002 + 8e-7) and row.saved_tokens == 40
 
 
@@ -80,9 +79,9 @@ def test_db_round_trip():
 
 def test_the_cache_stage_saving_and_bypass_conventions():
     ctx = context(Spec("small", 300, 0, 60, cache="semantic"), "r1", time.time())
-    ctx.extras["saved"] = {"by": "semantic", "tokens": 360, "usd": 0.004, "similarity": 0.93}
+    ctx.cache_saving = CacheSaving(by="semantic", tokens=360, usd=0.004, similarity=0.93)
     row = row_from_context(ctx, SMALL)
     assert row.saved_by == {"semantic": {"tokens": 360, "usd": 0.004}}      # the stage's figure wins
     ctx = context(Spec("small", 30, 0, 6), "r2", time.time())
-    ctx.extras["cache_bypass"] = "not deterministic"
+    ctx.cache_bypass = "not deterministic"
     assert row_from_context(ctx, SMALL).cache == "bypass"

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from tokenomy.backends.base import GenRequest, TokenCount, Usage
+from tokenomy.backends.base import GenRequest, Usage
 from tokenomy.config import RouteSpec
+from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.meter.metrics import Metrics
 from tokenomy.pipeline.chain import Pipeline

@@ -153,15 +153,7 @@ async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseMo
         return await _parse(request, model, gateway.config.server.max_body_bytes)
     except (APIError, RequestValidationError) as e:
         err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")
-        ctx = RequestContext(gen=GenRequest(model="", kind=kind), error=err, status=err.status,
-                             headers={k.lower(): v for k, v in request.headers.items()})
-        if gateway.keyring.enabled:
-            try:
-                info = gateway.keyring.lookup(ctx.headers.get("authorization"))
-                ctx.key_id, ctx.tenant = info.key_id, info.tenant
-            except APIError:
-                pass
-        gateway.record.finish(ctx)
+        gateway.refused(kind, err, {k.lower(): v for k, v in request.headers.items()})
         raise
 
 
@@ -220,12 +212,10 @@ async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseMo
         raise RequestValidationError(e.errors()) from e
 
 
-def _headers(ctx: RequestContext, gateway: Gateway | None = None) -> dict[str, str]:
+def _headers(ctx: RequestContext, with_cost: bool = False) -> dict[str, str]:
     h = {"x-tokenomy-request-id": ctx.request_id, "x-tokenomy-cache": ctx.cache}
-    if gateway is not None and ctx.usage is not None and ctx.model and not ctx.stream:
-        spent = 0.0 if ctx.cache in ("exact", "semantic") else gateway.cost(ctx.model, ctx.usage)
-        spent += sum(gateway.cost(m, u) for m, u in ctx.extras.get("escalated_usage", []))
-        h["x-tokenomy-cost-usd"] = f"{spent:.8f}"
+    if with_cost and ctx.usage is not None and ctx.model and not ctx.stream:
+        h["x-tokenomy-cost-usd"] = f"{ctx.cost_usd:.8f}"
     if ctx.model:
         h["x-tokenomy-route"] = f"{ctx.model}; {ctx.route_reason}"
     if ctx.usage is not None and ctx.usage.counted:
@@ -255,7 +245,7 @@ async def _serve(request: Request, gateway: Gateway, gen: GenRequest, stream: bo
         return error_response(e)
     if not stream:
         body = chat_body(ctx) if gen.kind == "chat" else completion_body(ctx, echo)
-        return JSONResponse(body, headers=_headers(ctx, gateway))
+        return JSONResponse(body, headers=_headers(ctx, with_cost=True))
     assert ctx.deltas is not None
     writer = ChunkWriter(ctx, include_usage, echo)
 

@@ -6,6 +6,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tokenomy.context.tokens import TokenCount
+
 
 @dataclass
 class GenRequest:
@@ -54,12 +56,6 @@ class Usage:
     min_logprob: float | None = None
 
 
-@dataclass
-class TokenCount:
-    tokens: int
-    exact: bool                  # False: an estimate, and callers say so
-
-
 class BackendError(Exception):
     """A backend could not serve. `retryable`: another deployment may succeed (5xx, timeouts, 429)."""
 
@@ -87,16 +83,23 @@ class Overloaded(RuntimeError):
 
 
 class Backend(Protocol):
+    """What the pipeline needs of a model: the embedded engine (embedded.py) or an upstream (openai.py)."""
+
     name: str
 
-    def stream(self, req: GenRequest) -> AsyncIterator[Delta]: ...
+    def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
+        """The answer as deltas; the last has finish_reason and usage. Raises InvalidRequest (a 4xx),
+        Overloaded (429) or BackendError before the first delta; a failure after it is an error delta."""
+        ...
 
-    def count_tokens(self, req: GenRequest) -> TokenCount: ...
+    def count_tokens(self, req: GenRequest) -> TokenCount:
+        """The request's prompt tokens, exact or flagged as an estimate."""
+        ...
 
     async def health(self) -> bool: ...
 
-    def expected_wait_s(self) -> float: ...
-
-    def describe(self) -> dict[str, Any]: ...
+    def expected_wait_s(self) -> float:
+        """The queue wait a new request should expect now (seconds)."""
+        ...
 
     async def close(self) -> None: ...

@@ -12,8 +12,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Overloaded, TokenCount, Usage
+from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Overloaded, Usage
 from tokenomy.config import StructuredSettings
+from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineClient, EngineUnavailable
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec
@@ -208,10 +209,6 @@ class EmbeddedBackend:
 
     async def health(self) -> bool:
         return self.engine.state == "ready"
-
-    def describe(self) -> dict[str, Any]:
-        return {"backend": "embedded", "path": self.path, "max_model_len": self.engine.max_model_len,
-                "engine": self.engine.describe()}
 
     async def close(self) -> None:
         await asyncio.to_thread(self.engine.stop)

@@ -16,14 +16,16 @@ from typing import Any
 
 import httpx
 
-from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, TokenCount, Usage
-from tokenomy.context.tokens import TokenCounter
+from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Usage
+from tokenomy.config import ModelSpec
+from tokenomy.context.tokens import TokenCount, TokenCounter
+from tokenomy.meter.metrics import Metrics
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
 class OpenAIBackend:
-    def __init__(self, spec: Any, metrics: Any = None, counter: TokenCounter | None = None) -> None:
+    def __init__(self, spec: ModelSpec, metrics: Metrics | None = None, counter: TokenCounter | None = None) -> None:
         self.name = spec.name
         self.spec = spec
         self.metrics = metrics
@@ -41,7 +43,7 @@ class OpenAIBackend:
         return f"OpenAIBackend({self.name!r}, {self.base_url!r})"
 
     def count_tokens(self, req: GenRequest) -> TokenCount:
-        return self.counter.count_request(req)
+        return self.counter.count_prompt(req.messages if req.kind == "chat" else None, req.prompt)
 
     def _body(self, req: GenRequest) -> tuple[str, dict[str, Any]]:
         p = dict(req.params)
@@ -112,7 +114,7 @@ class OpenAIBackend:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def stream(self, req: GenRequest, **_: Any) -> AsyncIterator[Delta]:
+    async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         path, body = self._body(req)
         resp = await self._open(path, body)
@@ -177,7 +179,7 @@ class OpenAIBackend:
             raise BackendError(f"{self.name} ended the stream without a finish_reason", status=502)
         if usage is None:
             completion = self.counter.count_text("".join(text_parts)).tokens if text_parts else 0
-            usage = Usage(prompt_tokens=self.counter.count_request(req).tokens, completion_tokens=completion,
+            usage = Usage(prompt_tokens=self.count_tokens(req).tokens, completion_tokens=completion,
                           counted=True)
         usage.e2e_s = time.perf_counter() - t0
         usage.ttft_s = ttft
@@ -203,7 +205,7 @@ class OpenAIBackend:
             usage = Usage(prompt_tokens=u.get("prompt_tokens", 0), completion_tokens=u.get("completion_tokens", 0),
                           cached_tokens=(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         else:
-            usage = Usage(prompt_tokens=self.counter.count_request(req).tokens,
+            usage = Usage(prompt_tokens=self.count_tokens(req).tokens,
                           completion_tokens=self.counter.count_text(text).tokens if text else 0, counted=True)
         usage.e2e_s = usage.ttft_s = time.perf_counter() - t0
         calls = message.get("tool_calls")
@@ -221,9 +223,6 @@ class OpenAIBackend:
             return r.status_code == 200
         except httpx.HTTPError:
             return False
-
-    def describe(self) -> dict[str, Any]:
-        return {"backend": "openai", "base_url": self.base_url, "model": self.spec.model}
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -7,11 +7,17 @@ GPT-3.5 families; for others (o200k models) the count is flagged as an estimate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from tokenomy.backends.base import GenRequest, TokenCount
+
+@dataclass
+class TokenCount:
+    tokens: int
+    exact: bool                  # False: an estimate, and callers say so
+
 
 CL100K_EXACT = ("gpt-4-", "gpt-4", "gpt-3.5", "text-embedding-3", "text-embedding-ada")
 
@@ -68,11 +74,13 @@ class TokenCounter:
     def count_text(self, text: str) -> TokenCount:
         return TokenCount(self._count(text) if text else 0, self.exact)
 
-    def count_request(self, req: GenRequest) -> TokenCount:
-        if req.kind != "chat":
-            return self.count_text(req.prompt or "")
+    def count_prompt(self, messages: Sequence[dict[str, Any]] | None, prompt: str | None = None) -> TokenCount:
+        """A chat request's prompt tokens (`messages`, with the per-message overhead), or a completion's
+        (`prompt`, when messages is None)."""
+        if messages is None:
+            return self.count_text(prompt or "")
         n = self.reply
-        for m in req.messages or []:
+        for m in messages:
             n += self.per_message + self._count(str(m.get("content") or ""))
             if m.get("name"):
                 n += 1 + self._count(m["name"])

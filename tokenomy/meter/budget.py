@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from tokenomy.config import BudgetLimits
 from tokenomy.errors import APIError
 from tokenomy.meter.row import LedgerRow
 
@@ -30,21 +29,6 @@ log = logging.getLogger("tokenomy.budget")
 
 PERIODS = ("day", "month")
 UNITS = ("usd", "tokens")
-
-
-class BudgetLimits(BaseModel):
-    """Limits for one key or tenant; any left out is unlimited. Meant for the config file."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    usd_per_day: float | None = Field(None, gt=0)
-    usd_per_month: float | None = Field(None, gt=0)
-    tokens_per_day: int | None = Field(None, gt=0)
-    tokens_per_month: int | None = Field(None, gt=0)
-    warn_at: float = Field(0.8, gt=0, le=1, description="share of a limit that logs a warning")
-
-    def limit(self, unit: str, period: str) -> float | None:
-        return getattr(self, f"{unit}_per_{period}")
 
 
 def period_bounds(period: str, t: float) -> tuple[dt.datetime, dt.datetime]:

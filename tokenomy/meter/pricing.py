@@ -74,8 +74,3 @@ def route_saving(asked: PriceLike, served: PriceLike, prompt_tokens: int, cached
     """USD a route saved by serving on a cheaper model than the one asked for, same usage; never below zero."""
     return max(0.0, cost(asked, prompt_tokens, cached_tokens, completion_tokens).total_usd
                - cost(served, prompt_tokens, cached_tokens, completion_tokens).total_usd)
-
-
-def compress_saving(price: PriceLike, removed_tokens: int) -> float:
-    """USD prompt compression saved: removed input tokens at the full input rate."""
-    return _tokens("removed_tokens", removed_tokens) * _rate("input", price.input) / PER

@@ -9,7 +9,7 @@ Conventions every report figure relies on (so each one can be recomputed from ro
 - `billed_tokens` = prompt + completion of rows a model generated (not response-cache hits), errors included.
 - `delivered_tokens` = completion tokens of rows that succeeded (`ok`), cache hits included.
 - `cache` is miss | exact | semantic | bypass (the request was not eligible for the response cache).
-- `saved_by` maps each layer that saved something (exact, semantic, prefix, route, compress) to
+- `saved_by` maps each layer that saved something (exact, semantic, prefix, route) to
   {"tokens", "usd"}; `saved_tokens` and `saved_usd` are its sums.
 """
 
@@ -22,9 +22,10 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tokenomy.backends.base import Usage
+from tokenomy.errors import APIError
 from tokenomy.meter.energy import Energy, label
 from tokenomy.meter.pricing import PriceLike, cache_saving, cost, prefix_saving
 
@@ -32,15 +33,55 @@ log = logging.getLogger("tokenomy.ledger")
 
 CACHE_HITS = frozenset({"exact", "semantic"})
 FAILED_FINISH = frozenset({"error", "cancelled"})
-SAVING_LAYERS = ("exact", "semantic", "prefix", "route", "compress")
+SAVING_LAYERS = ("exact", "semantic", "prefix", "route")
 
 
 @dataclass(frozen=True)
 class Saving:
-    """What one layer saved on one request: a stage puts these in ctx.extras["savings"][layer]."""
+    """What one layer saved on one request."""
 
     tokens: int
     usd: float
+
+
+@dataclass
+class CacheSaving:
+    """A response-cache hit: what the stored answer cost when it was generated, now saved."""
+
+    by: str                                   # exact | semantic
+    tokens: int
+    usd: float
+    similarity: float | None = None
+    entry_id: str | None = None
+
+
+class Finished(Protocol):
+    """What the meter reads of a finished request: the pipeline's RequestContext, by its typed fields."""
+
+    request_id: str
+    started: float
+    tenant: str
+    key_id: str | None
+    route: str | None
+    model: str | None
+    cache: str
+    cache_bypass: str | None
+    cache_saving: CacheSaving | None
+    usage: Usage | None
+    finish_reason: str | None
+    over_budget: bool
+    error: APIError | None
+    status: int
+    stream_error: str | None
+    schema_problem: str | None
+    escalations: list[tuple[str, Usage]]
+    cost_usd: float                           # the meter writes it; the response header reads it
+
+    @property
+    def asked_model(self) -> str: ...
+
+    @property
+    def route_candidates(self) -> list[str]: ...
 
 
 @dataclass
@@ -139,21 +180,20 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _stage_savings(ctx: Any, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Savings the stages reported: extras["savings"] {layer: Saving | {"tokens", "usd"} | (tokens, usd)}, the
-    cache stage's extras["saved"] {"by", "tokens", "usd"}, and `extra` from the caller (the meter sink)."""
-    found: dict[str, Any] = dict(ctx.extras.get("savings") or {})
-    single = ctx.extras.get("saved")
-    if isinstance(single, dict) and single.get("by"):
-        found.setdefault(str(single["by"]), single)
+def _stage_savings(ctx: Finished, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Savings found: the cache stage's hit, and `extra` from the caller (the meter sink's route saving), each
+    {layer: Saving | {"tokens", "usd"} | (tokens, usd)}."""
+    found: dict[str, Any] = {}
+    if ctx.cache_saving is not None:
+        found[ctx.cache_saving.by] = Saving(ctx.cache_saving.tokens, ctx.cache_saving.usd)
     found.update(extra or {})
     return found
 
 
-def row_from_context(ctx: Any, price: PriceLike | None, energy: Energy | None = None,
+def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | None = None,
                      backend: str | None = None, now: float | None = None,
                      savings: Mapping[str, Any] | None = None) -> LedgerRow:
-    """The ledger row of a finished request. `ctx` is a pipeline RequestContext; `price` the served model's
+    """The ledger row of a finished request. `price` the served model's
     (None: unknown, priced at zero); `energy` its attributed joules (None for upstream or unmeasured);
     `savings` more {layer: saving} found by the caller (e.g. the route's)."""
     elapsed = time.perf_counter() - ctx.started
@@ -176,7 +216,7 @@ def row_from_context(ctx: Any, price: PriceLike | None, energy: Energy | None = 
     row = LedgerRow(
         request_id=ctx.request_id, ts=now - elapsed, tenant=ctx.tenant, key_id=ctx.key_id, route=ctx.route,
         model=ctx.model, backend=backend, prompt_tokens=prompt, cached_tokens=cached,
-        cache="bypass" if ctx.cache == "miss" and ctx.extras.get("cache_bypass") else ctx.cache,
+        cache="bypass" if ctx.cache == "miss" and ctx.cache_bypass else ctx.cache,
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
         over_budget=bool(ctx.over_budget),
     )
@@ -184,8 +224,8 @@ def row_from_context(ctx: Any, price: PriceLike | None, energy: Energy | None = 
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]
     else:
         row.status = ctx.status         # a stream that failed after its 200 keeps it, and says why below
-        if ctx.extras.get("stream_error"):
-            row.error_code, row.error = "stream_error", ctx.extras["stream_error"][:500]
+        if ctx.stream_error:
+            row.error_code, row.error = "stream_error", ctx.stream_error[:500]
     if price is not None:
         row.price_input, row.price_cached_input = price.input, price.cached_input
         row.price_output, row.price_notional = price.output, bool(price.notional)

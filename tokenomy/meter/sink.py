@@ -14,7 +14,7 @@ from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.pricing import PriceLike, cost, route_saving
-from tokenomy.meter.row import CACHE_HITS, LedgerRow, Saving, row_from_context
+from tokenomy.meter.row import CACHE_HITS, Finished, LedgerRow, Saving, row_from_context
 
 log = logging.getLogger("tokenomy.meter")
 
@@ -34,20 +34,19 @@ class MeterSink:
         self.backends = backends or {}
         self.on_row = on_row or []
 
-    def price_for(self, ctx: Any) -> PriceLike | None:
+    def price_for(self, ctx: Finished) -> PriceLike | None:
         """The served model's price; a cache hit that set no model is priced as the model asked for."""
         for name in (ctx.model, ctx.asked_model):
             if name is not None and name in self.prices:
                 return self.prices[name]
         return None
 
-    def route_saving(self, ctx: Any) -> dict[str, Saving]:
+    def route_saving(self, ctx: Finished) -> dict[str, Saving]:
         """A route that served on a cheaper model than its most capable candidate (the last; routes list models
         cheapest first) saved the difference in price for the same usage."""
-        decision = ctx.extras.get("route")
-        if ctx.route is None or ctx.cache in CACHE_HITS or ctx.usage is None or not isinstance(decision, dict):
+        if ctx.route is None or ctx.cache in CACHE_HITS or ctx.usage is None:
             return {}
-        candidates = decision.get("candidates") or []
+        candidates = ctx.route_candidates
         if not candidates or ctx.model is None or candidates[-1] == ctx.model:
             return {}
         top, served = self.prices.get(candidates[-1]), self.prices.get(ctx.model)
@@ -58,10 +57,10 @@ class MeterSink:
         usd = route_saving(top, served, max(u.prompt_tokens, 0), cached, max(u.completion_tokens, 0))
         return {"route": Saving(0, usd)} if usd > 0 else {}
 
-    def add_escalations(self, ctx: Any, row: LedgerRow) -> None:
+    def add_escalations(self, ctx: Finished, row: LedgerRow) -> None:
         """A cascade's discarded cheaper answers were generated and are paid for: their cost joins the row
         (the token columns stay the usage the client received)."""
-        for model, usage in ctx.extras.get("escalated_usage", []):
+        for model, usage in ctx.escalations:
             price = self.prices.get(model)
             if price is None or usage is None:
                 continue
@@ -72,14 +71,17 @@ class MeterSink:
             row.cost_output_usd += c.output_usd
             row.cost_usd += c.total_usd
 
-    def __call__(self, ctx: Any) -> None:
+    def __call__(self, ctx: Finished) -> None:
+        """Write the request's ledger row, count its cost and savings, charge its budgets, and set
+        `ctx.cost_usd` (which the response's x-tokenomy-cost-usd header reads)."""
         energy = self.energy.pop(ctx.request_id) if self.energy is not None else None
         model = ctx.model or ctx.asked_model
         row = row_from_context(ctx, self.price_for(ctx), energy, self.backends.get(model),
                                savings=self.route_saving(ctx))
         self.add_escalations(ctx, row)
-        if ctx.extras.get("schema_problem") and row.error_code is None:
-            row.error_code, row.error = "schema_invalid", str(ctx.extras["schema_problem"])[:500]
+        ctx.cost_usd = row.cost_usd
+        if ctx.schema_problem and row.error_code is None:
+            row.error_code, row.error = "schema_invalid", ctx.schema_problem[:500]
         if self.ledger is not None:
             self.ledger.write(row)
         m = self.metrics

@@ -83,7 +83,7 @@ class Admit:
             info = self.keyring.lookup(ctx.headers.get("authorization"))
             ctx.key_id, ctx.tenant = info.key_id, info.tenant
             if info.allowed is not None:
-                ctx.extras["allowed_models"] = info.allowed
+                ctx.allowed_models = frozenset(info.allowed) if info.allowed is not None else None
                 if ctx.gen.model not in info.allowed:
                     raise APIError(403, f"This key may not use the model '{ctx.gen.model}'. It may use: "
                                    f"{', '.join(sorted(info.allowed))}.", param="model", code="model_not_allowed")

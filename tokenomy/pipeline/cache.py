@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenomy.backends.base import Delta, Usage
 from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.meter.row import CacheSaving
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, Result
 
@@ -57,7 +58,7 @@ class Cache:
         use_semantic = self.semantic is not None and eligible and ctx.gen.kind == "chat" and \
             (self.semantic_routes is None or model in self.semantic_routes)
         if not eligible:
-            ctx.extras["cache_bypass"] = "not deterministic" if self.exact is not None else "disabled"
+            ctx.cache_bypass = "not deterministic" if self.exact is not None else "disabled"
         elif lookup:
             hit = await asyncio.to_thread(self._lookup, ctx, msgs, params, use_semantic)
             if hit is not None:
@@ -95,8 +96,8 @@ class Cache:
         ctx.usage = usage
         ctx.finish_reason = r.get("finish_reason", "stop")
         ctx.text = r.get("text", "")
-        ctx.extras["saved"] = {"by": hit.kind, "tokens": hit.saved_tokens, "usd": hit.saved_usd,
-                               "similarity": hit.similarity, "entry_id": hit.entry_id}
+        ctx.cache_saving = CacheSaving(by=hit.kind, tokens=hit.saved_tokens, usd=hit.saved_usd,
+                                       similarity=hit.similarity, entry_id=hit.entry_id)
         result = Result(text=ctx.text, finish_reason=ctx.finish_reason, usage=usage,
                         tool_calls=r.get("tool_calls"))
         if ctx.stream:

@@ -24,13 +24,6 @@ class Pipeline:
     def __init__(self, stages: Sequence[Stage]) -> None:
         self.stages = list(stages)
 
-    @property
-    def names(self) -> list[str]:
-        return [s.name for s in self.stages]
-
-    def stage(self, name: str) -> Stage | None:
-        return next((s for s in self.stages if s.name == name), None)
-
     async def run(self, ctx: RequestContext) -> RequestContext:
         async def end(_: RequestContext) -> None:
             return None

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tokenomy.backends.base import InvalidRequest, TokenCount
+from tokenomy.backends.base import InvalidRequest
 from tokenomy.config import RouteSpec
+from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext

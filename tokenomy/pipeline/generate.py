@@ -41,8 +41,8 @@ class Generate:
                 continue
             backend = self.registry.get(name)
             req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream)
-            ctx.extras["serving"] = name     # the model at work, should the client leave before it answers
-            stream = backend.stream(req, **ctx.extras.get("backend_kwargs", {}))
+            ctx.serving = name
+            stream = backend.stream(req)
             try:
                 if ctx.stream:
                     first = await anext(stream)
@@ -97,7 +97,7 @@ class Generate:
                 {"role": "user", "content": f"That answer is invalid: {problem}. Reply again with only the "
                                             "corrected answer."}])
             repaired = await _collect(backend.stream(fix))
-            ctx.extras.setdefault("escalated_usage", []).append((name, result.usage))   # the first try is paid
+            ctx.escalations.append((name, result.usage))   # the first try is paid
             if schema_problem(req, repaired) is None:
                 if self.invalid is not None:
                     self.invalid.labels(name, "repaired").inc()
@@ -107,7 +107,7 @@ class Generate:
         if self.invalid is not None:
             self.invalid.labels(name, "flagged").inc()
         ctx.response_headers["x-tokenomy-schema"] = "invalid"
-        ctx.extras["schema_problem"] = problem
+        ctx.schema_problem = problem
         return result
 
 
@@ -181,8 +181,8 @@ async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContex
             yield _seen(d, ctx)
     except BackendError as e:
         ctx.finish_reason = "error"
-        ctx.extras["stream_error"] = f"the upstream failed mid-stream: {e}"
-        yield Delta(error=ctx.extras["stream_error"], finish_reason="error")
+        ctx.stream_error = f"the upstream failed mid-stream: {e}"
+        yield Delta(error=ctx.stream_error, finish_reason="error")
     finally:
         await rest.aclose()
 
@@ -191,7 +191,7 @@ def _seen(d: Delta, ctx: RequestContext) -> Delta:
     ctx.text += d.text
     # tokens delivered so far, for billing a stream the client cuts short: exact where the backend reports each
     # token's logprob, else one per chunk with text (upstreams send about one token a chunk)
-    ctx.extras["seen_tokens"] = ctx.extras.get("seen_tokens", 0) + (len(d.confidence) or (1 if d.text else 0))
+    ctx.seen_tokens += len(d.confidence) or (1 if d.text else 0)
     if d.usage is not None:
         ctx.usage = d.usage
     if d.finish_reason is not None:

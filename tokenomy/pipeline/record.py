@@ -74,11 +74,11 @@ class Record:
     def finish(self, ctx: RequestContext) -> None:
         if ctx.finish_reason == "cancelled" and ctx.error is None:
             ctx.status = CLIENT_CLOSED
-            ctx.model = ctx.model or ctx.extras.get("serving")
+            ctx.model = ctx.model or ctx.serving
             if ctx.usage is None and ctx.model is not None:
                 # the client left: what a model already did for it is billed and counted against its limits
                 ctx.usage = Usage(prompt_tokens=ctx.prompt_tokens or 0,
-                                  completion_tokens=ctx.extras.get("seen_tokens", 0), counted=True,
+                                  completion_tokens=ctx.seen_tokens, counted=True,
                                   e2e_s=time.perf_counter() - ctx.started)
         m, model = self.metrics, self.metrics.label(ctx.model or ctx.asked_model)
         if ctx.error is not None or ctx.finish_reason == "error":

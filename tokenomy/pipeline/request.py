@@ -10,6 +10,7 @@ from typing import Any
 
 from tokenomy.backends.base import Delta, GenRequest, Usage
 from tokenomy.errors import APIError
+from tokenomy.meter.row import CacheSaving
 
 
 def new_request_id() -> str:
@@ -29,6 +30,20 @@ class Result:
 
 
 @dataclass
+class RouteDecision:
+    """How a route chose its model: what the meter prices a route's saving against, and what logs explain."""
+
+    candidates: list[str]                     # the route's models, cheapest first
+    chosen: str
+    by: str                                   # pinned | rules | classifier ... (the strategy that decided)
+    route: str | None = None
+    strategies: list[str] = field(default_factory=list)
+    signals: dict[str, Any] = field(default_factory=dict)
+    escalations: list[dict[str, Any]] = field(default_factory=list)
+    served: str | None = None
+
+
+@dataclass
 class RequestContext:
     gen: GenRequest
     stream: bool = False
@@ -39,12 +54,15 @@ class RequestContext:
     # admit
     key_id: str | None = None
     tenant: str = "default"
+    allowed_models: frozenset[str] | None = None   # the key's allow-list (None: every model)
     # context
     prompt_tokens: int | None = None
     prompt_tokens_exact: bool = True
     over_budget: bool = False
     # cache
     cache: str = "miss"                       # miss | exact | semantic | bypass
+    cache_bypass: str | None = None           # why the request was not eligible for the response cache
+    cache_saving: CacheSaving | None = None
     # Default-MiniLM vectors of texts this request needed ({text: vector}), filled by whichever stage embeds a
     # text first (cache lookup, router), so the lookup, the router and the cache add embed each text once.
     vectors: dict[str, Any] = field(default_factory=dict)
@@ -54,18 +72,28 @@ class RequestContext:
     model: str | None = None                  # the model that served
     route_reason: str = ""
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    route_decision: RouteDecision | None = None
+    escalations: list[tuple[str, Usage]] = field(default_factory=list)   # discarded (paid) answers: model, usage
     # generate
     result: Result | None = None
     deltas: AsyncIterator[Delta] | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
     text: str = ""
+    serving: str | None = None                # the model at work, should the client leave before it answers
+    seen_tokens: int = 0                      # completion tokens streamed so far
+    schema_problem: str | None = None         # the answer did not validate against the request's schema
+    stream_error: str | None = None           # a stream that failed after its 200
     # record
     error: APIError | None = None
     status: int = 200
     response_headers: dict[str, str] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
+    cost_usd: float = 0.0                     # set by the meter: what this request cost, discarded answers too
 
     @property
     def asked_model(self) -> str:
         return self.gen.model
+
+    @property
+    def route_candidates(self) -> list[str]:
+        return self.route_decision.candidates if self.route_decision is not None else []

@@ -30,7 +30,7 @@ from tokenomy.cache.key import last_user_text
 from tokenomy.config import RouteSpec
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
-from tokenomy.pipeline.request import RequestContext
+from tokenomy.pipeline.request import RequestContext, RouteDecision
 from tokenomy.router.cascade import Verdict, judge
 from tokenomy.router.rules import first_match
 
@@ -58,12 +58,12 @@ class Route:
         if asked in self.models and asked not in self.routes:
             ctx.candidates = [asked]
             ctx.route_reason = "pinned model"
-            ctx.extras["route"] = {"chosen": asked, "candidates": [asked], "by": "pinned"}
+            ctx.route_decision = RouteDecision(candidates=[asked], chosen=asked, by="pinned")
             await call_next(ctx)
             return
         spec = self.routes.get(asked)
         if spec is None:
-            allowed = ctx.extras.get("allowed_models")    # a key with an allow-list learns only its own names
+            allowed = ctx.allowed_models    # a key with an allow-list learns only its own names
             known = ", ".join(n for n in self.models + list(self.routes) if allowed is None or n in allowed)
             raise APIError(404, f"The model '{asked}' does not exist. Available: {known}.", param="model",
                            code="model_not_found")
@@ -72,9 +72,9 @@ class Route:
             ladder, by, signals = await asyncio.to_thread(self.choose, spec, ctx)
         else:
             ladder, by, signals = self.choose(spec, ctx)
-        decision = {"route": asked, "candidates": list(spec.models), "strategies": spec.strategies,
-                    "chosen": ladder[0], "by": by, "signals": signals, "escalations": []}
-        ctx.extras["route"] = decision
+        decision = RouteDecision(candidates=list(spec.models), chosen=ladder[0], by=by, route=asked,
+                                 strategies=list(spec.strategies), signals=signals)
+        ctx.route_decision = decision
         ctx.route_reason = f"route {asked}: {by}"
         if self.decisions is not None:
             self.decisions.labels(asked, ladder[0], by.split(" ")[0]).inc()
@@ -83,7 +83,7 @@ class Route:
         else:
             ctx.candidates = ladder
             await call_next(ctx)
-        decision["served"] = ctx.model
+        decision.served = ctx.model
 
     # ---- choosing the first model ------------------------------------------------------------------------
     def choose(self, spec: RouteSpec, ctx: RequestContext) -> tuple[list[str], str, dict[str, Any]]:
@@ -145,7 +145,7 @@ class Route:
 
     # ---- cascade ------------------------------------------------------------------------------------------
     async def _cascade(self, ctx: RequestContext, call_next: Next, spec: RouteSpec, ladder: list[str],
-                       decision: dict[str, Any]) -> None:
+                       decision: RouteDecision) -> None:
         for i, model in enumerate(ladder):
             last = i == len(ladder) - 1
             ctx.candidates = ladder[i:]           # errors still fall back up the ladder
@@ -161,14 +161,14 @@ class Route:
                 verdict = judge(r.text, r.confidence or _usage_logprobs(r.usage), r.finish_reason,
                                 ctx.gen.response_format, spec.cascade)
                 replay = None
-            decision["signals"][ctx.model or model] = verdict.signals
+            decision.signals[ctx.model or model] = verdict.signals
             if not verdict.escalate:
                 if replay is not None:
                     ctx.deltas = replay
                 return
-            decision["escalations"].append({"from": ctx.model, "reasons": verdict.reasons})
+            decision.escalations.append({"from": ctx.model, "reasons": verdict.reasons})
             ctx.route_reason += f"; escalated from {ctx.model} ({', '.join(verdict.reasons)})"
-            ctx.extras.setdefault("escalated_usage", []).append((ctx.model or model, ctx.usage))
+            ctx.escalations.append((ctx.model or model, ctx.usage))
             if self.escalations is not None:
                 self.escalations.labels(ctx.route or "", ctx.model or model).inc()
 
