@@ -45,12 +45,11 @@ well as an object with hundreds of required keys).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from tokenomy.lru import LRU
 from tokenomy.structured.grammar import CompiledGrammar, clean_reason
 
 LOOP_REPEATS = 3  # back-to-back copies of a span that count as a loop
@@ -121,8 +120,8 @@ REPLAN_MARGIN = 1.25  # the model's own way to the end is longer than the walk's
 # only grammars whose walk from an empty answer took at most this long are re-planned (most take a few ms;
 # the slowest dev grammar takes about 0.5 s).
 REPLAN_MAX_WALK_S = 0.02
-_closing: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()  # (grammar key, limit) -> (n, s)
 CLOSING_ENTRIES = 512
+_closing: LRU[tuple[str, int], tuple[int, float]] = LRU(CLOSING_ENTRIES)  # (grammar key, limit) -> (n, s)
 
 
 def closing_length(grammar: CompiledGrammar, limit: int = 4096) -> int:
@@ -130,17 +129,6 @@ def closing_length(grammar: CompiledGrammar, limit: int = 4096) -> int:
     allowed token of the best tier, from an empty answer to its end. An estimate (an upper bound) of the
     shortest answer the grammar allows; ``limit`` when the walk has not ended by then. Cached per grammar."""
     return _closing_walk(grammar, limit)[0]
-
-
-def _cached(cache: OrderedDict, key: Any, compute: Callable[[], Any]) -> Any:
-    """``cache[key]``, computed on a miss; beyond CLOSING_ENTRIES the least recently used entries go first."""
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    cache[key] = value = compute()
-    while len(cache) > CLOSING_ENTRIES:
-        cache.popitem(last=False)
-    return value
 
 
 def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
@@ -151,10 +139,10 @@ def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
         n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), limit)
         return n, time.perf_counter() - started
 
-    return _cached(_closing, (grammar.key, limit), walk)
+    return _closing.get_or_compute((grammar.key, limit), walk)
 
 
-_root_bans: OrderedDict[tuple[str, int], frozenset[int]] = OrderedDict()  # (grammar key, limit) -> first bytes
+_root_bans: LRU[tuple[str, int], frozenset[int]] = LRU(CLOSING_ENTRIES)  # (grammar key, limit) -> first bytes
 
 
 def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
@@ -162,7 +150,7 @@ def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
     document whose wrap-up walk (``_walk_to_end``), times REPLAN_MARGIN, does not end within ``max_tokens``,
     while the grammar allows some other first token. Empty when nothing needs banning. Cached per (grammar,
     max_tokens)."""
-    return _cached(_root_bans, (grammar.key, max_tokens), lambda: _find_root_bans(grammar, max_tokens))
+    return _root_bans.get_or_compute((grammar.key, max_tokens), lambda: _find_root_bans(grammar, max_tokens))
 
 
 def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
