@@ -45,54 +45,27 @@ well as an object with hundreds of required keys).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 
 from tokenomy.lru import LRU
 from tokenomy.structured.grammar import CompiledGrammar, clean_reason
+from tokenomy.structured.tokenizer import TokenTables
 
 LOOP_REPEATS = 3  # back-to-back copies of a span that count as a loop
 LOOP_MAX_PERIOD = 128  # longest span (tokens) looked for
 LOOP_MIN_SPAN = 12  # a loop covers at least this many tokens (so "0000" or "[1, 1, 1]" is left alone)
 LOOP_LONG_PERIOD = 16  # a span at least this long counts as a loop after two copies (e.g. a repeated array item)
 
-_first_bytes: dict[int, np.ndarray] = {}  # id(tokenizer) -> first byte of each token (-1: empty)
-_ranks: dict[int, np.ndarray] = {}  # id(tokenizer) -> wrap-up tier of each token, [outside, inside] a string
 OTHER = 9  # wrap-up tier of tokens that end nothing
 _CLOSERS = frozenset(b"]}")
 
 
-def first_bytes(tokenizer: Any) -> np.ndarray:
-    """First byte of every token's text, as int16 (-1 for tokens with no bytes); cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _first_bytes:
-        out = np.full(tokenizer.vocab_size, -1, dtype=np.int16)
-        for t in range(tokenizer.vocab_size):
-            b = tokenizer.decode_bytes([t])
-            if b:
-                out[t] = b[0]
-        _first_bytes[key] = out
-    return _first_bytes[key]
-
-
-_lengths: dict[int, np.ndarray] = {}
-
-
-def token_lengths(tokenizer: Any) -> np.ndarray:
-    """Byte length of every token's text (int32); cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _lengths:
-        _lengths[key] = np.array([len(tokenizer.decode_bytes([t])) for t in range(tokenizer.vocab_size)],
-                                 dtype=np.int32)
-    return _lengths[key]
-
-
-def wrap_up_ranks(tokenizer: Any) -> np.ndarray:
+def wrap_up_ranks(tables: TokenTables) -> np.ndarray:
     """int8 array of shape (2, vocab): each token's wrap-up tier outside (row 0) and inside (row 1) a JSON
-    string, lower ends sooner (see the module docstring); cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _ranks:
+    string, lower ends sooner (see the module docstring); computed once per tokenizer, kept in ``tables``."""
+    if tables.wrap_up_ranks is None:
+        tokenizer = tables.tokenizer
         out = np.full((2, tokenizer.vocab_size), OTHER, dtype=np.int8)
         for t in range(tokenizer.vocab_size):
             b = tokenizer.decode_bytes([t])
@@ -110,8 +83,8 @@ def wrap_up_ranks(tokenizer: Any) -> np.ndarray:
             if b[:1] == b'"':
                 rest = b[1:]
                 out[1, t] = 1 if set(rest) <= _CLOSERS else 2 if not (opens or b"," in rest or b'"' in rest) else 3
-        _ranks[key] = out
-    return _ranks[key]
+        tables.wrap_up_ranks = out
+    return tables.wrap_up_ranks
 
 
 REPLAN_EVERY = 32  # tokens between re-plans of the soft limit (each costs one walk to the end)
@@ -158,8 +131,8 @@ def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]
     if start.forced():
         return frozenset()
     mask = start.allowed()
-    first = first_bytes(grammar.tokenizer)[: start.n_vocab]
-    single = token_lengths(grammar.tokenizer)[: start.n_vocab] == 1
+    first = grammar.tables.first_bytes[: start.n_vocab]
+    single = grammar.tables.lengths[: start.n_vocab] == 1
     bans: set[int] = set()
     for byte in (0x7B, 0x5B):  # { [
         opens = first == byte
@@ -181,7 +154,7 @@ def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]
 def _walk_to_end(walk: Constraint, limit: int) -> int:
     """Advance ``walk`` (a wrap-up-from-now constraint) by wrap-up's choices until its document ends; the tokens
     taken, or ``limit`` when it has not ended by then."""
-    lengths = token_lengths(walk.grammar.tokenizer)[: walk.n_vocab]
+    lengths = walk.grammar.tables.lengths[: walk.n_vocab]
     eos = walk.grammar.tokenizer.eos_token
     n = 0
     try:
@@ -302,7 +275,7 @@ class Constraint:
                 mask[tok] = False
                 self.loops_broken += 1
         if self.root_bans and not self.history:
-            keep = mask & ~np.isin(first_bytes(self.grammar.tokenizer)[: self.n_vocab], list(self.root_bans))
+            keep = mask & ~np.isin(self.grammar.tables.first_bytes[: self.n_vocab], list(self.root_bans))
             if keep.any():
                 mask = keep
         self._replan()
@@ -318,7 +291,7 @@ class Constraint:
             mask[eos] = True
             self.wrapups += 1
             return
-        rank = wrap_up_ranks(self.grammar.tokenizer)[int(self._in_string), : self.n_vocab]
+        rank = wrap_up_ranks(self.grammar.tables)[int(self._in_string), : self.n_vocab]
         best = int(np.where(mask, rank, OTHER).min())
         if best < OTHER:
             mask &= rank == best

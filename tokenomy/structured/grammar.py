@@ -30,6 +30,7 @@ import numpy as np
 from tokenomy.lru import LRU
 from tokenomy.structured.normalize import walk
 from tokenomy.structured.schema import JSON_OPTIONS, OutputFormat, SchemaError, json_schema_format
+from tokenomy.structured.tokenizer import TokenTables
 
 DEFAULT_TIMEOUT_S = 5.0
 MAX_PATTERN_PROBES = 64  # bounds the probing cost on schemas with hundreds of patterns
@@ -53,9 +54,13 @@ class CompiledGrammar:
 
     key: str
     fmt: OutputFormat | None
-    tokenizer: llguidance.LLTokenizer
+    tables: TokenTables  # the tokenizer and its per-token tables, shared by every grammar of one compiler
     compile_ms: float
     _proto: llguidance.LLMatcher
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        return self.tables.tokenizer
 
     @property
     def n_vocab(self) -> int:
@@ -75,7 +80,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer: llguidance.LLTokenizer, timeout_s: float = DEFAULT_TIMEOUT_S,
                  max_entries: int = 512, limits: llguidance.LLParserLimits | None = None,
                  workers: int = 2) -> None:
-        self.tokenizer = tokenizer
+        self.tables = TokenTables(tokenizer)
         self.timeout_s = timeout_s
         self.limits = limits or default_limits()
         self.hits = 0
@@ -84,6 +89,10 @@ class GrammarCompiler:
         self._pending: dict[str, Future[CompiledGrammar]] = {}
         self._lock = threading.RLock()  # a done-callback may run inside compile() under the lock
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        return self.tables.tokenizer
 
     @property
     def max_entries(self) -> int:
@@ -137,7 +146,7 @@ class GrammarCompiler:
             raise SchemaError("the schema accepts no document (no token can start it)")
         if fmt is not None:
             self._probe_patterns(fmt)
-        return CompiledGrammar(key, fmt, self.tokenizer, (time.perf_counter() - t0) * 1000, matcher)
+        return CompiledGrammar(key, fmt, self.tables, (time.perf_counter() - t0) * 1000, matcher)
 
     def _probe_patterns(self, fmt: OutputFormat) -> None:
         """Refuse string patterns whose lexer blows up on the first character.
