@@ -36,9 +36,10 @@ from typing import Any, Literal
 import numpy as np
 
 from tokenomy.cache.entry import CacheEntry, CacheHit, read_entry
-from tokenomy.cache.key import context_key, last_user_text, question_key
+from tokenomy.cache.key import context_key, question_key
 from tokenomy.cache.store import SQLiteStore, Store
 from tokenomy.cache.verify import Verifier, load_default, pair_features
+from tokenomy.messages import last_user_text
 
 DIM = 384
 
