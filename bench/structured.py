@@ -74,12 +74,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-def compile_all(rows: list[dict], compiler: GrammarCompiler) -> list[dict]:
+def compile_all(rows: list[dict], compiler: GrammarCompiler, bounds: dict[str, int | None]) -> list[dict]:
+    """Compile every row's schema; ``bounds``: json_schema_format's max_string_length / max_array_items."""
     out = []
     for row in rows:
         t0 = time.perf_counter()
         try:
-            grammar = compiler.compile(json_schema_format(row["schema"]))
+            grammar = compiler.compile(json_schema_format(row["schema"], **bounds))
             rec = {"declared": True, "grammar": grammar, "reason": None}
         except SchemaError as e:
             rec = {"declared": False, "grammar": None, "reason": e.reason}
@@ -237,11 +238,12 @@ def _accuracy(value: dict | None, truth: dict) -> float:
     return sum(str(value.get(k, "")).strip().lower() == str(truth[k]).lower() for k in EXTRACT_KEYS) / len(truth)
 
 
-def extraction(n: int, compiler: GrammarCompiler, model: str, max_tokens: int, console: Console) -> dict:
+def extraction(n: int, compiler: GrammarCompiler, model: str, max_tokens: int, console: Console,
+               bounds: dict[str, int | None]) -> dict:
     from tokenomy.structured.greedy import GreedyRunner
 
     runner = GreedyRunner(model, n_ctx=2048, n_threads=THREADS)
-    grammar = compiler.compile(json_schema_format(EXTRACT_SCHEMA))
+    grammar = compiler.compile(json_schema_format(EXTRACT_SCHEMA, **bounds))
     system = "You extract facts from text."
     ask = "Return a JSON object with the keys name, age, job, city and year. Answer with JSON only."
     out: dict[str, dict] = {}
@@ -301,9 +303,9 @@ def main() -> None:
     ap.add_argument("--separators", choices=sorted(SEPARATORS), default=None,
                     help="JSON separators the grammar enforces (default: tokenomy's JSON_OPTIONS)")
     ap.add_argument("--max-string", type=int, default=None,
-                    help="default maxLength for free strings (default: tokenomy's MAX_STRING_LENGTH; 0 = off)")
+                    help="default maxLength for free strings (default and 0: off)")
     ap.add_argument("--max-items", type=int, default=None,
-                    help="default maxItems for unbounded arrays (default: tokenomy's MAX_ARRAY_ITEMS; 0 = off)")
+                    help="default maxItems for unbounded arrays (default and 0: off)")
     ap.add_argument("--threads", type=int, default=THREADS, help="llama.cpp threads for generation")
     ap.add_argument("--collections", default=None, help="comma-separated collections to --generate for (default: all)")
     ap.add_argument("--tpot-pairs", type=int, default=None,
@@ -326,22 +328,19 @@ def main() -> None:
     if args.separators:
         item, key = SEPARATORS[args.separators]
         schema_mod.JSON_OPTIONS = dict(schema_mod.JSON_OPTIONS, item_separator=item, key_separator=key)
-    if args.max_string is not None:
-        schema_mod.MAX_STRING_LENGTH = args.max_string or None
-    if args.max_items is not None:
-        schema_mod.MAX_ARRAY_ITEMS = args.max_items or None
+    bounds = {"max_string_length": args.max_string or None, "max_array_items": args.max_items or None}
     model = args.model or packaged_model_path()
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(model)
     tok_s = time.perf_counter() - t0
     compiler = GrammarCompiler(tokenizer, timeout_s=args.timeout)
-    recs = compile_all(rows, compiler)
+    recs = compile_all(rows, compiler, bounds)
     full_us, rust_us, walked, walk_failed = mask_walks([r["grammar"] for r in recs if r["declared"]], args.mask_steps)
     gen = (generate(rows, recs, args.generate, args.max_tokens, model, console, loops=not args.no_loop_breaker,
                     only=set(args.collections.split(",")) if args.collections else None, wrap_up=args.wrap_up,
                     tpot_pairs=args.tpot_pairs, fit=not args.no_fit)
            if args.generate else None)
-    extract = extraction(args.extraction, compiler, model, 128, console) if args.extraction else None
+    extract = extraction(args.extraction, compiler, model, 128, console, bounds) if args.extraction else None
 
     by_cat: dict[str, list[int]] = collections.defaultdict(list)
     for i, row in enumerate(rows):
@@ -395,8 +394,7 @@ def main() -> None:
         "tpot_cpu_ratio": (round(statistics.median(c / f for c, f in zip(gen["cpu_c"], gen["cpu_f"], strict=True)), 3)
                            if gen and gen["cpu_c"] else None),
         **(_decode_shares(gen) if gen else {}),
-        "settings": {"json_options": schema_mod.JSON_OPTIONS, "max_string_length": schema_mod.MAX_STRING_LENGTH,
-                     "max_array_items": schema_mod.MAX_ARRAY_ITEMS, "loop_breaker": not args.no_loop_breaker,
+        "settings": {"json_options": schema_mod.JSON_OPTIONS, **bounds, "loop_breaker": not args.no_loop_breaker,
                      "wrap_up": args.wrap_up, "wrap_up_fit": not args.no_fit,
                      "close_objects": schema_mod.CLOSE_OBJECTS, "threads": THREADS},
         "generate_per_collection": args.generate, "max_tokens": args.max_tokens,

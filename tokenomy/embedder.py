@@ -167,7 +167,7 @@ def load_onnxruntime() -> bool:
 
     Call this before importing usearch: with onnxruntime 1.23 and later, importing it after usearch 2.26
     crashes the process in libstdc++ (std::codecvt, during onnxruntime's static initialisation); the other
-    order works. tokenomy.cache.semantic does so.
+    order works. tokenomy.cache.index does so.
     """
     try:
         import onnxruntime  # noqa: F401

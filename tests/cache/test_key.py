@@ -7,7 +7,6 @@ from tokenomy.cache.key import (
     context_key,
     exact_key,
     is_deterministic,
-    last_user_text,
     question_key,
 )
 
@@ -47,16 +46,6 @@ def test_context_key_ignores_only_the_last_user_turn_and_sampling() -> None:
     assert context_key("t1", "small", MSGS) != context_key("t1", "small", MSGS, {"max_tokens": 5})
 
 
-def test_last_user_text() -> None:
-    assert last_user_text(MSGS) == "What is 2+2?"
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert last_user_text(parts) == "a\nb"
-    assert last_user_text([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]) is None
-    assert last_user_text(MSGS + [{"role": "assistant", "content": "4"}]) is None
-    assert last_user_text([{"role": "user", "content": "   "}]) is None
-    assert last_user_text([]) is None
-
-
 def test_determinism_rule() -> None:
     assert is_deterministic({"temperature": 0})
     assert is_deterministic({"temperature": 0.0, "top_p": 0.9})
@@ -77,15 +66,6 @@ def test_bad_input_gives_clear_errors() -> None:
         exact_key("t", "m", MSGS, {"temperature": float("nan")})
     with pytest.raises(TypeError, match="cannot hash"):
         exact_key("t", "m", MSGS, {"x": object()})
-
-
-def test_last_user_text_anywhere_for_routing() -> None:
-    convo = MSGS + [{"role": "assistant", "content": "4"}, {"role": "tool", "content": "x", "tool_call_id": "1"}]
-    assert last_user_text(convo) is None  # the cache answers only a final user question
-    assert last_user_text(convo, final=False) == "What is 2+2?"  # rules look at the last user turn anywhere
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert last_user_text(parts, final=False) == "a\nb"  # text parts joined, never the list's repr
-    assert last_user_text([{"role": "system", "content": "s"}], final=False) is None
 
 
 def test_question_key_ignores_case_spacing_and_a_final_mark_only() -> None:

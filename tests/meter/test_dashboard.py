@@ -20,9 +20,9 @@ from tests.meter.synthetic import Spec, mixed, rows_for
 from tests.meter.test_report import check, expected
 from tokenomy.api.dashboard import dashboard_router
 from tokenomy.errors import APIError
+from tokenomy.meter.layout import ROWS
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
-from tokenomy.meter.report import ROWS
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

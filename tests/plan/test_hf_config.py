@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tokenomy.plan import formulas as F
-from tokenomy.plan.hf_config import ConfigError, read_hf_config
+from tokenomy.plan.hf_config import HFConfigError, read_hf_config
 from tokenomy.plan.presets import preset_model
 
 # Published config.json excerpts (only the keys the planner reads, as they appear upstream).
@@ -67,12 +67,12 @@ def test_multimodal_wrapper_plans_its_text_model(tmp_path):
 
 
 def test_bad_configs_raise_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="num_hidden_layers"):
+    with pytest.raises(HFConfigError, match="num_hidden_layers"):
         read_hf_config(write(tmp_path, {"hidden_size": 64}))
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(HFConfigError, match="cannot read"):
         read_hf_config(bad)
     no_routing = {k: v for k, v in QWEN3_NEXT.items() if k != "num_experts_per_tok"}
-    with pytest.raises(ConfigError, match="num_experts_per_tok"):
+    with pytest.raises(HFConfigError, match="num_experts_per_tok"):
         read_hf_config(write(tmp_path, no_routing))

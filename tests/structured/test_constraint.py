@@ -199,14 +199,14 @@ def test_first_token_may_not_open_a_container_that_cannot_fit(compiler, tokenize
     """A root that takes an integer or an object with 40 required keys: when the object's shortest completion
     does not fit in max_tokens, the first token may not open it; when it fits, nothing is banned; and a root
     that must be an object keeps its `{` whatever the budget."""
-    from tokenomy.structured.constraint import closing_length, first_bytes
+    from tokenomy.structured.constraint import closing_length
 
     names = [f"field_{i}" for i in range(40)]
     big = {"type": "object", "properties": {n: {"type": "string"} for n in names}, "required": names,
            "additionalProperties": False}
     grammar = compiler.compile(json_schema_format({"anyOf": [{"type": "integer"}, big]}))
     need = closing_length(compiler.compile(json_schema_format(big)))
-    first = first_bytes(tokenizer)
+    first = grammar.tables.first_bytes
 
     def opens(c: Constraint) -> bool:
         m = c.allowed()

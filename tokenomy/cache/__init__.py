@@ -2,9 +2,9 @@
 
 from tokenomy.cache.entry import CacheEntry, CacheHit
 from tokenomy.cache.exact import ExactCache
-from tokenomy.cache.key import context_key, exact_key, is_deterministic, last_user_text
-from tokenomy.cache.semantic import Decision, SemanticCache
+from tokenomy.cache.key import context_key, exact_key, is_deterministic
+from tokenomy.cache.semantic import Lookup, SemanticCache
 from tokenomy.cache.store import RedisStore, SQLiteStore, Store, open_store
 
-__all__ = ["CacheEntry", "CacheHit", "Decision", "ExactCache", "RedisStore", "SQLiteStore", "SemanticCache",
-           "Store", "context_key", "exact_key", "is_deterministic", "last_user_text", "open_store"]
+__all__ = ["CacheEntry", "CacheHit", "ExactCache", "Lookup", "RedisStore", "SQLiteStore", "SemanticCache",
+           "Store", "context_key", "exact_key", "is_deterministic", "open_store"]

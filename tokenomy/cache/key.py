@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tokenomy.messages import message_dicts
+
 # Request fields that never change the generated text or its shape; they are left out of every key. Anything
 # not listed here is part of the key, so an unknown new parameter can only cost a hit, never serve a wrong one.
 NON_OUTPUT_PARAMS = frozenset({
@@ -70,12 +72,10 @@ def _digest(parts: dict[str, Any]) -> str:
 
 
 def _check_messages(messages: Any) -> list[Mapping[str, Any]]:
-    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
-        raise TypeError("cache key: messages must be a list of message objects")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) and not hasattr(m, "model_dump"):
-            raise TypeError(f"cache key: messages[{i}] is not an object")
-    return [m if isinstance(m, Mapping) else m.model_dump(exclude_none=True) for m in messages]
+    try:
+        return message_dicts(messages)
+    except TypeError as e:
+        raise TypeError(f"cache key: {e}") from None
 
 
 def _output_params(params: Mapping[str, Any] | None, drop: frozenset[str]) -> dict[str, Any]:
@@ -93,24 +93,6 @@ def exact_key(tenant: str, model: str, messages: Sequence[Mapping[str, Any]],
                     "params": _output_params(params, frozenset())})
 
 
-def message_text(message: Mapping[str, Any]) -> str | None:
-    """The text of a message: a string content, or the text parts of a content list joined by newlines.
-
-    Returns None when the content holds anything but text (images, audio): such a turn cannot be embedded.
-    """
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence) and content:
-        texts = []
-        for part in content:
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                return None
-            texts.append(part["text"])
-        return "\n".join(texts)
-    return None
-
-
 def normalise(text: str) -> str:
     """Case and spacing aside: the text as caches and calibration compare it."""
     return " ".join(text.split()).casefold()
@@ -121,26 +103,6 @@ def question_key(text: str) -> str:
     question mark or full stop ("what is the capital of France" asks "What is the capital of France?"). Such a
     pair is served without verification; any other difference goes through the verifier."""
     return normalise(text).rstrip("?. ")
-
-
-def last_user_text(messages: Sequence[Mapping[str, Any]], *, final: bool = True) -> str | None:
-    """The text of the last user message (see ``message_text``), or None when there is none.
-
-    ``final=True`` (the semantic cache): only when the conversation ends with that message and its text is not
-    blank. A conversation that ends with a tool result or an assistant prefill is not a question the cache can
-    answer, so it gets None and is served uncached. ``final=False`` (routing rules): the last user message
-    wherever it is. The caller picks its own fallback for None.
-    """
-    msgs = _check_messages(messages)
-    if final:
-        if not msgs or msgs[-1].get("role") != "user":
-            return None
-        text = message_text(msgs[-1])
-        return text if text and text.strip() else None
-    for m in reversed(msgs):
-        if m.get("role") == "user":
-            return message_text(m)
-    return None
 
 
 def context_key(tenant: str, model: str, messages: Sequence[Mapping[str, Any]],

@@ -10,20 +10,16 @@ again before it is served. A lookup serves the nearest entry only when
     p(right) >= verifier.operating_point(budget, gate)  (calibrated verifier, see verify.py)
     p(right) >= entry.bar                               (per-entry bar raised by wrong-hit feedback)
 
-Replicas: with a Redis store, every added entry is also appended to the store's log (a Redis stream) and each
-replica replays the log into its own index before a lookup (``_sync``), so one replica's entries are found by
-all; explicit deletions travel the same way.
+Replicas sharing a Redis store find each other's entries and deletions through its log (replication.py).
 
-Persistence: entry metadata and vectors in ``<path>/semantic.sqlite`` (the source of truth), one usearch file
-per partition under ``<path>/index/`` (saved on ``flush``/``close`` and every ``flush_every`` writes); on open,
+Persistence: entry metadata and vectors in ``<path>/semantic.sqlite`` (the source of truth), the ANN partitions
+under ``<path>/index/`` (index.py; saved on ``flush``/``close`` and every ``flush_every`` writes); on open,
 index files are reconciled with the metadata, so a crash loses no entry. Payloads live in a ``Store``
 (SQLite by default, Redis to share them), with the same TTL. The entry count is bounded with LRU eviction.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import secrets
 import sqlite3
 import threading
@@ -36,11 +32,12 @@ from typing import Any, Literal
 import numpy as np
 
 from tokenomy.cache.entry import CacheEntry, CacheHit, read_entry
-from tokenomy.cache.key import context_key, last_user_text, question_key
+from tokenomy.cache.index import DIM, PartitionedIndex
+from tokenomy.cache.key import context_key, question_key
+from tokenomy.cache.replication import Added, Deleted, Replication
 from tokenomy.cache.store import SQLiteStore, Store
 from tokenomy.cache.verify import Verifier, load_default, pair_features
-
-DIM = 384
+from tokenomy.messages import last_user_text
 
 Reason = Literal["hit", "exact-text", "empty", "below-threshold", "ambiguous", "rejected", "entry-bar",
                  "payload-missing"]
@@ -58,8 +55,8 @@ class _Meta:
 
 
 @dataclass
-class Decision:
-    """Why a lookup did or did not hit; ``hit`` is set only when an answer is served."""
+class Lookup:
+    """One lookup's outcome and why: ``hit`` is set only when an answer is served."""
 
     reason: Reason
     hit: CacheHit | None = None
@@ -71,6 +68,8 @@ class Decision:
 
 
 class SemanticCache:
+    """The semantic response cache (see the module docstring); thread-safe."""
+
     def __init__(self, path: str | Path | None = None, *, store: Store | None = None,
                  embedder: Any | None = None, threshold: float = 0.9, error_budget: float | None = 0.02,
                  verifier: Verifier | None | Literal["default"] = "default", ttl_s: float | None = 86_400.0,
@@ -89,7 +88,7 @@ class SemanticCache:
             raise ValueError(f"max_entries must be a positive integer, got {max_entries!r}")
         self.threshold, self.error_budget, self.ttl_s = threshold, error_budget, ttl_s
         self.max_entries, self.candidates, self.clock = max_entries, max(2, candidates), clock
-        self.dtype, self.expansion_search, self.flush_every = dtype, expansion_search, flush_every
+        self.flush_every = flush_every
         self.verifier = load_default() if verifier == "default" else verifier
         if error_budget is not None and self.verifier is None:
             raise ValueError("an error budget needs a verifier; build tokenomy/cache/verifier.json with "
@@ -118,14 +117,12 @@ class SemanticCache:
         self._db.execute("CREATE INDEX IF NOT EXISTS semantic_entries_used ON semantic_entries (used)")
         self._meta: dict[int, _Meta] = {}
         self._by_text: dict[tuple[str, str], int] = {}
-        self._indexes: dict[str, Any] = {}
-        self._dirty: set[str] = set()
+        self._index = PartitionedIndex(self.path / "index" if self.path is not None else None, dtype=dtype,
+                                       expansion_search=expansion_search)
         self._writes = 0
         self._seq = 0
         self.hits = self.misses = 0
-        # Replicas sharing a Redis store also share their index entries through its log (see _sync).
-        self._replicated = callable(getattr(self.store, "read_log", None))
-        self._log_pos = "0"
+        self._replication = Replication(self.store, self._lock)
         self._load()
         self._sync()
 
@@ -140,20 +137,6 @@ class SemanticCache:
 
     # ---- persistence -------------------------------------------------------------------------------------
 
-    def _index_file(self, ctx: str) -> Path | None:
-        if self.path is None:
-            return None
-        return self.path / "index" / (hashlib.sha256(ctx.encode()).hexdigest()[:32] + ".usearch")
-
-    def _new_index(self) -> Any:
-        from tokenomy.embedder import load_onnxruntime
-
-        load_onnxruntime()  # before usearch: see there
-        from usearch.index import Index
-
-        return Index(ndim=DIM, metric="cos", dtype=self.dtype, connectivity=16, expansion_add=64,
-                     expansion_search=self.expansion_search)
-
     def _load(self) -> None:
         rows = self._db.execute("SELECT id, ctx, text, expires_at, used, bar, n_right, n_wrong FROM semantic_entries")
         by_ctx: dict[str, set[int]] = {}
@@ -163,42 +146,17 @@ class SemanticCache:
             by_ctx.setdefault(ctx, set()).add(id_)
             self._seq = max(self._seq, used)
         for ctx, ids in by_ctx.items():
-            index = self._new_index()
-            file = self._index_file(ctx)
-            if file is not None and file.exists():
-                try:
-                    index.load(str(file))
-                except (RuntimeError, ValueError, OSError):
-                    index = self._new_index()  # unreadable file: rebuilt from the vectors below
-            # One bulk copy of the keys: iterating index.keys fetches each by offset, O(n) apiece (400 s at 100k).
-            indexed = set(np.asarray(index.keys).tolist()) if len(index) else set()
-            stale = indexed - ids
-            if stale:
-                index.remove(np.fromiter(stale, dtype=np.uint64))
-            missing = sorted(ids - indexed)
-            for i in range(0, len(missing), 5_000):
-                chunk = missing[i:i + 5_000]
-                marks = ",".join("?" * len(chunk))
-                got = self._db.execute(f"SELECT id, vector FROM semantic_entries WHERE id IN ({marks})", chunk)
-                pairs = [(id_, np.frombuffer(blob, dtype=np.float32)) for id_, blob in got]
-                index.add(np.array([p[0] for p in pairs], dtype=np.uint64), np.stack([p[1] for p in pairs]))
-            if stale or missing:
-                self._dirty.add(ctx)
-            self._indexes[ctx] = index
+            self._index.restore(ctx, ids, self._vectors)
+
+    def _vectors(self, ids: list[int]) -> list[tuple[int, np.ndarray]]:
+        marks = ",".join("?" * len(ids))
+        got = self._db.execute(f"SELECT id, vector FROM semantic_entries WHERE id IN ({marks})", ids)
+        return [(id_, np.frombuffer(blob, dtype=np.float32)) for id_, blob in got]
 
     def flush(self) -> None:
         """Write changed partitions' index files (metadata is already durable)."""
         with self._lock:
-            for ctx in list(self._dirty):
-                file = self._index_file(ctx)
-                index = self._indexes.get(ctx)
-                if file is not None and index is not None:
-                    tmp = file.with_suffix(".tmp")
-                    index.save(str(tmp))
-                    tmp.replace(file)
-                elif file is not None and file.exists():
-                    file.unlink()
-            self._dirty.clear()
+            self._index.flush()
             self._writes = 0
 
     def close(self) -> None:
@@ -304,9 +262,7 @@ class SemanticCache:
                 if ids[i] not in self._meta:
                     continue  # evicted at once (a batch larger than max_entries)
                 self.store.set(str(ids[i]), entries[i].to_dict(), self.ttl_s)
-                if self._replicated:
-                    self.store.append_log({"op": "add", "id": ids[i], "ctx": ctx, "text": texts[i],  # type: ignore[attr-defined]
-                                           "vec": base64.b64encode(vecs[i].tobytes()).decode(), "exp": expires})
+                self._replication.publish_add(ids[i], ctx, texts[i], vecs[i], expires)
             self._writes += len(keep)
             if self._writes >= self.flush_every:
                 self.flush()
@@ -325,11 +281,7 @@ class SemanticCache:
         self._db.executemany("INSERT OR REPLACE INTO semantic_entries (id, ctx, text, vector, expires_at, used) "
                              "VALUES (?, ?, ?, ?, ?, ?)", rows)
         self._db.execute("COMMIT")
-        index = self._indexes.get(ctx)
-        if index is None:
-            index = self._indexes[ctx] = self._new_index()
-        index.add(np.array(ids, dtype=np.uint64), vecs)
-        self._dirty.add(ctx)
+        self._index.add(ctx, ids, vecs)
         if len(self._meta) > self.max_entries:
             self._evict(len(self._meta) - self.max_entries)
 
@@ -338,10 +290,7 @@ class SemanticCache:
         if meta is None:
             return
         self._by_text.pop((meta.ctx, question_key(meta.text)), None)
-        index = self._indexes.get(meta.ctx)
-        if index is not None:
-            index.remove(id_)
-            self._dirty.add(meta.ctx)
+        self._index.remove(meta.ctx, id_)
         self._db.execute("DELETE FROM semantic_entries WHERE id=?", (id_,))
         self.store.delete(str(id_))
 
@@ -353,49 +302,20 @@ class SemanticCache:
     def delete(self, entry_id: int) -> None:
         with self._lock:
             self._remove(entry_id)
-            self._publish_delete(entry_id)
-
-    def _publish_delete(self, entry_id: int) -> None:
-        if self._replicated:
-            self.store.append_log({"op": "del", "id": entry_id})  # type: ignore[attr-defined]
+            self._replication.publish_delete(entry_id)
 
     def _sync(self) -> None:
-        """Replay what other replicas logged since the last call: their new entries join this replica's index
-        (and its SQLite file), their deletions leave it. One non-blocking XREAD per lookup; a dead Redis makes
-        it a no-op (the store's breaker), never an error."""
-        if not self._replicated:
-            return
-        while True:
-            records = self.store.read_log(self._log_pos)  # type: ignore[attr-defined]
-            if not records:
-                return
-            with self._lock:
-                for pos, record in records:
-                    self._log_pos = pos
-                    try:
-                        self._apply(record)
-                    except (KeyError, TypeError, ValueError):
-                        self.store.errors += 1  # a malformed record is skipped, never fatal
-            if len(records) < 1000:
-                return
+        """Apply what other replicas logged since the last call (replication.py)."""
+        self._replication.pull(self._meta.__contains__, self.clock, self._apply)
 
-    def _apply(self, record: Mapping[str, Any]) -> None:
-        id_ = int(record["id"])
-        if record["op"] == "del":
-            self._remove(id_)
+    def _apply(self, change: Added | Deleted) -> None:
+        if isinstance(change, Deleted):
+            self._remove(change.id)
             return
-        if record["op"] != "add" or id_ in self._meta:
-            return  # our own entry coming back, or one already replayed
-        ctx, text, expires = str(record["ctx"]), str(record["text"]), record.get("exp")
-        if expires is not None and float(expires) <= self.clock():
-            return
-        vec = np.frombuffer(base64.b64decode(record["vec"]), dtype=np.float32)
-        if vec.shape != (DIM,):
-            raise ValueError("replicated vector has the wrong size")
-        old = self._by_text.get((ctx, question_key(text)))
+        old = self._by_text.get((change.ctx, question_key(change.text)))
         if old is not None:
             self._remove(old)  # the same question re-stored elsewhere: the newer entry wins
-        self._insert(ctx, [id_], [text], vec[None, :], expires)
+        self._insert(change.ctx, [change.id], [change.text], change.vector[None, :], change.expires_at)
 
     def feedback(self, entry_id: int, score: float, correct: bool) -> None:
         """Learn a per-entry bar from a served hit's outcome (vCache-style, conservative).
@@ -416,7 +336,7 @@ class SemanticCache:
                 budget = self.error_budget if self.error_budget is not None else 0.02
                 if meta.wrong >= 3 and meta.wrong > budget * (meta.right + meta.wrong):
                     self._remove(entry_id)
-                    self._publish_delete(entry_id)
+                    self._replication.publish_delete(entry_id)
                     return
             self._db.execute("UPDATE semantic_entries SET bar=?, n_right=?, n_wrong=? WHERE id=?",
                              (meta.bar, meta.right, meta.wrong, entry_id))
@@ -433,34 +353,29 @@ class SemanticCache:
         return self.decide(context_key(tenant, model, messages, params), text, memo=memo).hit
 
     def decide(self, ctx: str, text: str, vector: np.ndarray | None = None,
-               memo: dict[str, Any] | None = None) -> Decision:
+               memo: dict[str, Any] | None = None) -> Lookup:
         """Full lookup with its reasons; embeds ``text`` (or takes it from ``memo``) unless ``vector`` is given."""
         self._sync()
-        index = self._indexes.get(ctx)
-        if index is None or len(index) == 0:  # no entry in this context: no embedding spent
+        if self._index.size(ctx) == 0:  # no entry in this context: no embedding spent
             self.misses += 1
-            return Decision("empty")
+            return Lookup("empty")
         vec = self._check_vectors(self.vector(text, memo) if vector is None else vector, 1)
         return self.decide_many(ctx, [text], vec)[0]
 
-    def decide_many(self, ctx: str, texts: Sequence[str], vectors: np.ndarray) -> list[Decision]:
+    def decide_many(self, ctx: str, texts: Sequence[str], vectors: np.ndarray) -> list[Lookup]:
         """Batched ``decide`` (one ANN call for all queries); used by the benchmark and bulk replays."""
         vecs = self._check_vectors(vectors, len(texts))
         with self._lock:
-            index = self._indexes.get(ctx)
-            if index is None or len(index) == 0:
+            size = self._index.size(ctx)
+            if size == 0:
                 self.misses += len(texts)
-                return [Decision("empty") for _ in texts]
-            k = min(self.candidates, len(index))
-            found = index.search(vecs, k)
-            keys = np.atleast_2d(found.keys)
-            dists = np.atleast_2d(found.distances)
-            counts = np.atleast_1d(getattr(found, "counts", np.full(len(texts), k)))
+                return [Lookup("empty") for _ in texts]
+            keys, dists, counts = self._index.search(ctx, vecs, min(self.candidates, size))
             out = [self._decide_one(ctx, text, keys[i, :counts[i]], dists[i, :counts[i]])
                    for i, text in enumerate(texts)]
         return out
 
-    def _decide_one(self, ctx: str, text: str, keys: np.ndarray, dists: np.ndarray) -> Decision:
+    def _decide_one(self, ctx: str, text: str, keys: np.ndarray, dists: np.ndarray) -> Lookup:
         now = self.clock()
         best: tuple[int, _Meta, float] | None = None
         second: float | None = None
@@ -480,9 +395,9 @@ class SemanticCache:
                 break
         if best is None:
             self.misses += 1
-            return Decision("empty")
+            return Lookup("empty")
         id_, meta, cos = best
-        decision = Decision("below-threshold", candidate_id=id_, candidate_text=meta.text, similarity=cos,
+        decision = Lookup("below-threshold", candidate_id=id_, candidate_text=meta.text, similarity=cos,
                             second_similarity=second)
         same_text = question_key(text) == question_key(meta.text)
         if cos < self.threshold and not same_text:

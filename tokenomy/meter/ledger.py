@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from tokenomy.meter.row import LedgerRow
-from tokenomy.meter.schema import SchemaError, ledger, migrate
+from tokenomy.meter.schema import LedgerSchemaError, ledger, migrate
 
 log = logging.getLogger("tokenomy.ledger")
 
@@ -115,7 +115,7 @@ class Ledger:
             self.engine = _engine(self.url)
             with self._begin(immediate=True) as conn:
                 before, after = migrate(conn)
-        except SchemaError as e:
+        except LedgerSchemaError as e:
             raise LedgerError(str(e)) from e
         except sa.exc.SQLAlchemyError as e:
             raise LedgerError(f"cannot open the ledger at {self.safe_url}: {e.__class__.__name__}: "

@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from tokenomy.meter.report import ROWS
+from tokenomy.meter.layout import ROWS
 
 _MARKER = re.compile(r"__(TITLE|RAW|CONFIG|PLOTLY_JS)__")
 

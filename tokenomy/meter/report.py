@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tokenomy.meter.energy import MEASURED_SOURCES
+from tokenomy.meter.layout import ROWS
 from tokenomy.meter.row import SAVING_LAYERS, LedgerRow
 
 BY = ("key", "tenant", "model", "route")
@@ -216,42 +217,6 @@ def render(data: dict[str, Any], format: str) -> str:
     if format == "table":
         return render_table(data)
     raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-
-
-# ---- the table: (label, path into figures, kind) -------------------------------------------------------------
-ROWS: list[tuple[str, str, str]] = [
-    ("requests", "requests", "int"),
-    ("success rate", "success_rate", "pct"),
-    ("prompt tokens", "tokens.prompt", "int"),
-    ("  cached prompt tokens", "tokens.cached", "int"),
-    ("completion tokens", "tokens.completion", "int"),
-    ("tokens billed", "tokens.billed", "int"),
-    ("completion tokens delivered", "tokens.delivered", "int"),
-    ("token efficiency (delivered/billed)", "token_efficiency", "ratio"),
-    ("tokens/s (billed)", "tokens_per_s", "num"),
-    ("completion tokens/s", "completion_tokens_per_s", "num"),
-    ("cost USD", "cost_usd.total", "usd"),
-    ("  input", "cost_usd.input", "usd"),
-    ("  cached input", "cost_usd.cached_input", "usd"),
-    ("  output", "cost_usd.output", "usd"),
-    ("tokens per USD", "tokens_per_usd", "num"),
-    ("cost per 1K tokens", "cost_per_1k_tokens_usd", "usd"),
-    ("cost per request", "cost_per_request_usd", "usd"),
-    ("energy J", "energy.joules", "num"),
-    ("tokens per joule", "energy.tokens_per_joule", "num"),
-    ("exact cache hit rate", "cache.exact.hit_rate", "pct"),
-    ("semantic cache hit rate", "cache.semantic.hit_rate", "pct"),
-    ("prefix cache hit rate (tokens)", "cache.prefix.hit_rate", "pct"),
-    ("tokens saved", "saved.tokens", "int"),
-    ("USD saved", "saved.usd", "usd"),
-    ("TTFT p50 s", "latency.ttft_s.p50", "sec"),
-    ("TTFT p95 s", "latency.ttft_s.p95", "sec"),
-    ("TPOT p50 s", "latency.tpot_s.p50", "sec"),
-    ("TPOT p95 s", "latency.tpot_s.p95", "sec"),
-    ("over context budget", "over_budget.context", "int"),
-    ("refused over spend budget", "over_budget.spend", "int"),
-    ("feedback mean (n)", "feedback.mean", "num"),
-]
 
 
 def lookup(figs: dict[str, Any], path: str) -> Any:

@@ -87,8 +87,8 @@ def _m2_feedback(conn: Connection) -> None:
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback]
 
 
-class SchemaError(RuntimeError):
-    pass
+class LedgerSchemaError(RuntimeError):
+    """The ledger's schema cannot be brought to this version (e.g. it is newer than this tokenomy knows)."""
 
 
 def current_version(conn: Connection) -> int:
@@ -107,7 +107,7 @@ def migrate(conn: Connection, upto: int | None = None) -> tuple[int, int]:
     schema_version.create(conn, checkfirst=True)
     before = current_version(conn)
     if before > len(MIGRATIONS):
-        raise SchemaError(f"the ledger's schema is version {before}, newer than this tokenomy knows "
+        raise LedgerSchemaError(f"the ledger's schema is version {before}, newer than this tokenomy knows "
                           f"({len(MIGRATIONS)}); upgrade tokenomy to use it")
     if before == 0 and conn.execute(sa.select(sa.func.count()).select_from(schema_version)).scalar() == 0:
         conn.execute(schema_version.insert().values(version=0))

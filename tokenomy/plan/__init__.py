@@ -2,7 +2,7 @@
 
 from tokenomy.plan.planner import Plan, WorkloadError, make_plan
 from tokenomy.plan.presets import PresetError, resolve_hardware, resolve_model
-from tokenomy.plan.specs import HardwareSpec, ModelSpec, Workload
+from tokenomy.plan.specs import HardwareSpec, ModelShape, Workload
 
-__all__ = ["HardwareSpec", "ModelSpec", "Plan", "PresetError", "Workload", "WorkloadError", "make_plan",
+__all__ = ["HardwareSpec", "ModelShape", "Plan", "PresetError", "Workload", "WorkloadError", "make_plan",
            "resolve_hardware", "resolve_model"]

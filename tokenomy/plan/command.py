@@ -10,7 +10,7 @@ import typer
 
 from tokenomy.plan.planner import Plan, WorkloadError, make_plan
 from tokenomy.plan.presets import PresetError, hardware_names, model_names, resolve_hardware, resolve_model
-from tokenomy.plan.specs import HardwareSpec, ModelSpec, Workload
+from tokenomy.plan.specs import HardwareSpec, ModelShape, Workload
 
 # --compare keys and how each one changes a setting: model and hardware by name, the rest in the Workload.
 _WORKLOAD_KEYS = {"weights": str, "kv": str, "batch": int, "prompt": int, "output": int, "context": int,
@@ -48,7 +48,7 @@ def _apply(workload: Workload, overrides: dict[str, str]) -> Workload:
     return replace(workload, **changes)
 
 
-def _resolve(model: str, hardware: str) -> tuple[ModelSpec, HardwareSpec]:
+def _resolve(model: str, hardware: str) -> tuple[ModelShape, HardwareSpec]:
     try:
         return resolve_model(model), resolve_hardware(hardware)
     except PresetError as e:
@@ -56,14 +56,14 @@ def _resolve(model: str, hardware: str) -> tuple[ModelSpec, HardwareSpec]:
         raise typer.BadParameter(str(e), param_hint=hint) from None
 
 
-def _plan(model: ModelSpec, chip: HardwareSpec, workload: Workload, label: str) -> Plan:
+def _plan(model: ModelShape, chip: HardwareSpec, workload: Workload, label: str) -> Plan:
     try:
         return make_plan(model, chip, workload, label)
     except WorkloadError as e:
         raise typer.BadParameter(str(e)) from None
 
 
-def batch_sweep(model: ModelSpec, chip: HardwareSpec, workload: Workload) -> list[Plan]:
+def batch_sweep(model: ModelShape, chip: HardwareSpec, workload: Workload) -> list[Plan]:
     """The same plan at batch 1, 2, 4, ... up to the memory's capacity (at least the asked batch, at most 4096)."""
     first = make_plan(model, chip, replace(workload, batch=1))
     top = max(workload.batch, min(first.max_sequences, 4096) if first.weights_fit else 256)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tokenomy.plan.specs import ModelSpec
+from tokenomy.plan.specs import ModelShape
 
 # Bits stored per weight. int4 is 4 bits plus one fp16 scale per 32 weights (GGUF Q4_0, GPTQ/AWQ at group 32).
 WEIGHT_BITS: dict[str, float] = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4.5}
@@ -35,7 +35,7 @@ class ParamCounts:
     expert: int  # all routed experts together (0 for a dense model)
 
 
-def attention_params(spec: ModelSpec, kind: str) -> int:
+def attention_params(spec: ModelShape, kind: str) -> int:
     """Weights of one attention block.
 
     GQA: h*H*d*(2 if output gate else 1) (Q) + 2*h*Hkv*d (K, V) + H*d*h (O).
@@ -61,7 +61,7 @@ def attention_params(spec: ModelSpec, kind: str) -> int:
     return h * q_width + 2 * h * spec.kv_heads * spec.head_dim + spec.heads * spec.head_dim * h
 
 
-def ffn_params(spec: ModelSpec, layer: int) -> tuple[int, int, int]:
+def ffn_params(spec: ModelShape, layer: int) -> tuple[int, int, int]:
     """Weights of one layer's FFN as (total, active per token, routed experts), gated (3 matrices) throughout.
 
     Dense: 3*h*I. MoE: h*E (router) + E*3*h*I_e (routed) + S*3*h*I_s (shared); active replaces E by k.
@@ -75,7 +75,7 @@ def ffn_params(spec: ModelSpec, layer: int) -> tuple[int, int, int]:
     return always + moe.experts * one_expert, always + moe.active * one_expert, moe.experts * one_expert
 
 
-def param_counts(spec: ModelSpec) -> ParamCounts:
+def param_counts(spec: ModelShape) -> ParamCounts:
     """Total = V*h (embedding) + V*h (LM head, unless tied) + sum over layers (attention + FFN).
 
     Active = total - routed experts + k/E of them. A model read from a file counts its tensors exactly instead.
@@ -104,7 +104,7 @@ class WeightBytes:
     label: str  # the format, e.g. "bf16" or "gguf Q4_1"
 
 
-def weight_bytes(spec: ModelSpec, weights: str | None) -> WeightBytes:
+def weight_bytes(spec: ModelShape, weights: str | None) -> WeightBytes:
     """bytes = params * bits/8 for `weights` (None: the model's native dtype, or a file's real tensor bytes)."""
     counts = param_counts(spec)
     if weights is None and spec.file is not None:
@@ -131,7 +131,7 @@ def distinct_experts(experts: int, active: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - active / experts) ** tokens)
 
 
-def weight_bytes_read(spec: ModelSpec, wb: WeightBytes, tokens: int) -> float:
+def weight_bytes_read(spec: ModelShape, wb: WeightBytes, tokens: int) -> float:
     """Weight bytes streamed by one forward pass over `tokens` tokens (each weight read once per pass):
     dense bytes + routed-expert bytes * distinct_experts(E, k, tokens) / E.
     """
@@ -141,14 +141,14 @@ def weight_bytes_read(spec: ModelSpec, wb: WeightBytes, tokens: int) -> float:
     return (wb.total - wb.expert) + wb.expert * frac
 
 
-def kv_elements_per_layer_token(spec: ModelSpec) -> int:
+def kv_elements_per_layer_token(spec: ModelShape) -> int:
     """Cached elements per token per attention layer: 2*Hkv*d (K and V), or kv_lora + rope for MLA."""
     if spec.mla is not None:
         return spec.mla.kv_lora_rank + spec.mla.qk_rope_head_dim
     return 2 * spec.kv_heads * spec.head_dim
 
 
-def kv_bytes_per_token(spec: ModelSpec, kv: str) -> float:
+def kv_bytes_per_token(spec: ModelShape, kv: str) -> float:
     """KV bytes each context token adds: full-attention layers * kv_elements_per_layer_token * KV_BITS/8.
 
     Sliding-window layers stop growing at their window and linear-attention layers never grow, so they are
@@ -158,7 +158,7 @@ def kv_bytes_per_token(spec: ModelSpec, kv: str) -> float:
     return full * kv_elements_per_layer_token(spec) * KV_BITS[kv] / 8
 
 
-def state_bytes_per_sequence(spec: ModelSpec) -> int:
+def state_bytes_per_sequence(spec: ModelShape) -> int:
     """Constant recurrent state per sequence of the linear-attention layers:
     n_linear * (Nv*dk*dv (delta-rule state) + (2*Nk*dk + Nv*dv)*(kernel-1) (conv state)) * STATE_BYTES.
     """
@@ -171,7 +171,7 @@ def state_bytes_per_sequence(spec: ModelSpec) -> int:
     return n * (state + conv) * STATE_BYTES
 
 
-def kv_bytes_per_sequence(spec: ModelSpec, kv: str, context: int) -> float:
+def kv_bytes_per_sequence(spec: ModelShape, kv: str, context: int) -> float:
     """Cache held by one sequence of C tokens: kv_bytes_per_token * C
     + n_sliding * kv_elements_per_layer_token * min(C, window) * KV_BITS/8 + state_bytes_per_sequence.
     """
@@ -181,14 +181,14 @@ def kv_bytes_per_sequence(spec: ModelSpec, kv: str, context: int) -> float:
     return kv_bytes_per_token(spec, kv) * context + sliding * KV_BITS[kv] / 8 + state_bytes_per_sequence(spec)
 
 
-def matmul_params(spec: ModelSpec, counts: ParamCounts) -> int:
+def matmul_params(spec: ModelShape, counts: ParamCounts) -> int:
     """Parameters that take part in a matmul per token: active, less the input embedding when it is untied
     (a lookup, not a product; a tied table is used as the LM head).
     """
     return counts.active - (0 if spec.tied_embeddings else counts.embedding)
 
 
-def attention_pair_flops(spec: ModelSpec, absorbed: bool = True) -> float:
+def attention_pair_flops(spec: ModelShape, absorbed: bool = True) -> float:
     """FLOPs for one query token against one cached token in one attention layer: 2*H*(dqk + dv).
     GQA: dqk = dv = d. MLA decode works in the latent (absorbed): dqk = kv_lora + rope, dv = kv_lora;
     MLA prefill decompresses: dqk = nope + rope, dv = v_head_dim.
@@ -201,7 +201,7 @@ def attention_pair_flops(spec: ModelSpec, absorbed: bool = True) -> float:
     return 2.0 * spec.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
 
 
-def linear_token_flops(spec: ModelSpec) -> float:
+def linear_token_flops(spec: ModelShape) -> float:
     """Per token, all linear-attention layers: n_linear * 4*Nv*dk*dv (delta-rule state update and read-out)."""
     la = spec.linear
     if la is None:
@@ -209,7 +209,7 @@ def linear_token_flops(spec: ModelSpec) -> float:
     return spec.count("linear") * 4.0 * la.num_value_heads * la.key_head_dim * la.value_head_dim
 
 
-def attention_flops_per_token(spec: ModelSpec, context: int) -> float:
+def attention_flops_per_token(spec: ModelShape, context: int) -> float:
     """Attention FLOPs for one new token over C cached tokens:
     attention_pair_flops * (n_full * C + n_sliding * min(C, window)) + linear_token_flops.
     """
@@ -218,12 +218,12 @@ def attention_flops_per_token(spec: ModelSpec, context: int) -> float:
     return attention_pair_flops(spec) * pairs + linear_token_flops(spec)
 
 
-def flops_per_token(spec: ModelSpec, counts: ParamCounts, context: int) -> float:
+def flops_per_token(spec: ModelShape, counts: ParamCounts, context: int) -> float:
     """Decode FLOPs per token: 2 * matmul_params + attention_flops_per_token(C)."""
     return 2.0 * matmul_params(spec, counts) + attention_flops_per_token(spec, context)
 
 
-def prefill_flops(spec: ModelSpec, counts: ParamCounts, prompt: int) -> float:
+def prefill_flops(spec: ModelShape, counts: ParamCounts, prompt: int) -> float:
     """FLOPs to prefill one prompt of P tokens: 2 * matmul_params * P + linear_token_flops * P
     + attention_pair_flops(decompressed) * (n_full * P(P+1)/2 + n_sliding * sum_i min(i, window)) (causal).
     """

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tokenomy.plan.specs import MLA, FileWeights, LinearAttention, ModelSpec, MoE
+from tokenomy.plan.specs import MLA, FileWeights, LinearAttention, ModelShape, MoE
 
 # llama.cpp's fixed sliding-window patterns for architectures whose files predate the pattern key.
 _SWA_PATTERN = {"gemma3": 6, "gemma2": 2, "gemma3n": 5}
@@ -38,7 +38,7 @@ def _raw(fields: dict[str, Any], key: str) -> Any:
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str, mtime: float, size: int) -> ModelSpec:
+def _read(path: str, mtime: float, size: int) -> ModelShape:
     from gguf import GGUFReader  # parsing pulls in numpy memmaps; only when a .gguf is asked for
 
     try:
@@ -112,7 +112,7 @@ def _read(path: str, mtime: float, size: int) -> ModelSpec:
                           expert_bytes=sum(int(t.n_bytes) for t in experts),
                           label=by_type.most_common(1)[0][0] if by_type else "?")
     name = _value(fields, "general.name") or Path(path).stem
-    return ModelSpec(
+    return ModelShape(
         key=Path(path).name, name=str(name), layers=int(layers), hidden=int(hidden), vocab=int(vocab),
         heads=int(heads), kv_heads=int(meta("attention.head_count_kv") or heads), head_dim=int(head_dim),
         intermediate=int(meta("feed_forward_length") or 0), tied_embeddings="output.weight" not in names,
@@ -136,7 +136,7 @@ def _cache_file(path: str, mtime: float, size: int) -> Path:
     return cache_dir() / f"gguf-{digest}.json"
 
 
-def _from_dict(d: dict[str, Any]) -> ModelSpec:
+def _from_dict(d: dict[str, Any]) -> ModelShape:
     nested = {"moe": MoE, "mla": MLA, "linear": LinearAttention, "file": FileWeights}
     for key, cls in nested.items():
         if d.get(key) is not None:
@@ -144,11 +144,11 @@ def _from_dict(d: dict[str, Any]) -> ModelSpec:
     if d.get("moe") is not None:
         d["moe"] = dataclasses.replace(d["moe"], dense_layers=tuple(d["moe"].dense_layers))
     d["layer_types"] = tuple(d["layer_types"])
-    return ModelSpec(**d)
+    return ModelShape(**d)
 
 
-def read_gguf(path: str | Path) -> ModelSpec:
-    """A ModelSpec from a .gguf file: shape from its metadata, exact parameters and bytes from its tensors.
+def read_gguf(path: str | Path) -> ModelShape:
+    """A ModelShape from a .gguf file: shape from its metadata, exact parameters and bytes from its tensors.
 
     GGUFReader parses every tokenizer entry, which takes seconds for a large vocabulary, so the resulting spec
     is cached per (path, mtime, size) in memory and as a small JSON file under cache_dir().

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenomy.plan.specs import MLA, LinearAttention, ModelSpec, MoE
+from tokenomy.plan.specs import MLA, LinearAttention, ModelShape, MoE
 
 _KIND = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear",
          "global": "full", "local": "sliding"}
 
 
-class ConfigError(ValueError):
+class HFConfigError(ValueError):
     """The file is not a usable model config; the message says why."""
 
 
@@ -35,7 +35,7 @@ def _layer_types(cfg: dict[str, Any], layers: int, model_type: str) -> tuple[tup
     if isinstance(cfg.get("layer_types"), list):
         kinds = tuple(_KIND.get(str(t), "full") for t in cfg["layer_types"])
         if len(kinds) != layers:
-            raise ConfigError(f"layer_types has {len(kinds)} entries for {layers} layers")
+            raise HFConfigError(f"layer_types has {len(kinds)} entries for {layers} layers")
         return kinds, window if "sliding" in kinds else None
     if cfg.get("full_attention_interval"):
         n = int(cfg["full_attention_interval"])
@@ -68,19 +68,19 @@ def _moe(cfg: dict[str, Any], layers: int) -> MoE | None:
                shared_experts=shared, shared_intermediate=shared_width, dense_layers=tuple(sorted(dense)))
 
 
-def spec_from_config(cfg: dict[str, Any], key: str, source: str = "") -> ModelSpec:
-    """Map config.json keys onto a ModelSpec; raises ConfigError naming the first missing or bad key."""
+def spec_from_config(cfg: dict[str, Any], key: str, source: str = "") -> ModelShape:
+    """Map config.json keys onto a ModelShape; raises HFConfigError naming the first missing or bad key."""
     try:
         return _spec(cfg, key, source)
-    except ConfigError:
+    except HFConfigError:
         raise
     except KeyError as e:
-        raise ConfigError(f"config has no {e.args[0]!r}; is it a decoder-only LLM config.json?") from None
+        raise HFConfigError(f"config has no {e.args[0]!r}; is it a decoder-only LLM config.json?") from None
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"config has a malformed value: {e}") from None
+        raise HFConfigError(f"config has a malformed value: {e}") from None
 
 
-def _spec(cfg: dict[str, Any], key: str, source: str) -> ModelSpec:
+def _spec(cfg: dict[str, Any], key: str, source: str) -> ModelShape:
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers (Gemma 3, Qwen-VL): plan the text model
         cfg = {**cfg, **cfg["text_config"]}
     model_type = str(cfg.get("model_type", ""))
@@ -104,7 +104,7 @@ def _spec(cfg: dict[str, Any], key: str, source: str) -> ModelSpec:
                                  value_head_dim=int(cfg["linear_value_head_dim"]),
                                  conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)))
     tied_default = model_type.startswith("gemma")
-    return ModelSpec(
+    return ModelShape(
         key=key, name=str(cfg.get("_name_or_path") or key), layers=layers, hidden=hidden, vocab=vocab,
         heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=int(cfg.get("intermediate_size") or 0),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", tied_default)), dtype=_dtype(cfg),
@@ -114,17 +114,17 @@ def _spec(cfg: dict[str, Any], key: str, source: str) -> ModelSpec:
     )
 
 
-def read_hf_config(path: str | Path) -> ModelSpec:
-    """A ModelSpec from a config.json file, or from a directory that holds one."""
+def read_hf_config(path: str | Path) -> ModelShape:
+    """A ModelShape from a config.json file, or from a directory that holds one."""
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / "config.json"
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"no such file: {p}") from None
+        raise HFConfigError(f"no such file: {p}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read {p} as JSON: {e}") from None
+        raise HFConfigError(f"cannot read {p} as JSON: {e}") from None
     if not isinstance(cfg, dict):
-        raise ConfigError(f"{p} is not a JSON object")
+        raise HFConfigError(f"{p} is not a JSON object")
     return spec_from_config(cfg, key=p.parent.name or p.name, source=str(p))

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tokenomy.plan import formulas as F
-from tokenomy.plan.specs import HardwareSpec, ModelSpec, Workload
+from tokenomy.plan.specs import HardwareSpec, ModelShape, Workload
 
 
 class WorkloadError(ValueError):
@@ -89,7 +89,7 @@ def _check(w: Workload) -> None:
             raise WorkloadError(f"{name.replace('_', '-')} must be positive, got {value}")
 
 
-def make_plan(model: ModelSpec, chip: HardwareSpec, w: Workload, label: str = "") -> Plan:
+def make_plan(model: ModelShape, chip: HardwareSpec, w: Workload, label: str = "") -> Plan:
     """Compose the formulas: weights and KV sizes, capacity, one decode step's roofline, prefill, energy, cost."""
     _check(w)
     hw = chip.scaled(w.gpus)

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from tokenomy.plan.gguf_file import GGUFError, read_gguf
-from tokenomy.plan.hf_config import ConfigError, read_hf_config
-from tokenomy.plan.specs import MLA, HardwareSpec, LinearAttention, ModelSpec, MoE
+from tokenomy.plan.hf_config import HFConfigError, read_hf_config
+from tokenomy.plan.specs import MLA, HardwareSpec, LinearAttention, ModelShape, MoE
 
 _HERE = Path(__file__).parent
 
@@ -58,8 +58,8 @@ def packaged_gguf(candidates: list[str]) -> Path | None:
     return None
 
 
-def preset_model(key: str, use_file: bool = True) -> ModelSpec:
-    """A ModelSpec from models.yaml; with `use_file`, a packaged model takes its real bytes from its GGUF."""
+def preset_model(key: str, use_file: bool = True) -> ModelShape:
+    """A ModelShape from models.yaml; with `use_file`, a packaged model takes its real bytes from its GGUF."""
     d = dict(_load("models.yaml")[key])
     layer_types, window = _layer_types(int(d["layers"]), d.pop("attention", None))
     moe = d.pop("moe", None)
@@ -75,11 +75,11 @@ def preset_model(key: str, use_file: bool = True) -> ModelSpec:
     gguf_path = packaged_gguf(d.pop("gguf", []))
     if use_file and gguf_path is not None:
         file = read_gguf(gguf_path).file
-    return ModelSpec(key=key, layer_types=layer_types, sliding_window=window, moe=moe, mla=mla, linear=linear,
+    return ModelShape(key=key, layer_types=layer_types, sliding_window=window, moe=moe, mla=mla, linear=linear,
                      file=file, reported_params=reported, **d)
 
 
-def resolve_model(name: str, use_file: bool = True) -> ModelSpec:
+def resolve_model(name: str, use_file: bool = True) -> ModelShape:
     """A preset name, or a path to a HF config.json (or its directory) or a .gguf file."""
     if name in _load("models.yaml"):
         return preset_model(name, use_file)
@@ -89,7 +89,7 @@ def resolve_model(name: str, use_file: bool = True) -> ModelSpec:
             return read_gguf(path)
         if path.suffix.lower() == ".json" or path.is_dir():
             return read_hf_config(path)
-    except (GGUFError, ConfigError) as e:
+    except (GGUFError, HFConfigError) as e:
         raise PresetError(str(e)) from None
     raise PresetError(f"unknown model {name!r}; valid presets: {', '.join(model_names())}; "
                       "or a path to a Hugging Face config.json (or its folder) or a .gguf file")

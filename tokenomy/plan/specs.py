@@ -54,7 +54,7 @@ class FileWeights:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelShape:
     """A decoder-only transformer's shape; `layer_types` lists each layer's attention kind (empty: all full)."""
 
     key: str
@@ -92,7 +92,7 @@ class ModelSpec:
             return 0
         return self.layers - len(self.moe.dense_layers)
 
-    def all_full_attention(self) -> ModelSpec:
+    def all_full_attention(self) -> ModelShape:
         """The same model as if every layer were full attention (the counterfactual the seeds compare to)."""
         return replace(self, layer_types=(), linear=None, sliding_window=None, key=f"{self.key} (all full)")
 

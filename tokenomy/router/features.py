@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections import OrderedDict
 
 import numpy as np
+
+from tokenomy.lru import LRU
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _SENTENCE_END = re.compile(r"[.?!](?:\s|$)")
@@ -109,9 +110,11 @@ class EmbeddingMemo:
     so a few thousand cost little; the shared embedder itself is not touched."""
 
     def __init__(self, capacity: int = 20_000) -> None:
-        self.capacity = capacity
-        self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
+        self._vectors: LRU[bytes, np.ndarray] = LRU(capacity, thread_safe=True)
+
+    @property
+    def capacity(self) -> int:
+        return self._vectors.max_size
 
     def embed(self, prompts: list[str]) -> np.ndarray:
         """Unit-length float32 rows, one per prompt, computed only for prompts not seen recently."""
@@ -120,20 +123,14 @@ class EmbeddingMemo:
         if not prompts:
             return np.zeros((0, DIM), dtype=np.float32)
         keys = [hashlib.sha256(p.encode("utf-8")).digest() for p in prompts]
-        with self._lock:
-            found = {k: self._vectors[k] for k in keys if k in self._vectors}
-            for k in found:
-                self._vectors.move_to_end(k)
+        found = {k: v for k in keys if (v := self._vectors.get(k)) is not None}
         todo = list(dict.fromkeys(k for k in keys if k not in found))
         if todo:
             text_of = dict(zip(keys, prompts, strict=True))
             vectors = default_embedder().embed([text_of[k] for k in todo])
             found.update(zip(todo, vectors, strict=True))
-            with self._lock:
-                for k, v in zip(todo, vectors, strict=True):
-                    self._vectors[k] = v
-                while len(self._vectors) > self.capacity:
-                    self._vectors.popitem(last=False)
+            for k, v in zip(todo, vectors, strict=True):
+                self._vectors.put(k, v)
         return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
 
 

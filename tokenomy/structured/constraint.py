@@ -45,55 +45,27 @@ well as an object with hundreds of required keys).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
+from tokenomy.lru import LRU
 from tokenomy.structured.grammar import CompiledGrammar, clean_reason
+from tokenomy.structured.tokenizer import TokenTables
 
 LOOP_REPEATS = 3  # back-to-back copies of a span that count as a loop
 LOOP_MAX_PERIOD = 128  # longest span (tokens) looked for
 LOOP_MIN_SPAN = 12  # a loop covers at least this many tokens (so "0000" or "[1, 1, 1]" is left alone)
 LOOP_LONG_PERIOD = 16  # a span at least this long counts as a loop after two copies (e.g. a repeated array item)
 
-_first_bytes: dict[int, np.ndarray] = {}  # id(tokenizer) -> first byte of each token (-1: empty)
-_ranks: dict[int, np.ndarray] = {}  # id(tokenizer) -> wrap-up tier of each token, [outside, inside] a string
 OTHER = 9  # wrap-up tier of tokens that end nothing
 _CLOSERS = frozenset(b"]}")
 
 
-def first_bytes(tokenizer: Any) -> np.ndarray:
-    """First byte of every token's text, as int16 (-1 for tokens with no bytes); cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _first_bytes:
-        out = np.full(tokenizer.vocab_size, -1, dtype=np.int16)
-        for t in range(tokenizer.vocab_size):
-            b = tokenizer.decode_bytes([t])
-            if b:
-                out[t] = b[0]
-        _first_bytes[key] = out
-    return _first_bytes[key]
-
-
-_lengths: dict[int, np.ndarray] = {}
-
-
-def token_lengths(tokenizer: Any) -> np.ndarray:
-    """Byte length of every token's text (int32); cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _lengths:
-        _lengths[key] = np.array([len(tokenizer.decode_bytes([t])) for t in range(tokenizer.vocab_size)],
-                                 dtype=np.int32)
-    return _lengths[key]
-
-
-def wrap_up_ranks(tokenizer: Any) -> np.ndarray:
+def wrap_up_ranks(tables: TokenTables) -> np.ndarray:
     """int8 array of shape (2, vocab): each token's wrap-up tier outside (row 0) and inside (row 1) a JSON
-    string, lower ends sooner (see the module docstring); cached per tokenizer."""
-    key = id(tokenizer)
-    if key not in _ranks:
+    string, lower ends sooner (see the module docstring); computed once per tokenizer, kept in ``tables``."""
+    if tables.wrap_up_ranks is None:
+        tokenizer = tables.tokenizer
         out = np.full((2, tokenizer.vocab_size), OTHER, dtype=np.int8)
         for t in range(tokenizer.vocab_size):
             b = tokenizer.decode_bytes([t])
@@ -111,8 +83,8 @@ def wrap_up_ranks(tokenizer: Any) -> np.ndarray:
             if b[:1] == b'"':
                 rest = b[1:]
                 out[1, t] = 1 if set(rest) <= _CLOSERS else 2 if not (opens or b"," in rest or b'"' in rest) else 3
-        _ranks[key] = out
-    return _ranks[key]
+        tables.wrap_up_ranks = out
+    return tables.wrap_up_ranks
 
 
 REPLAN_EVERY = 32  # tokens between re-plans of the soft limit (each costs one walk to the end)
@@ -121,8 +93,8 @@ REPLAN_MARGIN = 1.25  # the model's own way to the end is longer than the walk's
 # only grammars whose walk from an empty answer took at most this long are re-planned (most take a few ms;
 # the slowest dev grammar takes about 0.5 s).
 REPLAN_MAX_WALK_S = 0.02
-_closing: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()  # (grammar key, limit) -> (n, s)
 CLOSING_ENTRIES = 512
+_closing: LRU[tuple[str, int], tuple[int, float]] = LRU(CLOSING_ENTRIES)  # (grammar key, limit) -> (n, s)
 
 
 def closing_length(grammar: CompiledGrammar, limit: int = 4096) -> int:
@@ -130,17 +102,6 @@ def closing_length(grammar: CompiledGrammar, limit: int = 4096) -> int:
     allowed token of the best tier, from an empty answer to its end. An estimate (an upper bound) of the
     shortest answer the grammar allows; ``limit`` when the walk has not ended by then. Cached per grammar."""
     return _closing_walk(grammar, limit)[0]
-
-
-def _cached(cache: OrderedDict, key: Any, compute: Callable[[], Any]) -> Any:
-    """``cache[key]``, computed on a miss; beyond CLOSING_ENTRIES the least recently used entries go first."""
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    cache[key] = value = compute()
-    while len(cache) > CLOSING_ENTRIES:
-        cache.popitem(last=False)
-    return value
 
 
 def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
@@ -151,10 +112,10 @@ def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
         n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), limit)
         return n, time.perf_counter() - started
 
-    return _cached(_closing, (grammar.key, limit), walk)
+    return _closing.get_or_compute((grammar.key, limit), walk)
 
 
-_root_bans: OrderedDict[tuple[str, int], frozenset[int]] = OrderedDict()  # (grammar key, limit) -> first bytes
+_root_bans: LRU[tuple[str, int], frozenset[int]] = LRU(CLOSING_ENTRIES)  # (grammar key, limit) -> first bytes
 
 
 def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
@@ -162,7 +123,7 @@ def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
     document whose wrap-up walk (``_walk_to_end``), times REPLAN_MARGIN, does not end within ``max_tokens``,
     while the grammar allows some other first token. Empty when nothing needs banning. Cached per (grammar,
     max_tokens)."""
-    return _cached(_root_bans, (grammar.key, max_tokens), lambda: _find_root_bans(grammar, max_tokens))
+    return _root_bans.get_or_compute((grammar.key, max_tokens), lambda: _find_root_bans(grammar, max_tokens))
 
 
 def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
@@ -170,8 +131,8 @@ def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]
     if start.forced():
         return frozenset()
     mask = start.allowed()
-    first = first_bytes(grammar.tokenizer)[: start.n_vocab]
-    single = token_lengths(grammar.tokenizer)[: start.n_vocab] == 1
+    first = grammar.tables.first_bytes[: start.n_vocab]
+    single = grammar.tables.lengths[: start.n_vocab] == 1
     bans: set[int] = set()
     for byte in (0x7B, 0x5B):  # { [
         opens = first == byte
@@ -193,7 +154,7 @@ def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]
 def _walk_to_end(walk: Constraint, limit: int) -> int:
     """Advance ``walk`` (a wrap-up-from-now constraint) by wrap-up's choices until its document ends; the tokens
     taken, or ``limit`` when it has not ended by then."""
-    lengths = token_lengths(walk.grammar.tokenizer)[: walk.n_vocab]
+    lengths = walk.grammar.tables.lengths[: walk.n_vocab]
     eos = walk.grammar.tokenizer.eos_token
     n = 0
     try:
@@ -314,7 +275,7 @@ class Constraint:
                 mask[tok] = False
                 self.loops_broken += 1
         if self.root_bans and not self.history:
-            keep = mask & ~np.isin(first_bytes(self.grammar.tokenizer)[: self.n_vocab], list(self.root_bans))
+            keep = mask & ~np.isin(self.grammar.tables.first_bytes[: self.n_vocab], list(self.root_bans))
             if keep.any():
                 mask = keep
         self._replan()
@@ -330,7 +291,7 @@ class Constraint:
             mask[eos] = True
             self.wrapups += 1
             return
-        rank = wrap_up_ranks(self.grammar.tokenizer)[int(self._in_string), : self.n_vocab]
+        rank = wrap_up_ranks(self.grammar.tables)[int(self._in_string), : self.n_vocab]
         best = int(np.where(mask, rank, OTHER).min())
         if best < OTHER:
             mask &= rank == best

@@ -19,7 +19,6 @@ import json
 import re
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -28,8 +27,10 @@ from typing import Any
 import llguidance
 import numpy as np
 
+from tokenomy.lru import LRU
 from tokenomy.structured.normalize import walk
 from tokenomy.structured.schema import JSON_OPTIONS, OutputFormat, SchemaError, json_schema_format
+from tokenomy.structured.tokenizer import TokenTables
 
 DEFAULT_TIMEOUT_S = 5.0
 MAX_PATTERN_PROBES = 64  # bounds the probing cost on schemas with hundreds of patterns
@@ -53,9 +54,13 @@ class CompiledGrammar:
 
     key: str
     fmt: OutputFormat | None
-    tokenizer: llguidance.LLTokenizer
+    tables: TokenTables  # the tokenizer and its per-token tables, shared by every grammar of one compiler
     compile_ms: float
     _proto: llguidance.LLMatcher
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        return self.tables.tokenizer
 
     @property
     def n_vocab(self) -> int:
@@ -75,16 +80,23 @@ class GrammarCompiler:
     def __init__(self, tokenizer: llguidance.LLTokenizer, timeout_s: float = DEFAULT_TIMEOUT_S,
                  max_entries: int = 512, limits: llguidance.LLParserLimits | None = None,
                  workers: int = 2) -> None:
-        self.tokenizer = tokenizer
+        self.tables = TokenTables(tokenizer)
         self.timeout_s = timeout_s
-        self.max_entries = max_entries
         self.limits = limits or default_limits()
         self.hits = 0
         self.misses = 0
-        self._cache: OrderedDict[str, CompiledGrammar | SchemaError] = OrderedDict()
+        self._cache: LRU[str, CompiledGrammar | SchemaError] = LRU(max_entries)  # guarded by self._lock
         self._pending: dict[str, Future[CompiledGrammar]] = {}
         self._lock = threading.RLock()  # a done-callback may run inside compile() under the lock
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
+
+    @property
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        return self.tables.tokenizer
+
+    @property
+    def max_entries(self) -> int:
+        return self._cache.max_size
 
     def compile(self, fmt: OutputFormat | str) -> CompiledGrammar:
         """Compile ``fmt`` (an OutputFormat, or an llguidance grammar string) or raise SchemaError."""
@@ -94,7 +106,6 @@ class GrammarCompiler:
             cached = self._cache.get(key)
             if cached is not None:
                 self.hits += 1
-                self._cache.move_to_end(key)
                 if isinstance(cached, SchemaError):
                     raise SchemaError(cached.reason, cached.param)
                 return cached
@@ -112,7 +123,7 @@ class GrammarCompiler:
             # The worker keeps going (llguidance's fuel limits end it); remember the refusal for this key.
             err = SchemaError(f"grammar compilation exceeded {self.timeout_s:g} s; simplify the schema", param)
             with self._lock:
-                self._put(key, err)
+                self._cache.put(key, err)
             raise err from None
         except SchemaError as e:
             raise SchemaError(e.reason, param) from None
@@ -135,7 +146,7 @@ class GrammarCompiler:
             raise SchemaError("the schema accepts no document (no token can start it)")
         if fmt is not None:
             self._probe_patterns(fmt)
-        return CompiledGrammar(key, fmt, self.tokenizer, (time.perf_counter() - t0) * 1000, matcher)
+        return CompiledGrammar(key, fmt, self.tables, (time.perf_counter() - t0) * 1000, matcher)
 
     def _probe_patterns(self, fmt: OutputFormat) -> None:
         """Refuse string patterns whose lexer blows up on the first character.
@@ -163,17 +174,11 @@ class GrammarCompiler:
             if key in self._cache:  # a timeout already recorded a refusal; keep the first answer
                 return
             if exc is None:
-                self._put(key, future.result())
+                self._cache.put(key, future.result())
             elif isinstance(exc, SchemaError):
-                self._put(key, exc)
+                self._cache.put(key, exc)
             else:
-                self._put(key, SchemaError(f"grammar compiler failed: {exc}"))
-
-    def _put(self, key: str, value: CompiledGrammar | SchemaError) -> None:
-        self._cache[key] = value
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
+                self._cache.put(key, SchemaError(f"grammar compiler failed: {exc}"))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -21,14 +21,12 @@ import copy
 import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import llguidance
 
+from tokenomy.lru import LRU
 from tokenomy.structured.normalize import normalize, rebase_refs
 from tokenomy.structured.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls, tools_prompt
 
@@ -43,19 +41,21 @@ __all__ = ["JSON_OPTIONS", "OutputFormat", "SchemaError", "json_schema_format", 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 MEMO_ENTRIES = 256
-_memo: OrderedDict[str, OutputFormat | None] = OrderedDict()
-_memo_lock = threading.Lock()
+_memo: LRU[str, OutputFormat | None] = LRU(MEMO_ENTRIES, thread_safe=True)
 
 # Close object schemas that list properties (additionalProperties: false where sound; see normalize.py).
 CLOSE_OBJECTS = True
-# Default size bounds for free strings and unbounded arrays (narrowing, see normalize.bound_sizes); None = off.
-# A small model that starts repeating itself inside an unbounded value otherwise runs to max_tokens.
-MAX_STRING_LENGTH: int | None = None
-MAX_ARRAY_ITEMS: int | None = None
-_bounds: ContextVar[tuple[int | None, int | None]] = ContextVar("bounds", default=(None, None))
 
 _FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class _Bounds(NamedTuple):
+    """Default size bounds for free strings and unbounded arrays (a narrowing, see normalize.bound_sizes);
+    None leaves that kind of value unbounded."""
+
+    max_length: int | None
+    max_items: int | None
 
 
 class SchemaError(ValueError):
@@ -109,41 +109,28 @@ def output_format(
     """The grammar for a chat completion request's structured-output fields; None when output is free text.
 
     ``max_string_length`` / ``max_array_items``: default bounds for free strings and unbounded arrays (a
-    narrowing, see normalize.bound_sizes; config ``structured:``); None falls back to the module settings.
+    narrowing, see normalize.bound_sizes; config ``structured:``); None leaves them unbounded.
 
     Raises SchemaError (with the offending ``param``) for malformed fields: an unknown response_format type, a
     schema that is not a JSON object, a tool without a valid name, tool_choice naming an unknown function...
     Results are memoised by the fields' content: rewriting a large schema (hundreds of ms for a 1 MB one) is
     paid once, like its compilation.
     """
+    bounds = _Bounds(max_string_length, max_array_items)
     try:
         # Key order kept: property order in a schema is the order the model writes the properties in.
         # The module settings are part of the key, so changing them (benches, tests) never reuses a stale grammar.
-        bounds = (MAX_STRING_LENGTH if max_string_length is None else max_string_length,
-                  MAX_ARRAY_ITEMS if max_array_items is None else max_array_items)
         key = hashlib.sha256(json.dumps([response_format, tools, tool_choice, parallel_tool_calls, JSON_OPTIONS,
                                          CLOSE_OBJECTS, bounds]).encode()
                              ).hexdigest()
     except (TypeError, ValueError) as e:
         raise SchemaError(f"response_format and tools must be plain JSON: {e}") from None
-    with _memo_lock:
-        if key in _memo:
-            _memo.move_to_end(key)
-            return _memo[key]
-    token = _bounds.set(bounds)  # read by _normalized, wherever in the rewrite it is called
-    try:
-        fmt = _output_format(response_format, tools, tool_choice, parallel_tool_calls)
-    finally:
-        _bounds.reset(token)
-    with _memo_lock:
-        _memo[key] = fmt
-        while len(_memo) > MEMO_ENTRIES:
-            _memo.popitem(last=False)
-    return fmt
+    return _memo.get_or_compute(
+        key, lambda: _output_format(response_format, tools, tool_choice, parallel_tool_calls, bounds))
 
 
-def _output_format(response_format: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool
-                   ) -> OutputFormat | None:
+def _output_format(response_format: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
+                   bounds: _Bounds) -> OutputFormat | None:
     # A private copy: the memoised format must not change if the caller later mutates its request.
     response_format, tools = copy.deepcopy(response_format), copy.deepcopy(tools)
     answer = _answer_schema(response_format)
@@ -153,12 +140,13 @@ def _output_format(response_format: Any, tools: Any, tool_choice: Any, parallel_
             return None
         kind, schema, name, strict = answer
         # The JSON form skips the Lark front end, which costs about 5 ms per compile.
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(_normalized(schema), overrides=JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(_normalized(schema, bounds), overrides=JSON_OPTIONS)
         return OutputFormat(kind=kind, grammar=grammar, schema=schema, name=name, strict=strict)
 
     callable_ = {choice: functions[choice]} if choice not in ("auto", "required") else functions
-    calls = _calls_schema(callable_, single=not parallel_tool_calls or choice not in ("auto", "required"))
-    rules = [f'calls: "{TOOL_CALL_OPEN}" call_list "{TOOL_CALL_CLOSE}"', f"call_list: %json {_json_text(calls)}"]
+    calls = _calls_schema(callable_, bounds, single=not parallel_tool_calls or choice not in ("auto", "required"))
+    rules = [f'calls: "{TOOL_CALL_OPEN}" call_list "{TOOL_CALL_CLOSE}"',
+             f"call_list: %json {_json_text(calls, bounds)}"]
     schema = name = None
     strict = False
     if choice != "auto":
@@ -170,15 +158,18 @@ def _output_format(response_format: Any, tools: Any, tool_choice: Any, parallel_
     else:
         _, schema, name, strict = answer
         start = "start: answer | calls"
-        rules.append(f"answer: %json {_json_text(schema)}")
+        rules.append(f"answer: %json {_json_text(schema, bounds)}")
     return OutputFormat(kind="tools", grammar=_lark("\n".join([start, *rules])), schema=schema,
                         tools={n: f["parameters"] for n, f in callable_.items()},
                         may_answer=choice == "auto", may_call=True, name=name, strict=strict)
 
 
-def json_schema_format(schema: dict[str, Any]) -> OutputFormat:
-    """The format for a bare JSON Schema (what ``response_format: json_schema`` carries)."""
-    fmt = output_format({"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}})
+def json_schema_format(schema: dict[str, Any], *, max_string_length: int | None = None,
+                       max_array_items: int | None = None) -> OutputFormat:
+    """The format for a bare JSON Schema (what ``response_format: json_schema`` carries); bounds as in
+    ``output_format``."""
+    fmt = output_format({"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}},
+                        max_string_length=max_string_length, max_array_items=max_array_items)
     assert fmt is not None
     return fmt
 
@@ -253,11 +244,11 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     return functions
 
 
-def _calls_schema(functions: dict[str, dict[str, Any]], single: bool) -> dict[str, Any]:
+def _calls_schema(functions: dict[str, dict[str, Any]], bounds: _Bounds, single: bool) -> dict[str, Any]:
     """JSON Schema of the call list: an array of {name: const, arguments: parameters}, one branch per function."""
     branches = []
     for i, (name, fn) in enumerate(functions.items()):
-        params = _normalized(fn["parameters"])  # a deep copy: rebasing must not touch the request's schema
+        params = _normalized(fn["parameters"], bounds)  # a deep copy: rebasing must not touch the request's schema
         params.pop("$schema", None)
         params.pop("$id", None)
         rebase_refs(params, f"/items/anyOf/{i}/properties/arguments")
@@ -273,17 +264,16 @@ def _calls_schema(functions: dict[str, dict[str, Any]], single: bool) -> dict[st
     return schema
 
 
-def _normalized(schema: dict[str, Any]) -> dict[str, Any]:
+def _normalized(schema: dict[str, Any], bounds: _Bounds) -> dict[str, Any]:
     try:
-        max_length, max_items = _bounds.get()
-        return normalize(schema, close=CLOSE_OBJECTS, max_length=max_length, max_items=max_items)
+        return normalize(schema, close=CLOSE_OBJECTS, max_length=bounds.max_length, max_items=bounds.max_items)
     except RecursionError as e:  # deepcopy recurses; a pathologically deep schema lands here
         raise SchemaError("schema is nested too deeply") from e
 
 
-def _json_text(schema: dict[str, Any]) -> str:
+def _json_text(schema: dict[str, Any], bounds: _Bounds) -> str:
     """A schema as inline ``%json`` text: normalised, with JSON_OPTIONS as its ``x-guidance``."""
-    out = _normalized(schema)
+    out = _normalized(schema, bounds)
     out["x-guidance"] = JSON_OPTIONS
     return json.dumps(out, ensure_ascii=False)
 

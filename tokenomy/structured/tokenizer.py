@@ -13,13 +13,41 @@ import importlib.util
 import os
 import threading
 import warnings
+from functools import cached_property
 from typing import Any
 
 import llguidance
+import numpy as np
 
 _lock = threading.Lock()
 _by_path: dict[str, llguidance.LLTokenizer] = {}
 _models: list[Any] = []  # vocab-only llama models backing cached tokenizers; never freed
+
+
+class TokenTables:
+    """Per-token facts of one tokenizer, each computed on first use (one pass over the vocabulary) and kept as
+    long as this object. One belongs to each GrammarCompiler, so the tables live and die with their tokenizer
+    (llguidance tokenizers take no attributes of their own)."""
+
+    def __init__(self, tokenizer: llguidance.LLTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.wrap_up_ranks: np.ndarray | None = None  # filled by constraint.wrap_up_ranks
+
+    @cached_property
+    def first_bytes(self) -> np.ndarray:
+        """First byte of every token's text, as int16 (-1 for tokens with no bytes)."""
+        out = np.full(self.tokenizer.vocab_size, -1, dtype=np.int16)
+        for t in range(self.tokenizer.vocab_size):
+            b = self.tokenizer.decode_bytes([t])
+            if b:
+                out[t] = b[0]
+        return out
+
+    @cached_property
+    def lengths(self) -> np.ndarray:
+        """Byte length of every token's text (int32)."""
+        return np.array([len(self.tokenizer.decode_bytes([t])) for t in range(self.tokenizer.vocab_size)],
+                        dtype=np.int32)
 
 
 def packaged_model_path() -> str:
