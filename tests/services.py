@@ -182,7 +182,8 @@ def _runnable_bin_dir(bindir: Path, user: dict[str, Any], scratch: list[Path]) -
     """``bindir`` when the unprivileged user can run it; else a copy of its install tree that they can (a venv
     under /root, say, is closed to other users)."""
     try:
-        subprocess.run([str(bindir / "postgres"), "--version"], check=True, capture_output=True, timeout=30, **user)
+        subprocess.run([str(bindir / "postgres"), "--version"], check=True, capture_output=True, timeout=30, cwd="/",
+                       **user)
         return bindir
     except (OSError, subprocess.SubprocessError):
         if not user:
@@ -212,7 +213,8 @@ def start_postgres() -> Service:
         os.chown(workdir, user["user"], user["group"])
     data, log = workdir / "data", workdir / "postgres.log"
     init = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                           "--locale=C", "--no-sync"], capture_output=True, text=True, timeout=300, **user)
+                           "--locale=C", "--no-sync"], capture_output=True, text=True, timeout=300, cwd=workdir,
+                          **user)
     if init.returncode != 0:
         shutil.rmtree(workdir, ignore_errors=True)
         for d in scratch:
@@ -227,7 +229,8 @@ def start_postgres() -> Service:
             proc = subprocess.Popen([str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(workdir),
                                      "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
                                      "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **user)
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir,
+                                    **user)
         deadline = time.time() + 60
         while proc.poll() is None and time.time() < deadline:
             failure = postgres_answers(url)
