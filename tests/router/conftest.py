@@ -4,20 +4,17 @@ appear) written to temporary JSONL files, and one router trained on the first sl
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DEV = Path(os.environ.get("TOKENOMY_ROUTING_DATA", ROOT.parent / "shared/data/routing/routellm-dev.jsonl"))
+from tests.shared_data import shared_data
 
 
 @pytest.fixture(scope="session")
 def dev_rows() -> list[dict]:
-    if not DEV.is_file():
-        pytest.skip(f"routing dev data not found at {DEV} (set TOKENOMY_ROUTING_DATA)")
-    return [json.loads(line) for line in DEV.read_text(encoding="utf-8").splitlines() if line.strip()]
+    dev = shared_data("routing/routellm-dev.jsonl", "TOKENOMY_ROUTING_DATA")
+    return [json.loads(line) for line in dev.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

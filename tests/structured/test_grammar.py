@@ -1,14 +1,13 @@
 import json
-import os
 import time
 
 import llguidance
 import pytest
 
+from tests.shared_data import shared_data
 from tokenomy.structured.grammar import GrammarCompiler, clean_reason
 from tokenomy.structured.schema import SchemaError, json_schema_format, output_format
 
-DEV = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "jsonschema", "dev.jsonl")
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
     "additionalProperties": False}}}
@@ -22,9 +21,7 @@ def _accepts(compiled, tokenizer, text: str) -> bool:
 
 
 def test_every_dev_schema_compiles_or_is_refused_with_a_reason(tokenizer):
-    if not os.path.exists(DEV):
-        pytest.skip(f"evaluation data not found at {DEV}")
-    with open(DEV) as f:
+    with open(shared_data("jsonschema/dev.jsonl", "TOKENOMY_JSONSCHEMA_DATA")) as f:
         rows = [json.loads(line) for line in f]
     assert len(rows) == 250
     compiler = GrammarCompiler(tokenizer, timeout_s=5.0)

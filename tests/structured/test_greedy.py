@@ -1,16 +1,13 @@
 """Constrained greedy generation with the real SmolLM2: outputs validate, tool calls parse back."""
 
 import json
-import os
 
-import pytest
-
+from tests.shared_data import shared_data
 from tests.structured.test_normalize import ONE_OF
 from tokenomy.structured.constraint import Constraint
 from tokenomy.structured.schema import json_schema_format, output_format, parse_tool_calls, tools_prompt
 from tokenomy.structured.validate import validate, validate_output
 
-DEV = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "jsonschema", "dev.jsonl")
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
                                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -28,9 +25,7 @@ def _run(runner, compiler, fmt, system, user, max_tokens=96):
 
 
 def _small_dev_schemas(n: int) -> list[dict]:
-    if not os.path.exists(DEV):
-        pytest.skip(f"evaluation data not found at {DEV}")
-    with open(DEV) as f:
+    with open(shared_data("jsonschema/dev.jsonl", "TOKENOMY_JSONSCHEMA_DATA")) as f:
         rows = [json.loads(line) for line in f]
     return [r for r in rows if r["category"] == "Glaiveai2K"][:n]
 

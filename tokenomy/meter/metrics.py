@@ -1,4 +1,5 @@
-"""Prometheus metrics, grouped by the eight layers of DESIGN.md. One registry per app (tests run several)."""
+"""Prometheus metrics, grouped by eight layers: hardware, communication, scheduling, engine, model, token, cost and
+business (deploy/grafana/tokenomy.json has a row for each). One registry per app (tests run several)."""
 
 from __future__ import annotations
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
@@ -24,9 +25,34 @@ from tokenomy.meter.layout import ROWS
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ENV = "TOKENOMY_TEST_CHROMIUM"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def chromium_path(pw) -> str:
+    """$TOKENOMY_TEST_CHROMIUM, else /usr/bin/chromium or a Chromium/Chrome on PATH, else the one `playwright install
+    chromium` downloaded; fails, naming the fixes, when there is none."""
+    forced = os.environ.get(CHROMIUM_ENV)
+    if forced:
+        if not os.access(forced, os.X_OK):
+            pytest.fail(f"{CHROMIUM_ENV}={forced} is not an executable browser", pytrace=False)
+        return forced
+    for path in ("/usr/bin/chromium", *(shutil.which(name) for name in CHROMIUM_NAMES)):
+        if path and os.access(path, os.X_OK):
+            return path
+    bundled = pw.chromium.executable_path
+    if bundled and os.access(bundled, os.X_OK):
+        return bundled
+    pytest.fail("no Chromium for the dashboard browser tests: looked for /usr/bin/chromium, "
+                f"{', '.join(CHROMIUM_NAMES)} on PATH and Playwright's own download. Install one "
+                "(`bash install.sh test` does as root on apt systems: apt-get install -y chromium), or run "
+                f"`.venv/bin/playwright install chromium`, or set {CHROMIUM_ENV}=/path/to/chromium", pytrace=False)
+
+
+def launch_chromium(pw):
+    return pw.chromium.launch(executable_path=chromium_path(pw), args=CHROMIUM_ARGS, headless=True)
 
 
 @contextmanager
@@ -77,14 +103,13 @@ def nested(cells: dict[str, float], group: str) -> dict:
     return out
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)")
 def test_dashboard_in_chromium_shows_the_ledgers_figures_and_refreshes(site):
     from playwright.sync_api import sync_playwright
 
     root, led, specs, rows, _ = site
     hosts: set[str] = set()
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = launch_chromium(pw)
         try:
             page = browser.new_page()
             page.on("request", lambda req: hosts.add(urlparse(req.url).netloc))
@@ -204,7 +229,6 @@ def test_guards(tmp_path):
                               headers={"authorization": "Bearer k9"}).status_code == 200
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)")
 def test_a_key_in_the_dashboard_url_leaves_the_address_bar_and_still_authorizes(tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -219,7 +243,7 @@ def test_a_key_in_the_dashboard_url_leaves_the_address_bar_and_still_authorizes(
         app = FastAPI()
         app.include_router(dashboard_router(led, Metrics(), guard=admin, refresh_s=1.0))
         with serve(app) as root, sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            browser = launch_chromium(pw)
             try:
                 page = browser.new_page()
                 page.goto(root + "/dashboard#key=sk-admin")
