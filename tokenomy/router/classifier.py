@@ -42,6 +42,8 @@ CLASSES = ("neither", "strong_only", "weak_only", "both")  # index = 2 * weak_ok
 PCA_COMPONENTS = 16
 C_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MIN_ROWS = 20
+# The parameter arrays a router file stores (besides the prior's), in the file's order.
+_ARRAYS = ("scaler_mean", "scaler_scale", "pca_mean", "pca_components", "pca_scale", "coef", "intercept")
 
 
 class RouterFileError(ValueError):
@@ -80,6 +82,14 @@ class Router:
     prior: GroupPrior | None = None
     embedding: str = DEFAULT_EMBEDDING
     meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Hold every parameter exactly as save() writes it and load() reads it back: C-ordered float64. Fitted
+        # arrays come out of scikit-learn as float32 or as Fortran-ordered views, and BLAS sums those in another
+        # order than the same numbers in the file's layout; converting here makes a loaded router compute bit for
+        # bit what the router that was saved computes, on any CPU.
+        for name in _ARRAYS:
+            setattr(self, name, _canonical(getattr(self, name)))
 
     # ---- training ----------------------------------------------------------------------------------------
 
@@ -192,11 +202,7 @@ class Router:
 
     def save(self, path: str | Path) -> None:
         """Write the router as one JSON file (see module docstring); replaces the file atomically."""
-        arrays = {
-            "scaler_mean": self.scaler_mean, "scaler_scale": self.scaler_scale, "pca_mean": self.pca_mean,
-            "pca_components": self.pca_components, "pca_scale": self.pca_scale, "coef": self.coef,
-            "intercept": self.intercept,
-        }
+        arrays = {name: getattr(self, name) for name in _ARRAYS}
         if self.prior is not None:
             arrays |= {"prior_centroids": self.prior.centroids, "prior_rates": self.prior.rates}
         document = {
@@ -317,8 +323,13 @@ def _safe_scale(std: np.ndarray) -> np.ndarray:
     return np.where(std > 1e-12, std, 1.0)
 
 
+def _canonical(array: np.ndarray) -> np.ndarray:
+    """The layout and precision of a router file's arrays (what _decode returns)."""
+    return np.ascontiguousarray(array, dtype="<f8")
+
+
 def _encode(array: np.ndarray) -> dict:
-    array = np.ascontiguousarray(array, dtype="<f8")
+    array = _canonical(array)
     return {"shape": list(array.shape), "float64": base64.b64encode(array.tobytes()).decode("ascii")}
 
 
