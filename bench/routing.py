@@ -9,7 +9,7 @@ separately and together, next to a random router (mean of 20 draws) and the orac
 the noise. Variants, side by side: the default router (minilm-static embedding); the same with the contextual
 MiniLM embedding; without the per-domain prior (text + embedding only); the prior alone. Calibration transfer:
 a threshold set on the training folds for a 30% strong share, or for 95% of the strong model's quality,
-applied to the held-out fold. Latency: `Router.decide` on single prompts not embedded before, embedding
+applied to the held-out fold. Latency: `RouteClassifier.predict` on single prompts not embedded before, embedding
 included, for both embeddings; and with the embedding handed in. Contextual embeddings of the data file are
 cached under /tmp/tokenomy-bench-cache (keyed by the file's SHA-256) so reruns skip the slow part.
 GSM8K-only study (`--salts N`, 0 skips it): a router trained on GSM8K rows alone with word-problem features and
@@ -36,7 +36,7 @@ from tokenomy.router.calibrate import (  # noqa: E402
     threshold_for_quality_floor,
     threshold_for_strong_share,
 )
-from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING, Router, _choose_c, _logistic  # noqa: E402
+from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING, RouteClassifier, _choose_c, _logistic  # noqa: E402
 from tokenomy.router.dataset import RoutingData, RoutingDataError, load_routing_data  # noqa: E402
 from tokenomy.router.evaluate import evaluate_scores  # noqa: E402
 from tokenomy.router.features import EMBEDDINGS, embed_prompts, word_problem_matrix  # noqa: E402
@@ -75,7 +75,7 @@ def cached_embeddings(path: Path, data: RoutingData, kind: str) -> np.ndarray:
 
 
 def without_prior(data: RoutingData) -> RoutingData:
-    """The same rows with no group labels, so Router.train fits no per-domain prior."""
+    """The same rows with no group labels, so RouteClassifier.train fits no per-domain prior."""
     blank = [""] * len(data)
     return RoutingData(data.weak, data.strong, data.prompts, data.weak_ok, data.strong_ok, blank, blank)
 
@@ -91,14 +91,14 @@ def cross_validate(data: RoutingData, x: dict[str, np.ndarray], folds: int) -> d
     for k in range(folds):
         train, test = assignment != k, assignment == k
         train_rows, test_rows = data.subset(train), data.subset(test)
-        router = Router.train(train_rows, x[main][train], embedding=main)
+        router = RouteClassifier.train(train_rows, x[main][train], embedding=main)
         chosen_c.append(router.meta["C"])
         p_ok = router.p_weak_ok_many(test_rows.prompts, x[main][test])
         variants["learned"][test] = p_ok
         other = "minilm" if main != "minilm" else "minilm-static"
-        variants[f"learned, {other}"][test] = Router.train(train_rows, x[other][train], embedding=other) \
+        variants[f"learned, {other}"][test] = RouteClassifier.train(train_rows, x[other][train], embedding=other) \
             .p_weak_ok_many(test_rows.prompts, x[other][test])
-        variants["no prior"][test] = Router.train(without_prior(train_rows), x[main][train], embedding=main) \
+        variants["no prior"][test] = RouteClassifier.train(without_prior(train_rows), x[main][train], embedding=main) \
             .p_weak_ok_many(test_rows.prompts, x[main][test])
         # The prior alone: its per-domain mean of (strong - weak), mapped like p_weak_ok = (1 - gain) / 2.
         variants["prior only"][test] = (
@@ -134,8 +134,8 @@ def cross_validate(data: RoutingData, x: dict[str, np.ndarray], folds: int) -> d
 
 def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: int) -> dict:
     """A GSM8K-only router: word-problem features (features.word_problem_features) and the contextual MiniLM
-    embedding's first 16 principal components, a 4-class logistic regression as in Router with C chosen by
-    inner 5-fold log loss; p_weak_ok as in Router. Everything (scaling, PCA, C) is fit on the training folds.
+    embedding's first 16 principal components, a 4-class logistic regression as in RouteClassifier with C chosen by
+    inner 5-fold log loss; p_weak_ok as in RouteClassifier. Everything (scaling, PCA, C) is fit on the training folds.
     Repeated over `salts` fold assignments (salt 0 = the main table's folds) to show the spread."""
     from sklearn.decomposition import PCA
 
@@ -173,26 +173,26 @@ def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: in
 
 
 def decision_latency(data: RoutingData, x: np.ndarray, kind: str, n: int) -> dict:
-    """Router.decide on single prompts not yet embedded in this process, embedding included.
+    """RouteClassifier.predict on single prompts not yet embedded in this process, embedding included.
 
     Wall time is what a request waits; CPU time (all threads of the process) is the compute, which stays
     meaningful when other work shares the cores. A second pass over the same prompts, with their embeddings
     handed in (as the semantic cache's vector could be), times the router's own work."""
-    router = Router.train(data, x, embedding=kind)
+    router = RouteClassifier.train(data, x, embedding=kind)
     prompts = list(dict.fromkeys(data.prompts))
     rng = np.random.default_rng(0)
     sample = [prompts[i] for i in rng.choice(len(prompts), size=min(n, len(prompts)), replace=False)]
-    router.decide("warm up the embedder")
+    router.predict("warm up the embedder")
     wall, cpu, own = [], [], []
     for prompt in sample:
         w, c = time.perf_counter(), time.process_time()
-        router.decide(prompt)
+        router.predict(prompt)
         wall.append((time.perf_counter() - w) * 1000)
         cpu.append((time.process_time() - c) * 1000)
     vectors = router.embed(sample)
     for prompt, vector in zip(sample, vectors, strict=True):
         w = time.perf_counter()
-        router.decide(prompt, vector)
+        router.predict(prompt, vector)
         own.append((time.perf_counter() - w) * 1000)
 
     def pct(values: list[float], q: float) -> float:

@@ -57,13 +57,13 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     from tokenomy.config import RouteSpec
     from tokenomy.pipeline.request import RequestContext
     from tokenomy.pipeline.route import Route
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import RouteClassifier
     from tokenomy.router.dataset import load_routing_data
 
     rows = [json.loads(x) for x in open(DATA)][::12]
     subset = tmp_path / "train.jsonl"
     subset.write_text("\n".join(json.dumps(r) for r in rows))
-    router = Router.train(load_routing_data(subset), embedding="minilm")
+    router = RouteClassifier.train(load_routing_data(subset), embedding="minilm")
     router.save(tmp_path / "router.json")
     spec = RouteSpec.model_validate({"strategy": "classifier", "models": ["weak", "strong"],
                                      "classifier": {"path": str(tmp_path / "router.json")}})

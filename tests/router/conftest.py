@@ -37,7 +37,7 @@ def test_file(dev_rows, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained(train_file):
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import RouteClassifier
     from tokenomy.router.dataset import load_routing_data
 
-    return Router.train(load_routing_data(train_file))
+    return RouteClassifier.train(load_routing_data(train_file))

@@ -1,4 +1,5 @@
-"""The learned router: prompt -> calibrated chance that the weak model's answer is good enough -> weak or strong.
+"""The learned route classifier: prompt -> calibrated chance that the weak model's answer is good enough -> weak or
+strong. (It advises; the route stage, pipeline/route.py, routes.)
 
 Model. Features are [group priors (4), text features (14)] standardised, plus the prompt embedding projected
 on its first 16 principal components (each scaled to unit variance). A multinomial logistic regression
@@ -13,7 +14,7 @@ strong model's win rate, 1 - p_weak_ok): "good enough" means "no worse than the 
 the expected accuracy the strong model would add, P(strong right) - P(weak right). Ranking by P(weak right)
 alone is worse (dev split, MMLU APGR 0.58 vs 0.65): many prompts the weak model fails, the strong one fails too.
 
-Decision: the weak model when p_weak_ok >= threshold, else the strong one. The regularisation strength C is
+Prediction: the weak model when p_weak_ok >= threshold, else the strong one. The regularisation strength C is
 chosen by 5-fold log loss inside the training data only.
 
 File. One JSON document: a readable header (format, version, models, threshold and the target it came from,
@@ -55,8 +56,8 @@ class RouterTrainingError(ValueError):
 
 
 @dataclass(frozen=True)
-class Decision:
-    """One routing decision, with what it was based on (for the ledger and x-tokenomy-route)."""
+class Prediction:
+    """The classifier's choice for one prompt, with the numbers behind it (for the ledger and x-tokenomy-route)."""
 
     model: str
     probability: float  # p_weak_ok
@@ -67,7 +68,9 @@ class Decision:
 
 
 @dataclass
-class Router:
+class RouteClassifier:
+    """The classifier behind a route's `classifier` strategy: p_weak_ok for a prompt, and the model it picks."""
+
     weak: str
     strong: str
     threshold: float
@@ -97,7 +100,7 @@ class Router:
     def train(
         cls, data: RoutingData, embeddings: np.ndarray | None = None, strong_share: float = 0.5,
         embedding: str = DEFAULT_EMBEDDING,
-    ) -> Router:
+    ) -> RouteClassifier:
         """Fit on `data` (with `embeddings` of its prompts, if already computed, of kind `embedding`); the
         threshold is set so that `strong_share` of the training prompts go strong."""
         from sklearn.decomposition import PCA
@@ -187,7 +190,7 @@ class Router:
         `embedding`: this prompt's vector of the router's embedding kind, when the caller has it already."""
         return float(self.p_weak_ok_many([prompt], embedding)[0])
 
-    def decide(self, prompt: str, embedding: np.ndarray | None = None) -> Decision:
+    def predict(self, prompt: str, embedding: np.ndarray | None = None) -> Prediction:
         """The weak model when p_weak_ok >= threshold, else the strong one, with the numbers behind it."""
         p = self.class_probabilities([prompt], embedding)[0]
         p_ok = float(weak_ok_probability(p[None, :])[0])
@@ -196,7 +199,7 @@ class Router:
             model, reason = self.weak, f"p_weak_ok {p_ok:.3f} >= threshold {self.threshold:.3f}"
         else:
             model, reason = self.strong, f"p_weak_ok {p_ok:.3f} < threshold {self.threshold:.3f}"
-        return Decision(model, p_ok, self.threshold, reason, weak_right, strong_right)
+        return Prediction(model, p_ok, self.threshold, reason, weak_right, strong_right)
 
     # ---- file --------------------------------------------------------------------------------------------
 
@@ -228,7 +231,7 @@ class Router:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: str | Path) -> Router:
+    def load(cls, path: str | Path) -> RouteClassifier:
         """Read a router file written by save(); RouterFileError says what is wrong with a bad one."""
         path = Path(path)
         if not path.is_file():

@@ -62,7 +62,7 @@ def train(
     """Train a router on DATA and save it to OUT (recalibrate it on held-out data with `calibrate`)."""
     import time
 
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import RouteClassifier
     from tokenomy.router.dataset import load_routing_data
 
     if not 0.0 <= strong_share <= 1.0:
@@ -70,7 +70,7 @@ def train(
     rows = load_routing_data(data, weak, strong)
     _check_writable(out)
     started = time.perf_counter()
-    router = Router.train(rows, strong_share=strong_share, embedding=embedding)
+    router = RouteClassifier.train(rows, strong_share=strong_share, embedding=embedding)
     router.save(out)
     meta = router.meta
     typer.echo(
@@ -129,7 +129,7 @@ def calibrate(
         threshold_for_quality_floor,
         threshold_for_strong_share,
     )
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import RouteClassifier
     from tokenomy.router.dataset import load_routing_data
 
     if router_path is None or data is None:
@@ -137,7 +137,7 @@ def calibrate(
     if (strong_share is None) == (quality_floor is None):
         raise _UserError("give exactly one of --strong-share and --quality-floor")
     _check_writable(out or router_path)
-    router = Router.load(router_path)
+    router = RouteClassifier.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong, require_labels=quality_floor is not None)
     p_ok = router.p_weak_ok_many(rows.prompts)
     if strong_share is not None:
@@ -233,7 +233,7 @@ def evaluate(
     seeds: int = typer.Option(20, help="Random-router draws to average."),
 ) -> None:
     """Quality-cost curve, APGR, CPT(50%) and CPT(80%) of the router against random and oracle routers."""
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import RouteClassifier
     from tokenomy.router.dataset import load_routing_data
     from tokenomy.router.report import evaluate_router, print_report, write_plot
 
@@ -243,7 +243,7 @@ def evaluate(
         raise _UserError(f"--plot must end in .png or .html, got {plot.name}")
     if plot is not None:
         _check_writable(plot)
-    router = Router.load(router_path)
+    router = RouteClassifier.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong)
     report = evaluate_router(router, rows, points=points, seeds=seeds)
     if plot is not None:
