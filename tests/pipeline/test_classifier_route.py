@@ -55,15 +55,15 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
         pytest.skip("routing dev data not found")
     from tokenomy.backends.base import GenRequest
     from tokenomy.config import RouteSpec
+    from tokenomy.offline.router.dataset import load_routing_data
+    from tokenomy.offline.router.train import train_classifier
     from tokenomy.pipeline.request import RequestContext
     from tokenomy.pipeline.route import Route
-    from tokenomy.router.classifier import RouteClassifier
-    from tokenomy.router.dataset import load_routing_data
 
     rows = [json.loads(x) for x in open(DATA)][::12]
     subset = tmp_path / "train.jsonl"
     subset.write_text("\n".join(json.dumps(r) for r in rows))
-    router = RouteClassifier.train(load_routing_data(subset), embedding="minilm")
+    router = train_classifier(load_routing_data(subset), embedding="minilm")
     router.save(tmp_path / "router.json")
     spec = RouteSpec.model_validate({"strategy": "classifier", "models": ["weak", "strong"],
                                      "classifier": {"path": str(tmp_path / "router.json")}})

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tokenomy.offline.router.command import app
+from tokenomy.offline.router.dataset import load_routing_data
 from tokenomy.router.classifier import RouteClassifier
-from tokenomy.router.command import app
-from tokenomy.router.dataset import load_routing_data
 
 runner = CliRunner()
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenomy.router.calibrate import operating_point
+from tokenomy.offline.router.calibrate import operating_point
+from tokenomy.offline.router.dataset import RoutingData
+from tokenomy.offline.router.evaluate import evaluate_baselines, evaluate_scores
 from tokenomy.router.classifier import RouteClassifier
-from tokenomy.router.dataset import RoutingData
-from tokenomy.router.evaluate import evaluate_baselines, evaluate_scores
 
 
 def evaluate_router(
