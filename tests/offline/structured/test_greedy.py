@@ -10,7 +10,7 @@ from tokenomy.structured.constraint import Constraint
 from tokenomy.structured.schema import json_schema_format, output_format, parse_tool_calls, tools_prompt
 from tokenomy.structured.validate import validate, validate_output
 
-DEV = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "jsonschema", "dev.jsonl")
+DEV = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data", "jsonschema", "dev.jsonl")
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
                                       "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
