@@ -7,6 +7,7 @@ import os
 import re
 
 import httpx
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -79,7 +80,10 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     assert rows[-1]["benchmark"] == "gsm8k" and rows[0]["benchmark"] == "mmlu"
     p, ctx = choose(gsm, {})
     assert set(ctx.vectors) == {gsm}                                   # embedded here, left for the cache
-    assert p == round(router.p_weak_ok(gsm, router.embed([gsm])[0]), 4)
+    # Exact: the route's classifier, loaded from the file, computes bit for bit what the trained one does on the same
+    # vector (both hold the file's C-ordered float64 arrays); the vector is the text's embedding, to float32 noise.
+    assert p == round(router.p_weak_ok(gsm, ctx.vectors[gsm]), 4)
+    np.testing.assert_allclose(ctx.vectors[gsm], router.embed([gsm])[0], rtol=0, atol=1e-6)
     # The memo's vector is what the router judges: the MMLU prompt's vector under the GSM8K text gives the
     # probability of that vector, not of the text's own embedding.
     other = router.embed([mmlu])[0]

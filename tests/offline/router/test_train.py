@@ -49,8 +49,8 @@ def test_router_without_group_labels(dev_rows, tmp_path) -> None:
     router = train_classifier(load_routing_data(path))
     assert router.prior is None
     router.save(tmp_path / "r.json")
-    assert RouteClassifier.load(tmp_path / "r.json").p_weak_ok(rows[1]["prompt"]) == pytest.approx(
-        router.p_weak_ok(rows[1]["prompt"]))
+    # bit for bit without a prior too: a trained classifier holds its arrays as the file does
+    assert RouteClassifier.load(tmp_path / "r.json").p_weak_ok(rows[1]["prompt"]) == router.p_weak_ok(rows[1]["prompt"])
 
 
 def test_training_refuses_data_it_cannot_learn_from(train_file) -> None:
