@@ -15,7 +15,8 @@ the expected accuracy the strong model would add, P(strong right) - P(weak right
 alone is worse (dev split, MMLU APGR 0.58 vs 0.65): many prompts the weak model fails, the strong one fails too.
 
 Prediction: the weak model when p_weak_ok >= threshold, else the strong one. Training and calibration are
-offline (tokenomy/offline/router/train.py, calibrate.py); this module only loads and applies a router file.
+offline (tokenomy/offline/router/train.py, calibrate.py); this module holds the classifier, applies it, and
+reads and writes its file.
 
 File. One JSON document: a readable header (format, version, models, threshold and the target it came from,
 feature configuration, training summary) and the arrays as base64 float64. Loading never executes code,
