@@ -2,12 +2,12 @@
 
 SmolLM2-135M answers first; Gemma-3-270M answers when the cascade's signals fail. The 48 prompts are short
 factual questions with a known answer, split in two interleaved halves: floors are calibrated on one half
-(`tokenomy.router.floors`, the code behind `tokenomy router calibrate --cascade`) and every policy is measured on
-the other. Each model answers each measured prompt once (greedy); each cascade policy is then replayed through
-`cascade.judge`, the function the route stage calls, so an escalated request costs the cheap answer plus the
-capable model's real answer, as the ledger bills it. Prices are the packaged models' notional ones (USD per 1M
-tokens), so the saving is a share, not a bill. Quality proxy: the share of final answers that contain the known
-answer (a regular expression per prompt).
+(`tokenomy.offline.router.floors`, the code behind `tokenomy router calibrate --cascade`) and every policy is
+measured on the other. Each model answers each measured prompt once (greedy); each cascade policy is then
+replayed through `cascade.judge`, the function the route stage calls, so an escalated request costs the cheap
+answer plus the capable model's real answer, as the ledger bills it. Prices are the packaged models' notional
+ones (USD per 1M tokens), so the saving is a share, not a bill. Quality proxy: the share of final answers that
+contain the known answer (a regular expression per prompt).
 
 Truncation: both models get the same max_tokens and Gemma-3-270M (a base model) runs to max_tokens on every
 prompt, so escalating a truncated answer buys nothing here; the calibrated policies run with
@@ -32,8 +32,8 @@ from rich.table import Table  # noqa: E402
 
 from tokenomy.config import CascadeSettings, ModelSpec  # noqa: E402
 from tokenomy.meter.pricing import cost  # noqa: E402
+from tokenomy.offline.router.floors import Answer, choose_floors, sample_answers  # noqa: E402
 from tokenomy.router.cascade import judge  # noqa: E402
-from tokenomy.router.floors import Answer, choose_floors, sample_answers  # noqa: E402
 
 QUESTIONS = [
     ("What is the capital of France?", r"\bparis\b"),

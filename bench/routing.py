@@ -4,13 +4,13 @@
 
 Protocol: rows are split into k folds by a hash of the prompt; for each fold a router is trained on the other
 folds (everything it learns, C included, comes from them) and scores the held-out fold. The held-out scores of
-all folds together are evaluated with RouteLLM's metrics (tokenomy/router/evaluate.py), on MMLU and GSM8K
+all folds together are evaluated with RouteLLM's metrics (tokenomy/offline/router/evaluate.py), on MMLU and GSM8K
 separately and together, next to a random router (mean of 20 draws) and the oracle. Per-fold APGR spread shows
 the noise. Variants, side by side: the default router (minilm-static embedding); the same with the contextual
 MiniLM embedding; without the per-domain prior (text + embedding only); the prior alone. Calibration transfer:
 a threshold set on the training folds for a 30% strong share, or for 95% of the strong model's quality,
-applied to the held-out fold. Latency: `Router.decide` on single prompts not embedded before, embedding
-included, for both embeddings; and with the embedding handed in. Contextual embeddings of the data file are
+applied to the held-out fold. Latency: `RouteClassifier.predict` on single prompts not embedded before,
+embedding included, for both embeddings; and with the embedding handed in. Contextual embeddings of the data file are
 cached under /tmp/tokenomy-bench-cache (keyed by the file's SHA-256) so reruns skip the slow part.
 GSM8K-only study (`--salts N`, 0 skips it): a router trained on GSM8K rows alone with word-problem features and
 the contextual embedding, cross-validated over N fold assignments to show the spread (see gsm8k_study).
@@ -31,16 +31,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokenomy.router.calibrate import (  # noqa: E402
+from tokenomy.offline.router.calibrate import (  # noqa: E402
     operating_point,
     threshold_for_quality_floor,
     threshold_for_strong_share,
 )
-from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING, Router, _choose_c, _logistic  # noqa: E402
-from tokenomy.router.dataset import RoutingData, RoutingDataError, load_routing_data  # noqa: E402
-from tokenomy.router.evaluate import evaluate_scores  # noqa: E402
+from tokenomy.offline.router.dataset import RoutingData, RoutingDataError, load_routing_data  # noqa: E402
+from tokenomy.offline.router.evaluate import evaluate_scores  # noqa: E402
+from tokenomy.offline.router.report import score_slices  # noqa: E402
+from tokenomy.offline.router.train import choose_c, logistic, train_classifier  # noqa: E402
+from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING  # noqa: E402
 from tokenomy.router.features import EMBEDDINGS, embed_prompts, word_problem_matrix  # noqa: E402
-from tokenomy.router.report import score_slices  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "routing" / "routellm-dev.jsonl"
 CACHE = Path("/tmp/tokenomy-bench-cache")
@@ -75,7 +76,7 @@ def cached_embeddings(path: Path, data: RoutingData, kind: str) -> np.ndarray:
 
 
 def without_prior(data: RoutingData) -> RoutingData:
-    """The same rows with no group labels, so Router.train fits no per-domain prior."""
+    """The same rows with no group labels, so train_classifier fits no per-domain prior."""
     blank = [""] * len(data)
     return RoutingData(data.weak, data.strong, data.prompts, data.weak_ok, data.strong_ok, blank, blank)
 
@@ -91,14 +92,14 @@ def cross_validate(data: RoutingData, x: dict[str, np.ndarray], folds: int) -> d
     for k in range(folds):
         train, test = assignment != k, assignment == k
         train_rows, test_rows = data.subset(train), data.subset(test)
-        router = Router.train(train_rows, x[main][train], embedding=main)
+        router = train_classifier(train_rows, x[main][train], embedding=main)
         chosen_c.append(router.meta["C"])
         p_ok = router.p_weak_ok_many(test_rows.prompts, x[main][test])
         variants["learned"][test] = p_ok
         other = "minilm" if main != "minilm" else "minilm-static"
-        variants[f"learned, {other}"][test] = Router.train(train_rows, x[other][train], embedding=other) \
+        variants[f"learned, {other}"][test] = train_classifier(train_rows, x[other][train], embedding=other) \
             .p_weak_ok_many(test_rows.prompts, x[other][test])
-        variants["no prior"][test] = Router.train(without_prior(train_rows), x[main][train], embedding=main) \
+        variants["no prior"][test] = train_classifier(without_prior(train_rows), x[main][train], embedding=main) \
             .p_weak_ok_many(test_rows.prompts, x[main][test])
         # The prior alone: its per-domain mean of (strong - weak), mapped like p_weak_ok = (1 - gain) / 2.
         variants["prior only"][test] = (
@@ -134,8 +135,9 @@ def cross_validate(data: RoutingData, x: dict[str, np.ndarray], folds: int) -> d
 
 def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: int) -> dict:
     """A GSM8K-only router: word-problem features (features.word_problem_features) and the contextual MiniLM
-    embedding's first 16 principal components, a 4-class logistic regression as in Router with C chosen by
-    inner 5-fold log loss; p_weak_ok as in Router. Everything (scaling, PCA, C) is fit on the training folds.
+    embedding's first 16 principal components, a 4-class logistic regression as in RouteClassifier with C chosen
+    by inner 5-fold log loss; p_weak_ok as in RouteClassifier. Everything (scaling, PCA, C) is fit on the training
+    folds.
     Repeated over `salts` fold assignments (salt 0 = the main table's folds) to show the spread."""
     from sklearn.decomposition import PCA
 
@@ -160,8 +162,8 @@ def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: in
             def feats(m: np.ndarray, mean=mean, scale=scale, pca=pca, spread=spread) -> np.ndarray:
                 return np.c_[(dense[m] - mean) / scale, pca.transform(x[m]) / spread]
 
-            c = _choose_c(feats(train), labels[train])
-            model = _logistic(c).fit(feats(train), labels[train])
+            c = choose_c(feats(train), labels[train])
+            model = logistic(c).fit(feats(train), labels[train])
             proba = np.zeros((test.sum(), len(CLASSES)))
             proba[:, model.classes_] = model.predict_proba(feats(test))
             p_ok[test] = proba[:, 2] + 0.5 * (proba[:, 0] + proba[:, 3])
@@ -173,26 +175,26 @@ def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: in
 
 
 def decision_latency(data: RoutingData, x: np.ndarray, kind: str, n: int) -> dict:
-    """Router.decide on single prompts not yet embedded in this process, embedding included.
+    """RouteClassifier.predict on single prompts not yet embedded in this process, embedding included.
 
     Wall time is what a request waits; CPU time (all threads of the process) is the compute, which stays
     meaningful when other work shares the cores. A second pass over the same prompts, with their embeddings
     handed in (as the semantic cache's vector could be), times the router's own work."""
-    router = Router.train(data, x, embedding=kind)
+    router = train_classifier(data, x, embedding=kind)
     prompts = list(dict.fromkeys(data.prompts))
     rng = np.random.default_rng(0)
     sample = [prompts[i] for i in rng.choice(len(prompts), size=min(n, len(prompts)), replace=False)]
-    router.decide("warm up the embedder")
+    router.predict("warm up the embedder")
     wall, cpu, own = [], [], []
     for prompt in sample:
         w, c = time.perf_counter(), time.process_time()
-        router.decide(prompt)
+        router.predict(prompt)
         wall.append((time.perf_counter() - w) * 1000)
         cpu.append((time.process_time() - c) * 1000)
     vectors = router.embed(sample)
     for prompt, vector in zip(sample, vectors, strict=True):
         w = time.perf_counter()
-        router.decide(prompt, vector)
+        router.predict(prompt, vector)
         own.append((time.perf_counter() - w) * 1000)
 
     def pct(values: list[float], q: float) -> float:

@@ -10,7 +10,7 @@ exact repeat: the exact cache answers it before the semantic one is asked, so it
 protocol. A GPTCache file (JSON array of {"origin","similar"}) is all duplicates: origin = a, similar = b.
 
 Held-out reporting: only pairs whose stored question the shipped verifier was NOT calibrated on are looked up
-(``--split unseen``, the default; on the dev file that is the half ``tokenomy.cache.calibrate`` left out, on
+(``--split unseen``, the default; on the dev file that is the half ``tokenomy.offline.cache.calibrate`` left out, on
 any other file all of it). Every ``a`` of the file is stored either way.
 
 Index: the partition is padded to ``--index-size`` entries (default 100,000) with synthetic entries in the same
@@ -37,11 +37,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokenomy.cache.calibrate import embed_cached, fingerprint, load_pairs  # noqa: E402
 from tokenomy.cache.entry import CacheEntry  # noqa: E402
 from tokenomy.cache.key import question_key  # noqa: E402
 from tokenomy.cache.semantic import SemanticCache  # noqa: E402
 from tokenomy.cache.verify import DEFAULT_VERIFIER, Verifier  # noqa: E402
+from tokenomy.offline.cache.calibrate import embed_cached, fingerprint, load_pairs  # noqa: E402
 
 CTX = "bench-context"
 PAD_SEED = 0

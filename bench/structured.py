@@ -139,7 +139,7 @@ def _walk(c: Constraint, steps: int, rng: np.random.Generator, full_us: list[flo
 def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens: int, model: str,
              console: Console, loops: bool = True, only: set[str] | None = None, wrap_up: float = 0.0,
              tpot_pairs: int | None = None, fit: bool = True) -> dict[str, Any]:
-    from tokenomy.structured.greedy import GreedyRunner
+    from tokenomy.offline.structured.greedy import GreedyRunner
 
     runner = GreedyRunner(model, n_ctx=2048 + max_tokens, n_threads=THREADS)
     seen: collections.Counter[str] = collections.Counter()
@@ -240,7 +240,7 @@ def _accuracy(value: dict | None, truth: dict) -> float:
 
 def extraction(n: int, compiler: GrammarCompiler, model: str, max_tokens: int, console: Console,
                bounds: dict[str, int | None]) -> dict:
-    from tokenomy.structured.greedy import GreedyRunner
+    from tokenomy.offline.structured.greedy import GreedyRunner
 
     runner = GreedyRunner(model, n_ctx=2048, n_threads=THREADS)
     grammar = compiler.compile(json_schema_format(EXTRACT_SCHEMA, **bounds))

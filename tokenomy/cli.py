@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from tokenomy.meter.command import report
+from tokenomy.offline.router.command import app as router_app
 from tokenomy.plan.command import plan
-from tokenomy.router.command import app as router_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.command("plan")(plan)

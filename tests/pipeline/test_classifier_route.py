@@ -6,6 +6,7 @@ import json
 import re
 
 import httpx
+import numpy as np
 from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, live_server
@@ -53,15 +54,15 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     cache's lookup leaves it) and leaves it there when it had to embed (for the cache's add)."""
     from tokenomy.backends.base import GenRequest
     from tokenomy.config import RouteSpec
+    from tokenomy.offline.router.dataset import load_routing_data
+    from tokenomy.offline.router.train import train_classifier
     from tokenomy.pipeline.request import RequestContext
     from tokenomy.pipeline.route import Route
-    from tokenomy.router.classifier import Router
-    from tokenomy.router.dataset import load_routing_data
 
     rows = routing_rows(12)
     subset = tmp_path / "train.jsonl"
     subset.write_text("\n".join(json.dumps(r) for r in rows))
-    router = Router.train(load_routing_data(subset), embedding="minilm")
+    router = train_classifier(load_routing_data(subset), embedding="minilm")
     router.save(tmp_path / "router.json")
     spec = RouteSpec.model_validate({"strategy": "classifier", "models": ["weak", "strong"],
                                      "classifier": {"path": str(tmp_path / "router.json")}})
@@ -77,7 +78,10 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     assert rows[-1]["benchmark"] == "gsm8k" and rows[0]["benchmark"] == "mmlu"
     p, ctx = choose(gsm, {})
     assert set(ctx.vectors) == {gsm}                                   # embedded here, left for the cache
-    assert p == round(router.p_weak_ok(gsm, router.embed([gsm])[0]), 4)
+    # Exact: the route's classifier, loaded from the file, computes bit for bit what the trained one does on the same
+    # vector (both hold the file's C-ordered float64 arrays); the vector is the text's embedding, to float32 noise.
+    assert p == round(router.p_weak_ok(gsm, ctx.vectors[gsm]), 4)
+    np.testing.assert_allclose(ctx.vectors[gsm], router.embed([gsm])[0], rtol=0, atol=1e-6)
     # The memo's vector is what the router judges: the MMLU prompt's vector under the GSM8K text gives the
     # probability of that vector, not of the text's own embedding.
     other = router.embed([mmlu])[0]

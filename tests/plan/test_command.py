@@ -20,7 +20,7 @@ REQUIRED_KEYS = {"weight_bytes", "kv_bytes_per_token", "kv_bytes_per_sequence", 
 
 def _app() -> typer.Typer:
     """The real `tokenomy` app when all of cli.py's imports exist; else the same command on its own app."""
-    if importlib.util.find_spec("tokenomy.router.command") is not None:
+    if importlib.util.find_spec("tokenomy.offline.router.command") is not None:
         from tokenomy.cli import app
 
         return app

@@ -37,7 +37,7 @@ def test_bench_json(bench, dev_rows, tmp_path, capsys) -> None:
 def test_gsm8k_study_reports_each_fold_assignment(bench, dev_rows, tmp_path) -> None:
     import numpy as np
 
-    from tokenomy.router.dataset import load_routing_data
+    from tokenomy.offline.router.dataset import load_routing_data
     from tokenomy.router.features import embed_prompts
 
     rows = [r for r in dev_rows if r["benchmark"] == "gsm8k"][:60]

@@ -23,13 +23,3 @@ def compiler(tokenizer: Any) -> Iterator[GrammarCompiler]:
     c = GrammarCompiler(tokenizer, timeout_s=10.0)
     yield c
     c.close()
-
-
-@pytest.fixture(scope="session")
-def runner() -> Iterator[Any]:
-    pytest.importorskip("llama_cpp")
-    from tokenomy.structured.greedy import GreedyRunner
-
-    r = GreedyRunner(n_ctx=2048, n_threads=2)
-    yield r
-    r.close()

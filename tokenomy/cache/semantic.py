@@ -92,7 +92,7 @@ class SemanticCache:
         self.verifier = load_default() if verifier == "default" else verifier
         if error_budget is not None and self.verifier is None:
             raise ValueError("an error budget needs a verifier; build tokenomy/cache/verifier.json with "
-                             "`python -m tokenomy.cache.calibrate` or pass error_budget=None")
+                             "`python -m tokenomy.offline.cache.calibrate` or pass error_budget=None")
         self._embedder = embedder
         self._default_embedder = embedder is None
         self.embed_threads = embed_threads

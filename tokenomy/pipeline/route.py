@@ -104,9 +104,9 @@ class Route:
                 ladder = [model] + [m for m in models if m != model]
                 return ladder, f"rules: rule {i} matched", signals
         if "classifier" in s and spec.classifier is not None:
-            router = self._classifier(spec.classifier.path)
-            p = float(router.p_weak_ok(text, self._vector(ctx, router, text)))
-            threshold = spec.classifier.threshold if spec.classifier.threshold is not None else router.threshold
+            classifier = self._classifier(spec.classifier.path)
+            p = float(classifier.p_weak_ok(text, self._vector(ctx, classifier, text)))
+            threshold = spec.classifier.threshold if spec.classifier.threshold is not None else classifier.threshold
             signals.update(p_cheap_ok=round(p, 4), threshold=round(float(threshold), 4))
             start = 0 if p >= threshold else len(models) - 1
             by = f"classifier: p={p:.4f} {'>=' if start == 0 else '<'} {threshold:.4f}"
@@ -126,21 +126,21 @@ class Route:
         return models[start:] + models[:start], by, signals
 
     @staticmethod
-    def _vector(ctx: RequestContext, router: Any, text: str) -> Any:
-        """The contextual MiniLM vector of `text` for a router trained on it, shared through the request's memo
+    def _vector(ctx: RequestContext, classifier: Any, text: str) -> Any:
+        """The contextual MiniLM vector of `text` for a classifier trained on it, shared through the request's memo
         with the semantic cache (which may have embedded it for its lookup, or will for its add); None lets a
-        router on another embedding compute its own."""
-        if router.embedding != "minilm":
+        classifier on another embedding compute its own."""
+        if classifier.embedding != "minilm":
             return None
         if text not in ctx.vectors:
-            ctx.vectors[text] = router.embed([text])[0]
+            ctx.vectors[text] = classifier.embed([text])[0]
         return ctx.vectors[text]
 
     def _classifier(self, path: str) -> Any:
         if path not in self._classifiers:
-            from tokenomy.router.classifier import Router
+            from tokenomy.router.classifier import RouteClassifier
 
-            self._classifiers[path] = Router.load(path)
+            self._classifiers[path] = RouteClassifier.load(path)
         return self._classifiers[path]
 
     # ---- cascade ------------------------------------------------------------------------------------------

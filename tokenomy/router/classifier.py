@@ -1,4 +1,5 @@
-"""The learned router: prompt -> calibrated chance that the weak model's answer is good enough -> weak or strong.
+"""The learned route classifier: prompt -> calibrated chance that the weak model's answer is good enough -> weak or
+strong. (It advises; the route stage, pipeline/route.py, routes.)
 
 Model. Features are [group priors (4), text features (14)] standardised, plus the prompt embedding projected
 on its first 16 principal components (each scaled to unit variance). A multinomial logistic regression
@@ -13,8 +14,9 @@ strong model's win rate, 1 - p_weak_ok): "good enough" means "no worse than the 
 the expected accuracy the strong model would add, P(strong right) - P(weak right). Ranking by P(weak right)
 alone is worse (dev split, MMLU APGR 0.58 vs 0.65): many prompts the weak model fails, the strong one fails too.
 
-Decision: the weak model when p_weak_ok >= threshold, else the strong one. The regularisation strength C is
-chosen by 5-fold log loss inside the training data only.
+Prediction: the weak model when p_weak_ok >= threshold, else the strong one. Training and calibration are
+offline (tokenomy/offline/router/train.py, calibrate.py); this module holds the classifier, applies it, and
+reads and writes its file.
 
 File. One JSON document: a readable header (format, version, models, threshold and the target it came from,
 feature configuration, training summary) and the arrays as base64 float64. Loading never executes code,
@@ -25,36 +27,29 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from tokenomy.router.dataset import RoutingData
 from tokenomy.router.features import EMBEDDINGS, TEXT_FEATURES, embed_prompts, text_feature_matrix
-from tokenomy.router.prior import OUTCOMES, GroupPrior, outcome_matrix
+from tokenomy.router.prior import OUTCOMES, GroupPrior
 
 FORMAT = "tokenomy-router"
 VERSION = 1
 DEFAULT_EMBEDDING = "minilm-static"  # fits the 15 ms decision budget on a 2-core CPU; see features.py
 CLASSES = ("neither", "strong_only", "weak_only", "both")  # index = 2 * weak_ok + strong_ok
-PCA_COMPONENTS = 16
-C_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
-MIN_ROWS = 20
+# The parameter arrays a router file stores (besides the prior's), in the file's order.
+_ARRAYS = ("scaler_mean", "scaler_scale", "pca_mean", "pca_components", "pca_scale", "coef", "intercept")
 
 
 class RouterFileError(ValueError):
     """A router file is missing, unreadable or not a tokenomy router."""
 
 
-class RouterTrainingError(ValueError):
-    """The data cannot train a router (too few rows, no variation in outcomes)."""
-
-
 @dataclass(frozen=True)
-class Decision:
-    """One routing decision, with what it was based on (for the ledger and x-tokenomy-route)."""
+class Prediction:
+    """The classifier's choice for one prompt, with the numbers behind it (for the ledger and x-tokenomy-route)."""
 
     model: str
     probability: float  # p_weak_ok
@@ -65,7 +60,9 @@ class Decision:
 
 
 @dataclass
-class Router:
+class RouteClassifier:
+    """The classifier behind a route's `classifier` strategy: p_weak_ok for a prompt, and the model it picks."""
+
     weak: str
     strong: str
     threshold: float
@@ -81,63 +78,13 @@ class Router:
     embedding: str = DEFAULT_EMBEDDING
     meta: dict = field(default_factory=dict)
 
-    # ---- training ----------------------------------------------------------------------------------------
-
-    @classmethod
-    def train(
-        cls, data: RoutingData, embeddings: np.ndarray | None = None, strong_share: float = 0.5,
-        embedding: str = DEFAULT_EMBEDDING,
-    ) -> Router:
-        """Fit on `data` (with `embeddings` of its prompts, if already computed, of kind `embedding`); the
-        threshold is set so that `strong_share` of the training prompts go strong."""
-        from sklearn.decomposition import PCA
-
-        if embedding not in EMBEDDINGS:
-            raise RouterTrainingError(f"unknown embedding {embedding!r}; known: {', '.join(EMBEDDINGS)}")
-        if len(data) < MIN_ROWS:
-            raise RouterTrainingError(f"need at least {MIN_ROWS} rows to train a router, got {len(data)}")
-        labels = (2 * data.weak_ok + data.strong_ok).astype(int)
-        if len(set(labels.tolist())) < 2:
-            raise RouterTrainingError("every row has the same outcome for both models: nothing to learn")
-        x = embed_prompts(data.prompts, embedding) if embeddings is None else np.asarray(embeddings, np.float32)
-        groups = [d or b for d, b in zip(data.domains, data.benchmarks, strict=True)]
-        from threadpoolctl import threadpool_limits
-
-        # Small dense problems: one BLAS thread is faster than two fighting over shared cores (6x on PCA here).
-        with threadpool_limits(1):
-            prior, prior_train = None, np.zeros((len(data), 0))
-            if len(set(groups)) >= 2 and all(groups):
-                prior, prior_train = GroupPrior.fit(x, groups, outcome_matrix(data.weak_ok, data.strong_ok))
-            dense = np.c_[prior_train, text_feature_matrix(data.prompts)]
-            scaler_mean, scaler_scale = dense.mean(0), _safe_scale(dense.std(0))
-            n_components = min(PCA_COMPONENTS, len(data) - 1, x.shape[1])
-            pca = PCA(n_components=n_components, random_state=0).fit(x)
-            projected = pca.transform(x)
-            pca_scale = _safe_scale(projected.std(0))
-            features = np.c_[(dense - scaler_mean) / scaler_scale, projected / pca_scale]
-
-            c = _choose_c(features, labels)
-            model = _logistic(c).fit(features, labels)
-        router = cls(
-            weak=data.weak, strong=data.strong, threshold=0.0,
-            scaler_mean=scaler_mean, scaler_scale=scaler_scale,
-            pca_mean=pca.mean_.astype(np.float64), pca_components=pca.components_.astype(np.float64),
-            pca_scale=pca_scale, coef=np.atleast_2d(model.coef_), intercept=np.atleast_1d(model.intercept_),
-            classes=[int(k) for k in model.classes_], prior=prior, embedding=embedding,
-            meta={
-                "C": c,
-                "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "rows": len(data),
-                "weak_quality": float(data.weak_ok.mean()),
-                "strong_quality": float(data.strong_ok.mean()),
-            },
-        )
-        from tokenomy.router.calibrate import threshold_for_strong_share
-
-        calibration = threshold_for_strong_share(router.p_weak_ok_many(data.prompts, x), strong_share)
-        router.threshold = calibration.threshold
-        router.meta["target"] = {"strong_share": strong_share, "set_by": "train (on its own training rows)"}
-        return router
+    def __post_init__(self) -> None:
+        # Hold every parameter exactly as save() writes it and load() reads it back: C-ordered float64. Fitted
+        # arrays come out of scikit-learn as float32 or as Fortran-ordered views, and BLAS sums those in another
+        # order than the same numbers in the file's layout; converting here makes a loaded router compute bit for
+        # bit what the router that was saved computes, on any CPU.
+        for name in _ARRAYS:
+            setattr(self, name, _canonical(getattr(self, name)))
 
     # ---- inference ---------------------------------------------------------------------------------------
 
@@ -177,7 +124,7 @@ class Router:
         `embedding`: this prompt's vector of the router's embedding kind, when the caller has it already."""
         return float(self.p_weak_ok_many([prompt], embedding)[0])
 
-    def decide(self, prompt: str, embedding: np.ndarray | None = None) -> Decision:
+    def predict(self, prompt: str, embedding: np.ndarray | None = None) -> Prediction:
         """The weak model when p_weak_ok >= threshold, else the strong one, with the numbers behind it."""
         p = self.class_probabilities([prompt], embedding)[0]
         p_ok = float(weak_ok_probability(p[None, :])[0])
@@ -186,17 +133,13 @@ class Router:
             model, reason = self.weak, f"p_weak_ok {p_ok:.3f} >= threshold {self.threshold:.3f}"
         else:
             model, reason = self.strong, f"p_weak_ok {p_ok:.3f} < threshold {self.threshold:.3f}"
-        return Decision(model, p_ok, self.threshold, reason, weak_right, strong_right)
+        return Prediction(model, p_ok, self.threshold, reason, weak_right, strong_right)
 
     # ---- file --------------------------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
         """Write the router as one JSON file (see module docstring); replaces the file atomically."""
-        arrays = {
-            "scaler_mean": self.scaler_mean, "scaler_scale": self.scaler_scale, "pca_mean": self.pca_mean,
-            "pca_components": self.pca_components, "pca_scale": self.pca_scale, "coef": self.coef,
-            "intercept": self.intercept,
-        }
+        arrays = {name: getattr(self, name) for name in _ARRAYS}
         if self.prior is not None:
             arrays |= {"prior_centroids": self.prior.centroids, "prior_rates": self.prior.rates}
         document = {
@@ -222,7 +165,7 @@ class Router:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: str | Path) -> Router:
+    def load(cls, path: str | Path) -> RouteClassifier:
         """Read a router file written by save(); RouterFileError says what is wrong with a bad one."""
         path = Path(path)
         if not path.is_file():
@@ -284,41 +227,13 @@ def weak_ok_probability(class_probabilities: np.ndarray) -> np.ndarray:
     return p[:, 2] + 0.5 * (p[:, 0] + p[:, 3])
 
 
-def _logistic(c: float):
-    from sklearn.linear_model import LogisticRegression
-
-    return LogisticRegression(C=c, max_iter=5000)
-
-
-def _choose_c(features: np.ndarray, labels: np.ndarray) -> float:
-    """The C in C_GRID with the least 5-fold cross-validated log loss on the training rows."""
-    from sklearn.metrics import log_loss
-    from sklearn.model_selection import KFold
-
-    if len(labels) < 100:
-        return 0.03
-    present = np.unique(labels)
-    folds = list(KFold(5, shuffle=True, random_state=0).split(features))
-    losses = []
-    for c in C_GRID:
-        total = 0.0
-        for train, test in folds:
-            if len(np.unique(labels[train])) < 2:
-                continue
-            model = _logistic(c).fit(features[train], labels[train])
-            proba = np.full((len(test), len(present)), 1e-6)
-            proba[:, np.searchsorted(present, model.classes_)] = model.predict_proba(features[test])
-            total += log_loss(labels[test], proba / proba.sum(1, keepdims=True), labels=present) * len(test)
-        losses.append(total)
-    return float(C_GRID[int(np.argmin(losses))])
-
-
-def _safe_scale(std: np.ndarray) -> np.ndarray:
-    return np.where(std > 1e-12, std, 1.0)
+def _canonical(array: np.ndarray) -> np.ndarray:
+    """The layout and precision of a router file's arrays (what _decode returns)."""
+    return np.ascontiguousarray(array, dtype="<f8")
 
 
 def _encode(array: np.ndarray) -> dict:
-    array = np.ascontiguousarray(array, dtype="<f8")
+    array = _canonical(array)
     return {"shape": list(array.shape), "float64": base64.b64encode(array.tobytes()).decode("ascii")}
 
 

@@ -36,6 +36,12 @@ class GroupPrior:
     rates: np.ndarray  # (groups, len(OUTCOMES))
     tau: float = TAU
 
+    def __post_init__(self) -> None:
+        # The router file's layout and precision (see the classifier's __post_init__): a fitted prior
+        # computes bit for bit what the same prior loaded from a file computes.
+        self.centroids = np.ascontiguousarray(self.centroids, dtype="<f8")
+        self.rates = np.ascontiguousarray(self.rates, dtype="<f8")
+
     @classmethod
     def fit(
         cls, embeddings: np.ndarray, groups: list[str], outcomes: np.ndarray

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenomy.router.calibrate import (
+from tokenomy.offline.router.calibrate import (
     CalibrationError,
     operating_point,
     threshold_for_quality_floor,

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenomy.router.dataset import RoutingDataError, load_routing_data
+from tokenomy.offline.router.dataset import RoutingDataError, load_routing_data
 
 
 def write(tmp_path: Path, text: str) -> Path:

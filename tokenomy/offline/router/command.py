@@ -30,11 +30,12 @@ def _guard(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from tokenomy.config import ConfigError
-        from tokenomy.router.calibrate import CalibrationError
-        from tokenomy.router.classifier import RouterFileError, RouterTrainingError
-        from tokenomy.router.dataset import RoutingDataError
-        from tokenomy.router.evaluate import NoGapError
-        from tokenomy.router.floors import FloorError
+        from tokenomy.offline.router.calibrate import CalibrationError
+        from tokenomy.offline.router.dataset import RoutingDataError
+        from tokenomy.offline.router.evaluate import NoGapError
+        from tokenomy.offline.router.floors import FloorError
+        from tokenomy.offline.router.train import RouterTrainingError
+        from tokenomy.router.classifier import RouterFileError
 
         try:
             return fn(*args, **kwargs)
@@ -62,15 +63,15 @@ def train(
     """Train a router on DATA and save it to OUT (recalibrate it on held-out data with `calibrate`)."""
     import time
 
-    from tokenomy.router.classifier import Router
-    from tokenomy.router.dataset import load_routing_data
+    from tokenomy.offline.router.dataset import load_routing_data
+    from tokenomy.offline.router.train import train_classifier
 
     if not 0.0 <= strong_share <= 1.0:
         raise _UserError(f"--strong-share must be between 0 and 1, got {strong_share}")
     rows = load_routing_data(data, weak, strong)
     _check_writable(out)
     started = time.perf_counter()
-    router = Router.train(rows, strong_share=strong_share, embedding=embedding)
+    router = train_classifier(rows, strong_share=strong_share, embedding=embedding)
     router.save(out)
     meta = router.meta
     typer.echo(
@@ -124,20 +125,20 @@ def calibrate(
         _calibrate_cascade(config, route, prompts, escalation_share, break_even, min_saving, max_tokens, signals,
                            stream, threads, out, as_json)
         return
-    from tokenomy.router.calibrate import (
+    from tokenomy.offline.router.calibrate import (
         operating_point,
         threshold_for_quality_floor,
         threshold_for_strong_share,
     )
-    from tokenomy.router.classifier import Router
-    from tokenomy.router.dataset import load_routing_data
+    from tokenomy.offline.router.dataset import load_routing_data
+    from tokenomy.router.classifier import RouteClassifier
 
     if router_path is None or data is None:
         raise _UserError("give --router and --data (or --cascade with --config, --route and --prompts)")
     if (strong_share is None) == (quality_floor is None):
         raise _UserError("give exactly one of --strong-share and --quality-floor")
     _check_writable(out or router_path)
-    router = Router.load(router_path)
+    router = RouteClassifier.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong, require_labels=quality_floor is not None)
     p_ok = router.p_weak_ok_many(rows.prompts)
     if strong_share is not None:
@@ -158,11 +159,11 @@ def calibrate(
 def _calibrate_cascade(config: Path | None, route: str | None, prompts: Path | None, escalation_share: float | None,
                        break_even: bool, min_saving: float, max_tokens: int, signals: str, stream: bool,
                        threads: int | None, out: Path | None, as_json: bool) -> None:
-    """Run the route's first model on the prompts, then choose floors (tokenomy.router.floors)."""
+    """Run the route's first model on the prompts, then choose floors (tokenomy.offline.router.floors)."""
     import asyncio
 
     from tokenomy.config import load_config
-    from tokenomy.router.floors import answers_to_json, choose_floors, load_prompts, sample_answers
+    from tokenomy.offline.router.floors import answers_to_json, choose_floors, load_prompts, sample_answers
 
     if config is None or route is None or prompts is None:
         raise _UserError("--cascade needs --config, --route and --prompts")
@@ -233,9 +234,9 @@ def evaluate(
     seeds: int = typer.Option(20, help="Random-router draws to average."),
 ) -> None:
     """Quality-cost curve, APGR, CPT(50%) and CPT(80%) of the router against random and oracle routers."""
-    from tokenomy.router.classifier import Router
-    from tokenomy.router.dataset import load_routing_data
-    from tokenomy.router.report import evaluate_router, print_report, write_plot
+    from tokenomy.offline.router.dataset import load_routing_data
+    from tokenomy.offline.router.report import evaluate_router, print_report, write_plot
+    from tokenomy.router.classifier import RouteClassifier
 
     if points < 1 or seeds < 1:
         raise _UserError("--points and --seeds must be at least 1")
@@ -243,7 +244,7 @@ def evaluate(
         raise _UserError(f"--plot must end in .png or .html, got {plot.name}")
     if plot is not None:
         _check_writable(plot)
-    router = Router.load(router_path)
+    router = RouteClassifier.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong)
     report = evaluate_router(router, rows, points=points, seeds=seeds)
     if plot is not None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tokenomy.router.classifier import Router
-from tokenomy.router.command import app
-from tokenomy.router.dataset import load_routing_data
+from tokenomy.offline.router.command import app
+from tokenomy.offline.router.dataset import load_routing_data
+from tokenomy.router.classifier import RouteClassifier
 
 runner = CliRunner()
 
@@ -33,17 +33,18 @@ def test_calibrate_hits_the_requested_strong_share(router_file, test_file, tmp_p
     out = tmp_path / "calibrated.json"
     result = run("calibrate", "--router", router_file, "--data", test_file, "--strong-share", "0.3", "--out", out)
     assert result.exit_code == 0, result.output
-    router, data = Router.load(out), load_routing_data(test_file)
+    router, data = RouteClassifier.load(out), load_routing_data(test_file)
     share = (router.p_weak_ok_many(data.prompts) < router.threshold).mean()
     assert share == pytest.approx(0.3, abs=0.005)
-    assert router.meta["target"]["strong_share"] == 0.3 and Router.load(router_file).threshold != router.threshold
+    assert router.meta["target"]["strong_share"] == 0.3
+    assert RouteClassifier.load(router_file).threshold != router.threshold
 
 
 def test_calibrate_quality_floor_keeps_the_quality(router_file, test_file, tmp_path) -> None:
     out = tmp_path / "floor.json"
     result = run("calibrate", "--router", router_file, "--data", test_file, "--quality-floor", "0.95", "--out", out)
     assert result.exit_code == 0, result.output
-    router, data = Router.load(out), load_routing_data(test_file)
+    router, data = RouteClassifier.load(out), load_routing_data(test_file)
     strong = router.p_weak_ok_many(data.prompts) < router.threshold
     quality = np.where(strong, data.strong_ok, data.weak_ok).mean()
     assert quality >= 0.95 * data.strong_ok.mean() and strong.mean() < 1.0

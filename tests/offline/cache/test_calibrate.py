@@ -1,21 +1,22 @@
+"""Fitting the semantic cache's verifier offline: pair files, the calibration split, cross-fitting, exported trees,
+nearest candidates. (The shipped verifier itself: tests/cache/test_verify.py.)"""
+
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tokenomy.cache.calibrate import (
+from tokenomy.offline.cache.calibrate import (
     cross_fit,
     fingerprint,
     in_calibration_half,
     load_pairs,
     nearest_candidates,
 )
-from tokenomy.cache.verify import DEFAULT_VERIFIER, FEATURES, Verifier, jeffreys_upper, load_default, pair_features
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "cache" / "data"  # tests/cache/data, shared with the cache bench test
 
 
 def test_load_both_formats(tmp_path: Path) -> None:
@@ -52,15 +53,6 @@ def test_split_is_by_hash_of_the_stored_question() -> None:
     assert fingerprint("A b") == fingerprint(" a  B ")
 
 
-def test_jeffreys_upper_matches_the_beta_quantile() -> None:
-    from scipy.stats import beta
-
-    for wrong, total in [(0, 50), (3, 300), (10, 400), (40, 100)]:
-        exact = beta.ppf(0.8, wrong + 0.5, total - wrong + 0.5)
-        assert abs(jeffreys_upper(wrong, total, 0.8) - exact) < 2e-3
-    assert jeffreys_upper(0, 0, 0.8) == 1.0
-
-
 def test_cross_fit_probabilities_are_out_of_fold_and_informative() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(600, 3))
@@ -75,7 +67,7 @@ def test_cross_fit_probabilities_are_out_of_fold_and_informative() -> None:
 def test_exported_trees_predict_exactly_like_sklearn() -> None:
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    from tokenomy.cache.calibrate import TREE_PARAMS, fit_model, predict
+    from tokenomy.offline.cache.calibrate import TREE_PARAMS, fit_model, predict
 
     rng = np.random.default_rng(0)
     x = rng.random((800, 5))
@@ -85,7 +77,7 @@ def test_exported_trees_predict_exactly_like_sklearn() -> None:
 
 
 def test_nearest_candidates_labels_right_and_wrong(tmp_path: Path) -> None:
-    from tokenomy.cache.calibrate import Pair
+    from tokenomy.offline.cache.calibrate import Pair
 
     stored = ["s1", "s2", "s3"]
     sv = np.eye(3, 384, dtype=np.float32)
@@ -95,23 +87,3 @@ def test_nearest_candidates_labels_right_and_wrong(tmp_path: Path) -> None:
     c = nearest_candidates(stored, sv, pairs, qv)
     assert c.texts == ["s1", "s2", "s1"]
     assert c.wrong.tolist() == [False, True, True]  # non-duplicate, then another entry
-
-
-def test_shipped_verifier_is_consistent() -> None:
-    v = load_default()
-    assert v is not None, "tokenomy/cache/verifier.json missing: run python -m tokenomy.cache.calibrate"
-    assert v.spec["features"] == list(FEATURES)
-    # A larger budget never demands a higher p; a stricter gate never needs a lower-quality point to exist.
-    for t in (0.8, 0.9):
-        assert v.operating_point(0.2, t) <= v.operating_point(0.15, t) <= v.operating_point(0.1, t)
-        assert v.operating_point(0.2, t) < 1  # a loose enough budget is certified somewhere
-    # The same question reworded scores higher than the same words with the meaning flipped.
-    same = v.probability(pair_features("How can I learn French fast?", "How do I learn French quickly?", 0.93, 0.7))
-    flipped = v.probability(pair_features("How can I learn French fast?", "How can I learn German fast?", 0.9, 0.7))
-    assert same > flipped
-    with pytest.raises(ValueError, match="error_budget"):
-        v.operating_point(0.0, 0.9)
-    bad = dict(v.spec, features=["cos"])
-    with pytest.raises(ValueError, match="feature set"):
-        Verifier(bad)
-    assert json.loads(DEFAULT_VERIFIER.read_text())["source"]["pairs"] > 0

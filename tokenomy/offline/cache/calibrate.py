@@ -1,6 +1,6 @@
 """Fit and calibrate the semantic-cache verifier; writes ``tokenomy/cache/verifier.json``.
 
-    python -m tokenomy.cache.calibrate --data ../shared/data/semantic-cache/qqp-dev.jsonl
+    python -m tokenomy.offline.cache.calibrate --data ../shared/data/semantic-cache/qqp-dev.jsonl
 
 Protocol (so that the shipped figures are honest on data the verifier never saw):
 1. Split the pairs by a hash of the stored question ``a``: the calibration half (``in_calibration_half``) is
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenomy.cache.key import normalise
-from tokenomy.cache.verify import FEATURES, features_matrix
+from tokenomy.cache.verify import DEFAULT_VERIFIER, FEATURES, features_matrix
 
 EMBED_CACHE = Path("/tmp/tokenomy-embeddings")
 MIN_GATE = 0.70
@@ -239,10 +239,10 @@ def calibrate(data: Path, out: Path, kind: str = "trees", c: float = 1.0, confid
 
 
 def main(argv: list[str] | None = None) -> int:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=root.parent / "shared/data/semantic-cache/qqp-dev.jsonl")
-    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("verifier.json"))
+    ap.add_argument("--out", type=Path, default=DEFAULT_VERIFIER)
     ap.add_argument("--model", choices=["trees", "logistic"], default="trees", help="verifier model kind")
     ap.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression")
     ap.add_argument("--confidence", type=float, default=0.8, help="confidence of the wrong-share upper bound")

@@ -12,9 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from tokenomy.config import CascadeSettings, Config, Price
+from tokenomy.offline.router.command import app
+from tokenomy.offline.router.floors import FloorError, answers_from_json, choose_floors, load_prompts
 from tokenomy.router.cascade import judge
-from tokenomy.router.command import app
-from tokenomy.router.floors import FloorError, answers_from_json, choose_floors, load_prompts
 
 runner = CliRunner()
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "What is 12 times 12?",

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenomy.router.calibrate import operating_point
-from tokenomy.router.classifier import Router
-from tokenomy.router.dataset import RoutingData
-from tokenomy.router.evaluate import evaluate_baselines, evaluate_scores
+from tokenomy.offline.router.calibrate import operating_point
+from tokenomy.offline.router.dataset import RoutingData
+from tokenomy.offline.router.evaluate import evaluate_baselines, evaluate_scores
+from tokenomy.router.classifier import RouteClassifier
 
 
 def evaluate_router(
-    router: Router, data: RoutingData, points: int = 10, seeds: int = 20, embeddings: np.ndarray | None = None
+    router: RouteClassifier, data: RoutingData, points: int = 10, seeds: int = 20, embeddings: np.ndarray | None = None
 ) -> dict:
     """Everything `tokenomy router eval` shows, as plain JSON-ready data."""
     from tokenomy.router.classifier import weak_ok_probability

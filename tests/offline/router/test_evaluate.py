@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenomy.router.evaluate import (
+from tokenomy.offline.router.evaluate import (
     apgr,
     cpt,
     evaluate_baselines,
@@ -43,7 +43,7 @@ def test_apgr_and_cpt_of_a_perfect_ranking_by_hand() -> None:
 
 
 def test_cpt_interpolates_on_the_crossing_segment_and_caps_at_one() -> None:
-    from tokenomy.router.evaluate import CurvePoint
+    from tokenomy.offline.router.evaluate import CurvePoint
 
     curve = [CurvePoint(0, 0.0, 0.5), CurvePoint(0, 0.5, 0.6), CurvePoint(0, 1.0, 0.7)]
     assert cpt(curve, 0.5, 0.7, 0.5) == pytest.approx(0.5)

@@ -1,9 +1,10 @@
 """Reference constrained decoding: one sequence, greedy, on the engine's own ModelRunner.
 
-This is the semantics the engine's sampler reproduces per sequence (see constraint.py and engine.py's
-``_postprocess``), small enough to read in one screen; tests and ``bench/structured.py`` use it to measure
-compliance and TPOT with and without a grammar. It drives ``tokenomy.engine.runner.ModelRunner`` (flash
-attention, unified KV, the engine's batch layout), so what it times is the kernels the engine runs.
+This is the semantics the engine's sampler reproduces per sequence (see tokenomy/structured/constraint.py and
+tokenomy/engine/engine.py's ``_postprocess``), small enough to read in one screen; tests and
+``bench/structured.py`` use it to measure compliance and TPOT with and without a grammar. It drives
+``tokenomy.engine.runner.ModelRunner`` (flash attention, unified KV, the engine's batch layout), so what it times
+is the kernels the engine runs.
 
 Fast-forward, as in the engine: after a token is sampled, the tokens the grammar then forces are appended too,
 and the sampled token plus the forced run go into ONE ``llama_decode``; a constrained answer thus takes fewer

@@ -1,0 +1,35 @@
+"""Real SmolLM2 vocabulary and model, loaded once per session, and the reference greedy runner on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tokenomy.structured.grammar import GrammarCompiler
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    pytest.importorskip("llama_cpp")
+    from tokenomy.structured.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def compiler(tokenizer: Any) -> Iterator[GrammarCompiler]:
+    c = GrammarCompiler(tokenizer, timeout_s=10.0)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def runner() -> Iterator[Any]:
+    pytest.importorskip("llama_cpp")
+    from tokenomy.offline.structured.greedy import GreedyRunner
+
+    r = GreedyRunner(n_ctx=2048, n_threads=2)
+    yield r
+    r.close()
