@@ -88,7 +88,7 @@ class GreedyRunner:
 
     def _decode(self, tokens: list[int], start: int) -> np.ndarray:
         """Feed ``tokens`` at positions start.. (in n_batch slices); logits after the last one."""
-        n_batch = self.runner.cfg.n_batch
+        n_batch = self.runner.cfg.max_batch_tokens
         for i in range(0, len(tokens), n_batch):
             part = tokens[i:i + n_batch]
             rows = self.runner.decode([Chunk(SLOT, part, start + i, logits=i + n_batch >= len(tokens))])
