@@ -90,14 +90,7 @@ def redis_url() -> Iterator[str]:
     if url:
         yield url
         return
-    try:
-        server = services.start_redis()
-    except services.ServiceError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    yield from _session_server(services.start_redis)
 
 
 @pytest.fixture(scope="session")
@@ -116,8 +109,15 @@ def postgres_url() -> Iterator[str]:
                         "the variable to have the tests start one from the pgserver wheel", pytrace=False)
         yield url
         return
+    yield from _session_server(services.start_postgres)
+
+
+def _session_server(start: Any) -> Iterator[str]:
+    """Start a test server with `start` (failing the test with its message if it cannot), yield its URL, stop it."""
+    from tests import services
+
     try:
-        server = services.start_postgres()
+        server = start()
     except services.ServiceError as e:
         pytest.fail(str(e), pytrace=False)
     try:

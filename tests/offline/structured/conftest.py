@@ -1,4 +1,5 @@
-"""Real SmolLM2 vocabulary and model, loaded once per session, and the reference greedy runner on it."""
+"""The reference greedy runner on the real SmolLM2 model, loaded once per session; the vocabulary and grammar
+compiler come from tests/structured/conftest.py."""
 
 from __future__ import annotations
 
@@ -7,22 +8,7 @@ from typing import Any
 
 import pytest
 
-from tokenomy.structured.grammar import GrammarCompiler
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    pytest.importorskip("llama_cpp")
-    from tokenomy.structured.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def compiler(tokenizer: Any) -> Iterator[GrammarCompiler]:
-    c = GrammarCompiler(tokenizer, timeout_s=10.0)
-    yield c
-    c.close()
+from tests.structured.conftest import compiler, tokenizer  # noqa: F401
 
 
 @pytest.fixture(scope="session")
