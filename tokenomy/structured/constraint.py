@@ -307,11 +307,6 @@ class Constraint:
             elif byte == 0x22:
                 self._in_string = not self._in_string
 
-    def apply(self, logits: np.ndarray) -> np.ndarray:
-        """Set the logits of disallowed tokens to -inf in place (first n_vocab entries); returns ``logits``."""
-        logits[: self.n_vocab][~self.allowed()] = -np.inf
-        return logits
-
     def forced(self) -> list[int]:
         """Tokens the grammar forces next (may be empty); the caller appends them and calls ``advance``."""
         if self._matcher.is_stopped():
@@ -337,16 +332,6 @@ class Constraint:
     def is_complete(self) -> bool:
         """The output so far is a complete valid document (stopping here is allowed)."""
         return self._matcher.is_accepting()
-
-    def rollback(self, n: int) -> None:
-        """Undo the last ``n`` consumed tokens (speculative decoding, preemption)."""
-        if n and not self._matcher.rollback(n):
-            raise ConstraintError(clean_reason(self._matcher.get_error()) or f"cannot roll back {n} tokens")
-        if n:
-            del self.history[-n:]
-            if self.soft_limit is not None:
-                self._in_string = self._escape = False
-                self._track(self.history)
 
     @property
     def error(self) -> str:
