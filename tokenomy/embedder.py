@@ -3,16 +3,14 @@
 Two interchangeable encoders compute the same function (BERT, mean pooling over real tokens, unit length):
 
 - ``onnx`` (default when onnxruntime is installed): the model exported once to ONNX under the tokenomy cache
-  directory and run by onnxruntime, with the Rust ``tokenizers`` tokenizer. A one-question embedding takes
-  11 ms with one thread and 7 ms with two on this 2-core machine, against 28 ms and 20 ms through
-  sentence-transformers/torch: the semantic cache's lookup is mostly this call. Vectors agree with
+  directory and run by onnxruntime, with the Rust ``tokenizers`` tokenizer. Its vectors agree with
   sentence-transformers' to a cosine of 0.99999 (tests/test_embedder.py checks it), so the verifier's
   calibration holds for both.
 - ``torch``: sentence-transformers itself; also what the export is made from.
 
-Threads: one by default. A served process shares its cores with the engine, and an embedding spinning two
-threads against llama.cpp's loses more to contention than it gains (torch: 750 ms instead of 40 ms measured under
-load). onnxruntime's thread spinning is switched off so a busy core is given back at once.
+Threads: one by default, because a served process shares its cores with the engine; onnxruntime's thread
+spinning is switched off so a busy core is given back at once. Timings of both encoders and of contention:
+docs/cache.md.
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ class EmbeddingMemo:
 
 class StaticEmbedder:
     """MiniLM without its transformer: the mean of the prompt's input token vectors (the model's own word
-    embedding table, special tokens left out), unit length. About 0.3 ms a prompt instead of tens of ms,
-    because nothing is contextualised; for routing it ranks MMLU as well as the full model (see bench)."""
+    embedding table, special tokens left out), unit length. Nothing is contextualised, so it costs a table
+    lookup per token instead of a transformer pass (timings and routing quality: docs/routing.md)."""
 
     max_tokens = 1024  # a longer prompt is judged on its start; tokenising megabytes would cost more than routing
 
