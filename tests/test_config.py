@@ -81,6 +81,23 @@ def test_structured_and_semantic_settings_are_checked(tmp_path):
         load_config(p)
 
 
+def test_packaged_models_start_from_their_measured_structured_settings(tmp_path):
+    from tokenomy.models import PACKAGED
+
+    shipped = PACKAGED["smollm2-135m-instruct"].structured
+    default = Config.model_validate({}).models[0].structured
+    assert default.wrap_up == shipped["wrap_up"] and default.max_array_items == shipped["max_array_items"]
+    assert default.wrap_up is not None and default.break_loops
+    p = tmp_path / "c.yaml"  # each field set in the file overrides one default; null turns it off
+    p.write_text("models: [{name: smollm2-135m-instruct, structured: {wrap_up: null, max_string_length: 40}}]\n")
+    st = load_config(p).models[0].structured
+    assert st.wrap_up is None and st.max_string_length == 40 and st.max_array_items == shipped["max_array_items"]
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    own = Config.model_validate({"models": [{"name": "mine", "gguf": str(gguf)}]}).models[0].structured
+    assert own.wrap_up is None and own.max_array_items is None   # a model nobody measured gets no bounds
+
+
 def test_the_same_key_twice_and_unknown_allowed_models_are_refused() -> None:
     import pytest
 

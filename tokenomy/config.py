@@ -42,7 +42,8 @@ class Price(_Strict):
 class StructuredSettings(_Strict):
     """Constrained decoding on an embedded model. Every option only narrows what the grammar allows, so answers
     still validate against the request's schema. The size bounds change what a valid answer may hold (a list cut
-    to max_array_items), so they are off by default; small models that loop inside long schemas need them."""
+    to max_array_items), so they are off for a GGUF path; a packaged model starts from its measured defaults
+    (models.PackagedModel.structured), and each field set here overrides one (null turns it off)."""
 
     break_loops: bool = True                     # ban the token that continues a span repeated verbatim
     wrap_up: float | None = Field(None, gt=0, lt=1, description="past this share of max_tokens, only tokens "
@@ -82,6 +83,9 @@ class ModelSpec(_Strict):
                 p = PACKAGED[self.gguf]
                 self.price = Price(input=p.price_input, cached_input=p.price_cached_input,
                                    output=p.price_output, notional=True)
+            if self.gguf in PACKAGED:
+                chosen = self.structured.model_dump(exclude_unset=True)
+                self.structured = StructuredSettings(**{**PACKAGED[self.gguf].structured, **chosen})
         else:
             if not self.base_url:
                 raise ValueError(f"model {self.name!r}: openai backends need `base_url`")

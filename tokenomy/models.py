@@ -5,8 +5,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+# Constrained-decoding settings (config.StructuredSettings fields) that measure best for the packaged small
+# models: they loop inside long schemas and run out of max_tokens unless the answer winds down (docs/structured.md).
+SMALL_MODEL_STRUCTURED: dict[str, Any] = {"break_loops": True, "wrap_up": 0.6, "max_array_items": 3}
 
 
 @dataclass(frozen=True)
@@ -18,6 +23,8 @@ class PackagedModel:
     price_input: float = 0.02
     price_cached_input: float = 0.005
     price_output: float = 0.08
+    # Defaults for the model's `structured:` settings; a config sets any of them to override (null turns one off).
+    structured: dict[str, Any] = field(default_factory=lambda: dict(SMALL_MODEL_STRUCTURED))
 
 
 PACKAGED: dict[str, PackagedModel] = {
