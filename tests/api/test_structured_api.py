@@ -75,3 +75,65 @@ def test_bad_schemas_get_400_naming_the_reason(client, fmt):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5,
                                        response_format=fmt)
     assert e.value.status_code == 400 and e.value.body["message"]
+
+
+LONG = {"type": "object", "properties": {f"required_field_number_{i}": {"type": "string"} for i in range(12)},
+        "additionalProperties": False}
+LONG["required"] = list(LONG["properties"])
+
+
+def _schema(schema, name="x"):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+
+def test_a_schema_whose_shortest_answer_cannot_fit_is_refused_naming_the_minimum(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Fill it in."}],
+                                       max_tokens=10, response_format=_schema(LONG))
+    body = e.value.body
+    assert e.value.status_code == 400 and body["param"] == "max_tokens"
+    assert "max_tokens" in body["message"] and "at least" in body["message"]
+    need = int(body["message"].rsplit("at least ", 1)[1].split()[0])
+    assert need > 10
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Fill it in."}],
+                                       max_tokens=need + 8, temperature=0, response_format=_schema(LONG))
+    assert r.choices[0].finish_reason == "stop"     # the default wrap-up fits it in what the minimum named
+    jsonschema.validate(json.loads(r.choices[0].message.content), LONG)
+
+
+def test_the_default_server_finishes_json_inside_a_small_max_tokens(client):
+    """The packaged model's wrap-up is on by default: a long-winded answer still ends as valid JSON."""
+    for fmt in ({"type": "json_object"}, _schema({"type": "object", "properties": {
+            "story": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["story", "tags"]})):
+        for stream in (False, True):
+            kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell a long story about a cat."}],
+                      max_tokens=24, temperature=0, response_format=fmt)
+            if stream:
+                chunks = list(client.chat.completions.create(**kw, stream=True))
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                finish = chunks[-1].choices[0].finish_reason
+            else:
+                r = client.chat.completions.create(**kw)
+                text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+            assert finish == "stop" and isinstance(json.loads(text), dict)
+
+
+def test_an_answer_cut_inside_json_is_counted_when_wrap_up_is_turned_off():
+    import httpx
+
+    from tests.conftest import live_server
+
+    cfg = {"models": [{"name": MODEL, "structured": {"wrap_up": None, "max_array_items": None}}]}
+    with live_server(cfg) as srv:
+        c = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+        # at least 200 characters of story: a few long whitespace tokens could do it, the model writes words
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A long story."}],
+                                      max_tokens=30, temperature=0,
+                                      response_format=_schema({"type": "object", "properties": {
+                                          "story": {"type": "string", "minLength": 200}}, "required": ["story"]}))
+        assert r.choices[0].finish_reason == "length"
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(r.choices[0].message.content)
+        metrics = httpx.get(srv.root + "/metrics").text
+        assert f'tokenomy_schema_cut_total{{model="{MODEL}"}} 1.0' in metrics

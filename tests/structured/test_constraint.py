@@ -1,3 +1,4 @@
+import json
 import time
 
 import numpy as np
@@ -218,3 +219,65 @@ def test_first_token_may_not_open_a_container_that_cannot_fit(compiler, tokenize
     tokens = tokenizer.tokenize_str("12")
     tight.advance(tokens)                                 # the ban is for the first token only
     assert tight.is_complete()
+
+
+def _wind_down(c, tokenizer, limit=120):
+    """Follow wrap-up's choices (forced tokens, else the first allowed token) to the end of the document."""
+    n = 0
+    while not c.is_done() and n < limit:
+        ff = c.forced()
+        if not ff:
+            allowed = np.flatnonzero(c.allowed())
+            if len(allowed) == 1 and allowed[0] == tokenizer.eos_token:
+                break
+            ff = [int(allowed[0])]
+        c.advance(ff)
+        n += len(ff)
+    return tokenizer.decode_bytes(c.history)
+
+
+@pytest.mark.parametrize("string, written", [
+    ({"type": "string", "format": "email"}, '"john.doe.json.json'),   # no "@" yet: the quote is not allowed
+    ({"type": "string", "format": "uuid"}, '"12'),
+    ({"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}, '"AB'),
+    ({"type": "string", "pattern": "^/api/v1/exports/\\d+/export_files/\\d+$"}, '"/api/v1/exp'),
+    # unanchored (JSON Schema's default): every byte stays valid, so only an example match of the pattern ends it
+    ({"type": "string", "pattern": "/api/v1/exports/\\d+/export_files/\\d+"}, '"see '),
+])
+def test_wrap_up_steers_a_string_that_cannot_end_yet_to_a_valid_end(compiler, tokenizer, string, written):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"v": string}, "required": ["v"], "additionalProperties": False}
+    c = Constraint(compiler.compile(json_schema_format(schema)), soft_limit=0)
+    c.advance(tokenizer.tokenize_str('{"v": ' + written))
+    quote = tokenizer.tokenize_str('"')[0]
+    assert not c.allowed()[quote] or string.get("pattern", "").startswith("/")  # stuck without steering
+    text = _wind_down(c, tokenizer)
+    assert c.is_complete() and c.steered > 0
+    jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+
+
+def test_closing_path_gives_up_within_its_budget_on_a_string_that_can_never_end(compiler, tokenizer):
+    from tokenomy.structured.constraint import closing_path
+
+    g = compiler.compile(json_schema_format({"type": "string", "pattern": "^a{3}$"}))
+    c = Constraint(g)
+    c.advance(tokenizer.tokenize_str('"aaa'))
+    t = g.tables
+    assert closing_path(c._matcher, t.byte_tokens, t.byte_tokens[0x22]) is None  # the quote is due now, not later
+    assert c.allowed()[t.byte_tokens[0x22]]
+
+
+def test_start_constraint_refuses_a_schema_whose_shortest_answer_cannot_fit(compiler):
+    from tokenomy.structured.constraint import NoRoom, closing_length, start_constraint
+
+    keys = {f"required_field_number_{i}": {"type": "string"} for i in range(12)}
+    g = compiler.compile(json_schema_format({"type": "object", "properties": keys, "required": list(keys)}))
+    need = closing_length(g)
+    assert need > 40
+    with pytest.raises(NoRoom) as e:
+        start_constraint(g, need - 1, wrap_up=0.6)
+    assert e.value.need == need and str(need) in str(e.value)
+    c = start_constraint(g, need + 10, wrap_up=0.6)
+    assert c.soft_limit == 10 and c.break_loops
+    assert start_constraint(g, need, wrap_up=None).soft_limit is None

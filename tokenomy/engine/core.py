@@ -165,15 +165,19 @@ class Core:
 
     def _start_constrained(self, rid: int, prompt: list[int], params: SamplingParams, spec: ConstraintSpec,
                            request_id: str | None, stream: bool) -> None:
-        from tokenomy.structured import Constraint, SchemaError
+        from tokenomy.structured import ConstraintError, NoRoom, SchemaError, start_constraint
 
         try:
             grammar = self.compiler().compile(spec.fmt)
-            constraint = Constraint(grammar, break_loops=spec.break_loops)
-            if spec.wrap_up is not None:
-                # Wind down at the configured share of max_tokens, or earlier when the schema's shortest answer
-                # would not fit after it; the first plan for a schema walks its grammar (milliseconds to 0.5 s).
-                constraint.plan_wrap_up(params.max_tokens, spec.wrap_up)
+            constraint = start_constraint(grammar, params.max_tokens, spec.break_loops, spec.wrap_up)
+        except NoRoom as e:
+            self._compiling.discard(rid)
+            self._reject(rid, "invalid_request", str(e), param="max_tokens")
+            return
+        except ConstraintError as e:   # no answer can end: _error reports it as an unsatisfiable schema
+            self._compiling.discard(rid)
+            self._reject(rid, "invalid_schema", str(e), param="response_format")
+            return
         except SchemaError as e:
             self._compiling.discard(rid)
             self._reject(rid, "invalid_schema", f"Invalid schema: {e.reason}", param=e.param)

@@ -140,6 +140,8 @@ class Metrics:
         self.upstream_errors = Counter("tokenomy_upstream_errors_total", "Upstream errors", ["backend", "kind"],
                                        registry=r)
         # cost
+        self.schema_cut = Counter("tokenomy_schema_cut_total", "Answers under a JSON response_format that ended at "
+                                  "max_tokens inside the JSON", ["model"], registry=r)
         self.cost = Counter("tokenomy_cost_usd_total", "USD spent", ["model"], registry=r)
         self.saved = Counter("tokenomy_saved_usd_total", "USD saved", ["by"], registry=r)
         # business

@@ -6,6 +6,7 @@ The record observes; it never changes a response.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -99,8 +100,23 @@ class Record:
                     m.tpot.labels(model).observe((u.e2e_s - u.ttft_s) / (u.completion_tokens - 1))
         if ctx.error is not None and ctx.error.status == 429:
             m.rejections.labels(ctx.error.code or "rate_limit").inc()
+        if ctx.finish_reason == "length" and cut_inside_json(ctx):
+            m.schema_cut.labels(model).inc()
+            ctx.schema_problem = ctx.schema_problem or "cut at max_tokens inside the JSON"
         for sink in self.sinks:
             try:
                 sink(ctx)
             except Exception:       # a broken sink must never break the request path
                 log.exception("record sink failed")
+
+
+def cut_inside_json(ctx: RequestContext) -> bool:
+    """The request asked for JSON (``response_format`` json_schema or json_object) and its text does not parse."""
+    fmt = ctx.gen.response_format
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("json_schema", "json_object"):
+        return False
+    try:
+        json.loads(ctx.text)
+    except ValueError:
+        return True
+    return False

@@ -7,7 +7,7 @@ each step; validate.py checks finished answers with ``jsonschema``; tokenizer.py
 tokenizer from a llama.cpp vocabulary.
 """
 
-from tokenomy.structured.constraint import Constraint, ConstraintError
+from tokenomy.structured.constraint import Constraint, ConstraintError, NoRoom, start_constraint
 from tokenomy.structured.grammar import CompiledGrammar, GrammarCompiler
 from tokenomy.structured.schema import OutputFormat, SchemaError, json_schema_format, output_format
 from tokenomy.structured.tools import ToolCallStream, parse_tool_calls, tools_prompt
@@ -18,6 +18,7 @@ __all__ = [
     "Constraint",
     "ConstraintError",
     "GrammarCompiler",
+    "NoRoom",
     "OutputFormat",
     "SchemaError",
     "ToolCallStream",
@@ -26,6 +27,7 @@ __all__ = [
     "json_schema_format",
     "output_format",
     "parse_tool_calls",
+    "start_constraint",
     "tools_prompt",
     "validate",
     "validate_output",

@@ -26,6 +26,8 @@ best tier that has any, so the answer takes the shortest way to its end (``wrap_
     inside a JSON string:     1 ``"`` then only ``]`` / ``}``   2 ``"`` then no ``,`` ``[`` ``{``   3 ``"`` first
     outside:                  1 only ``]`` / ``}``   2 ``]`` / ``}`` first   3 ``,`` first, no ``[`` ``{``
                               4 no ``[`` ``{`` at all (a scalar, or a string that tier 1 will close)
+    inside a string that cannot end yet (a ``format`` or ``pattern`` still unmet): the next byte of the
+    shortest way to a closing ``"`` (``closing_path``)
     anything else: the grammar's mask unchanged.
 
 So a string ends as soon as the grammar lets it, a container closes instead of taking another item or
@@ -45,6 +47,8 @@ well as an object with hundreds of required keys).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,25 +98,61 @@ REPLAN_MARGIN = 1.25  # the model's own way to the end is longer than the walk's
 # the slowest dev grammar takes about 0.5 s).
 REPLAN_MAX_WALK_S = 0.02
 CLOSING_ENTRIES = 512
-_closing: LRU[tuple[str, int], tuple[int, float]] = LRU(CLOSING_ENTRIES)  # (grammar key, limit) -> (n, s)
+CLOSING_CAP = 4096  # longest wrap-up walk taken to name a schema's minimum (a longer one is "more than" this)
+# grammar key -> (length or None, seconds, why no answer can end when the walk failed)
+_closing: LRU[str, tuple[int | None, float, str | None]] = LRU(CLOSING_ENTRIES)
 
 
-def closing_length(grammar: CompiledGrammar, limit: int = 4096) -> int:
+def closing_length(grammar: CompiledGrammar, limit: int = CLOSING_CAP) -> int:
     """Tokens a document takes when every step is wrap-up's choice: the forced tokens, else the longest
     allowed token of the best tier, from an empty answer to its end. An estimate (an upper bound) of the
-    shortest answer the grammar allows; ``limit`` when the walk has not ended by then. Cached per grammar."""
-    return _closing_walk(grammar, limit)[0]
+    shortest answer the grammar allows; ``limit`` when the walk does not end by then. Cached per grammar."""
+    n = _closing_walk(grammar)[0]
+    return limit if n is None else min(n, limit)
 
 
-def _closing_walk(grammar: CompiledGrammar, limit: int) -> tuple[int, float]:
-    """(closing_length, seconds the walk took), cached per (grammar, limit)."""
+def _closing_walk(grammar: CompiledGrammar) -> tuple[int | None, float, str | None]:
+    """(closing length, or None past CLOSING_CAP or when the walk failed; seconds the walk took; the grammar's
+    error when it failed), cached per grammar."""
 
-    def walk() -> tuple[int, float]:
+    def walk() -> tuple[int | None, float, str | None]:
         started = time.perf_counter()
-        n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), limit)
-        return n, time.perf_counter() - started
+        try:
+            n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True)
+        except ConstraintError as e:   # the grammar failed on its own shortest answer: nothing can satisfy it
+            return None, time.perf_counter() - started, str(e)
+        return (None if n >= CLOSING_CAP else n), time.perf_counter() - started, None
 
-    return _closing.get_or_compute((grammar.key, limit), walk)
+    return _closing.get_or_compute(grammar.key, walk)
+
+
+class NoRoom(ValueError):
+    """The shortest answer the schema allows (``need`` tokens, None: more than CLOSING_CAP) does not fit in the
+    ``max_tokens`` the request leaves for it; the request should be refused before anything is generated."""
+
+    def __init__(self, need: int | None, max_tokens: int) -> None:
+        self.need, self.max_tokens = need, max_tokens
+        size = f"more than {CLOSING_CAP}" if need is None else f"about {need}"
+        super().__init__(f"the shortest answer this schema allows takes {size} tokens, but this request leaves "
+                         f"{max_tokens} for the completion; raise max_tokens (or shorten the prompt) to at least "
+                         f"{CLOSING_CAP if need is None else need}")
+
+
+def start_constraint(grammar: CompiledGrammar, max_tokens: int, break_loops: bool = True,
+                     wrap_up: float | None = None) -> Constraint:
+    """The constraint for one answer of at most ``max_tokens``, wrap-up planned when ``wrap_up`` is a share.
+    Raises NoRoom when even the shortest answer cannot fit, so an answer is refused instead of cut inside its
+    JSON, and ConstraintError when the grammar fails on the way to any end (a required property that recurses
+    forever). The first call for a grammar walks it (milliseconds; about 0.5 s for the slowest dev schemas)."""
+    need, _, failed = _closing_walk(grammar)
+    if failed is not None:
+        raise ConstraintError(failed)
+    if need is None or need > max_tokens:
+        raise NoRoom(need, max_tokens)
+    c = Constraint(grammar, break_loops=break_loops)
+    if wrap_up is not None:
+        c.plan_wrap_up(max_tokens, wrap_up)
+    return c
 
 
 _root_bans: LRU[tuple[str, int], frozenset[int]] = LRU(CLOSING_ENTRIES)  # (grammar key, limit) -> first bytes
@@ -151,9 +191,9 @@ def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]
     return frozenset(bans)
 
 
-def _walk_to_end(walk: Constraint, limit: int) -> int:
+def _walk_to_end(walk: Constraint, limit: int, strict: bool = False) -> int:
     """Advance ``walk`` (a wrap-up-from-now constraint) by wrap-up's choices until its document ends; the tokens
-    taken, or ``limit`` when it has not ended by then."""
+    taken, or ``limit`` when it has not ended by then (or the grammar failed: ``strict`` raises that instead)."""
     lengths = walk.grammar.tables.lengths[: walk.n_vocab]
     eos = walk.grammar.tokenizer.eos_token
     n = 0
@@ -170,8 +210,74 @@ def _walk_to_end(walk: Constraint, limit: int) -> int:
             walk.advance(ff)
             n += len(ff)
     except ConstraintError:
+        if strict:
+            raise
         return limit
     return min(n, limit) if walk.is_complete() else limit
+
+
+CLOSE_SEARCH_TRIES = 32768  # byte extensions closing_path may try before it gives up (about 1 us each)
+CLOSE_SEARCH_DEPTH = 64    # longest byte path it looks for
+CLOSE_SEARCH_WIDTH = 32    # most paths it keeps per length
+
+
+def _byte_class(b: int) -> int:
+    """Bytes of one class (lower-case letters, upper-case letters, digits) stand for each other in the search;
+    any other byte is its own class."""
+    ch = chr(b)
+    return -1 if ch.islower() else -2 if ch.isupper() else -3 if ch.isdigit() else b
+
+
+def closing_path(matcher: Any, byte_tokens: dict[int, int], quote: int,
+                 examples: Sequence[bytes] = ()) -> list[int] | None:
+    """Single-byte tokens after which the grammar allows the ``quote`` token; None when none turns up. Steers a
+    string whose ``format`` or ``pattern`` is not met yet to a valid end.
+
+    First the shortest of ``examples`` (matches of the schema's patterns, which complete an unanchored pattern
+    written after anything) that the grammar takes from here; else a search for the fewest bytes, of at most
+    CLOSE_SEARCH_DEPTH within CLOSE_SEARCH_TRIES tries: breadth-first over bytes (never a backslash, so the
+    quote is never an escaped one), tried with ``matcher.validate_tokens`` so the matcher's state is not
+    changed. A path's state is the set of bytes valid
+    after it: at each length, paths in the same state count as one, one byte per class is followed from each,
+    and paths from states not met at any shorter length go first (a Kleene star such as an email's local part
+    keeps its state, so the search moves past it to the ``@``)."""
+    for ex in examples:
+        path = [byte_tokens.get(b, -1) for b in ex]
+        if -1 not in path and matcher.validate_tokens([*path, quote]) == len(path) + 1:
+            return path
+    candidates = [(b, t) for b, t in byte_tokens.items() if b != 0x5C]
+    frontier: list[list[int]] = [[]]
+    tries = 0
+    met: set[tuple[int, ...]] = set()
+    for _ in range(CLOSE_SEARCH_DEPTH):
+        states: set[tuple[int, ...]] = set()
+        fresh: list[list[int]] = []
+        stale: list[list[int]] = []
+        for path in frontier:
+            valid = []
+            for b, t in candidates:
+                tries += 1
+                if matcher.validate_tokens([*path, t]) == len(path) + 1:
+                    valid.append((b, t))
+            if tries > CLOSE_SEARCH_TRIES:
+                return None
+            state = tuple(b for b, _ in valid)
+            if state in states:
+                continue
+            states.add(state)
+            if path and matcher.validate_tokens([*path, quote]) == len(path) + 1:
+                return path
+            nxt = stale if state in met else fresh
+            classes: set[int] = set()
+            for b, t in valid:
+                if _byte_class(b) not in classes:
+                    classes.add(_byte_class(b))
+                    nxt.append([*path, t])
+        met |= states
+        frontier = (fresh + stale)[:CLOSE_SEARCH_WIDTH]
+        if not frontier:
+            return None
+    return None
 
 
 def loop_continuation(history: list[int], repeats: int = LOOP_REPEATS, max_period: int = LOOP_MAX_PERIOD,
@@ -218,6 +324,9 @@ class Constraint:
         self.replans = 0  # times _replan moved the soft limit earlier
         self._next_replan = REPLAN_EVERY
         self.wrapups = 0  # masks narrowed by the wrap-up rule
+        self.steered = 0  # of those, steps steered toward the end of a string that could not end yet
+        self._path: list[int] = []  # the rest of the steered path, valid while len(history) == _path_at
+        self._path_at = -1
         self._in_string = False  # JSON lexer state of the text so far (for the wrap-up rule)
         self._escape = False
         self.history: list[int] = []  # tokens consumed so far (the loop breaker reads it)
@@ -231,7 +340,8 @@ class Constraint:
     def plan_wrap_up(self, max_tokens: int, share: float) -> int:
         """Set and return the soft limit for an answer of at most ``max_tokens``: ``share * max_tokens``, or
         earlier when the shortest answer (``closing_length``) would not fit in what is left after it."""
-        need, walk_s = _closing_walk(self.grammar, max_tokens)
+        need, walk_s, _ = _closing_walk(self.grammar)
+        need = max_tokens if need is None else min(need, max_tokens)
         self.soft_limit = max(0, min(int(share * max_tokens), max_tokens - need))
         self.max_tokens = max_tokens if walk_s <= REPLAN_MAX_WALK_S else None  # see REPLAN_MAX_WALK_S
         self.root_bans = root_open_bans(self.grammar, max_tokens)
@@ -296,6 +406,19 @@ class Constraint:
         if best < OTHER:
             mask &= rank == best
             self.wrapups += 1
+        elif self._in_string:
+            if len(self.history) != self._path_at or not self._path:   # not on a path found before: search
+                tables = self.grammar.tables
+                quote = tables.byte_tokens.get(0x22)
+                self._path = (None if quote is None else closing_path(
+                    self._matcher, tables.byte_tokens, quote, self.grammar.pattern_examples)) or []
+            t = self._path.pop(0) if self._path else None
+            if t is not None and t < self.n_vocab and mask[t]:
+                mask[:] = False
+                mask[t] = True
+                self._path_at = len(self.history) + 1   # the rest of the path holds if exactly t comes next
+                self.wrapups += 1
+                self.steered += 1
 
     def _track(self, tokens: list[int]) -> None:
         """Follow whether the text so far ends inside a JSON string (quotes and backslash escapes)."""

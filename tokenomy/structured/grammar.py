@@ -22,6 +22,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import llguidance
@@ -68,6 +69,15 @@ class CompiledGrammar:
 
     def matcher(self) -> llguidance.LLMatcher:
         return self._proto.deep_copy()
+
+    @cached_property
+    def pattern_examples(self) -> list[bytes]:
+        """Example matches of the schema's ``pattern``s, as string-body bytes (see structured/example.py)."""
+        from tokenomy.structured.example import pattern_examples
+
+        if self.fmt is None:
+            return []
+        return pattern_examples([self.fmt.schema, list(self.fmt.tools.values())])
 
 
 class GrammarCompiler:

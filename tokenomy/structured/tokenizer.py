@@ -49,6 +49,16 @@ class TokenTables:
         return np.array([len(self.tokenizer.decode_bytes([t])) for t in range(self.tokenizer.vocab_size)],
                         dtype=np.int32)
 
+    @cached_property
+    def byte_tokens(self) -> dict[int, int]:
+        """Printable ASCII byte -> a token whose text is exactly that byte (bytes without one are left out)."""
+        out: dict[int, int] = {}
+        for t in np.flatnonzero(self.lengths == 1).tolist():
+            b = self.tokenizer.decode_bytes([t])[0]
+            if 0x20 <= b < 0x7F:
+                out.setdefault(b, t)
+        return out
+
 
 def packaged_model_path() -> str:
     """Path of the packaged SmolLM2-135M-Instruct GGUF (found without importing its plugin package)."""
