@@ -44,12 +44,15 @@ from rich.table import Table
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tokenomy.models import DEFAULT_MODEL, PACKAGED  # noqa: E402
 from tokenomy.structured import (  # noqa: E402
     Constraint,
     ConstraintError,
     GrammarCompiler,
+    NoRoom,
     SchemaError,
     json_schema_format,
+    start_constraint,
 )
 from tokenomy.structured import schema as schema_mod  # noqa: E402
 from tokenomy.structured.tokenizer import load_tokenizer, packaged_model_path  # noqa: E402
@@ -160,10 +163,13 @@ def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens
         schema_text = json.dumps(row["schema"], separators=(",", ":"))[:PROMPT_SCHEMA_CHARS]
         prompt = runner.chat_prompt("You answer with JSON only.",
                                     f"Write a short example JSON document for this JSON Schema:\n{schema_text}")
-        c = Constraint(rec["grammar"], break_loops=loops)
-        if wrap_up > 0 and fit:  # earlier than wrap_up * max_tokens when the shortest answer would not fit after
-            c.plan_wrap_up(max_tokens, wrap_up)
-        elif wrap_up > 0:
+        try:  # what the server does: refuse when the shortest answer cannot fit, else plan wrap-up
+            c = start_constraint(rec["grammar"], max_tokens, loops, wrap_up if wrap_up > 0 and fit else None)
+        except NoRoom as e:
+            results[cat].append({"declared": True, "valid": False, "finish": "refused", "need": e.need})
+            console.print(f"[dim]{row['id']}: refused ({e})[/dim]")
+            continue
+        if wrap_up > 0 and not fit:
             c.soft_limit = int(wrap_up * max_tokens)
         gen = runner.generate(prompt, c, max_tokens)
         # An answer cut by max_tokens counts as a failure (it is not a complete document). Validation is
@@ -281,7 +287,7 @@ def extraction(n: int, compiler: GrammarCompiler, model: str, max_tokens: int, c
 
 def _decode_shares(gen: dict[str, Any]) -> dict[str, Any]:
     """Forced-token share and decode calls per token over all generated answers."""
-    made = [r for res in gen["per_collection"].values() for r in res if r["declared"]]
+    made = [r for res in gen["per_collection"].values() for r in res if "tokens" in r]
     tokens = sum(r["tokens"] for r in made)
     return {"generated_tokens": tokens,
             "forced_share": round(sum(r["forced"] for r in made) / tokens, 3) if tokens else None,
@@ -303,15 +309,16 @@ def main() -> None:
     ap.add_argument("--separators", choices=sorted(SEPARATORS), default=None,
                     help="JSON separators the grammar enforces (default: tokenomy's JSON_OPTIONS)")
     ap.add_argument("--max-string", type=int, default=None,
-                    help="default maxLength for free strings (default and 0: off)")
+                    help="default maxLength for free strings (0: off; default: the packaged model's setting)")
     ap.add_argument("--max-items", type=int, default=None,
-                    help="default maxItems for unbounded arrays (default and 0: off)")
+                    help="default maxItems for unbounded arrays (0: off; default: the packaged model's setting)")
     ap.add_argument("--threads", type=int, default=THREADS, help="llama.cpp threads for generation")
     ap.add_argument("--collections", default=None, help="comma-separated collections to --generate for (default: all)")
     ap.add_argument("--tpot-pairs", type=int, default=None,
                     help="time at most this many free runs per collection for TPOT (default: every answer)")
-    ap.add_argument("--wrap-up", type=float, default=0.0,
-                    help="past this share of --max-tokens, keep only closing tokens when allowed (0 = off)")
+    ap.add_argument("--wrap-up", type=float, default=None,
+                    help="past this share of --max-tokens, keep only closing tokens when allowed (0: off; "
+                         "default: the packaged model's setting)")
     ap.add_argument("--no-fit", action="store_true",
                     help="start wrap-up at exactly --wrap-up, not earlier for schemas whose shortest answer is long")
     ap.add_argument("--no-loop-breaker", action="store_true", help="turn the constraint's loop breaker off")
@@ -328,7 +335,14 @@ def main() -> None:
     if args.separators:
         item, key = SEPARATORS[args.separators]
         schema_mod.JSON_OPTIONS = dict(schema_mod.JSON_OPTIONS, item_separator=item, key_separator=key)
-    bounds = {"max_string_length": args.max_string or None, "max_array_items": args.max_items or None}
+    # The product's defaults (the packaged model's `structured` settings) unless a flag overrides one.
+    product = PACKAGED[DEFAULT_MODEL].structured if args.model is None else {}
+    chosen = {"max_string_length": args.max_string, "max_array_items": args.max_items, "wrap_up": args.wrap_up}
+    source = {k: "flag" if v is not None else "product default" if k in product else "off" for k, v in chosen.items()}
+    settings = {k: (v if v is not None else product.get(k)) or None for k, v in chosen.items()}
+    args.wrap_up = settings["wrap_up"] or 0.0
+    bounds = {"max_string_length": settings["max_string_length"], "max_array_items": settings["max_array_items"]}
+    console.print("settings: " + ", ".join(f"{k}={settings[k]} ({source[k]})" for k in chosen))
     model = args.model or packaged_model_path()
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(model)
@@ -363,9 +377,13 @@ def main() -> None:
                 valid = sum(r["valid"] for r in res)
                 declared = sum(r["declared"] for r in res)
                 finished = [r for r in res if r.get("finish") == "stop"]
-                made = [r for r in res if r["declared"]]
+                made = [r for r in res if r["declared"] and r.get("finish") != "refused"]
                 entry.update(generated=len(res), empirical=valid / len(res),
-                             compliance=valid / declared if declared else None,
+                             # valid among every answer generated (cut ones included); refused ones apart
+                             compliance=valid / len(made) if made else None,
+                             declared_generated=declared,
+                             refused_no_room=[r.get("need") for r in res if r.get("finish") == "refused"],
+                             cut=sum(r.get("finish") == "length" for r in res),
                              # the grammar's own guarantee: answers that ended by themselves all validate
                              finished=len(finished),
                              valid_when_finished=(sum(r["valid"] for r in finished) / len(finished)
@@ -395,7 +413,7 @@ def main() -> None:
                            if gen and gen["cpu_c"] else None),
         **(_decode_shares(gen) if gen else {}),
         "settings": {"json_options": schema_mod.JSON_OPTIONS, **bounds, "loop_breaker": not args.no_loop_breaker,
-                     "wrap_up": args.wrap_up, "wrap_up_fit": not args.no_fit,
+                     "wrap_up": args.wrap_up, "wrap_up_fit": not args.no_fit, "source": source,
                      "close_objects": schema_mod.CLOSE_OBJECTS, "threads": THREADS},
         "generate_per_collection": args.generate, "max_tokens": args.max_tokens,
         "extraction": extract,
