@@ -17,7 +17,8 @@ ENGINE = {"n_ctx": 2048, "max_model_len": 1024, "max_running": 4, "max_retired":
 
 def config(extra_models=(), **routes):
     return {"engine": ENGINE, "cache": NO_CACHE,
-            "models": [{"name": "small", "gguf": "smollm2-135m-instruct"},
+            # wrap-up off: the small model's answers may be cut inside their JSON, which the cascade judges
+            "models": [{"name": "small", "gguf": "smollm2-135m-instruct", "structured": {"wrap_up": None}},
                        {"name": "big", "gguf": "gemma3-270m", "engine": {**ENGINE, "max_running": 1}},
                        *extra_models],
             "routes": routes}

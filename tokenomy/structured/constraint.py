@@ -104,9 +104,10 @@ _closing: LRU[str, tuple[int | None, float, str | None]] = LRU(CLOSING_ENTRIES)
 
 
 def closing_length(grammar: CompiledGrammar, limit: int = CLOSING_CAP) -> int:
-    """Tokens a document takes when every step is wrap-up's choice: the forced tokens, else the longest
-    allowed token of the best tier, from an empty answer to its end. An estimate (an upper bound) of the
-    shortest answer the grammar allows; ``limit`` when the walk does not end by then. Cached per grammar."""
+    """Tokens a document takes when every step is wrap-up's choice: the forced tokens, else the longest (or, in a
+    second walk, the shortest) allowed token of the best tier, from an empty answer to its end; the fewer of the
+    two. An estimate (an upper bound) of the shortest answer the grammar allows; ``limit`` when the walk does not
+    end by then. Cached per grammar."""
     n = _closing_walk(grammar)[0]
     return limit if n is None else min(n, limit)
 
@@ -117,8 +118,9 @@ def _closing_walk(grammar: CompiledGrammar) -> tuple[int | None, float, str | No
 
     def walk() -> tuple[int | None, float, str | None]:
         started = time.perf_counter()
-        try:
-            n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True)
+        try:   # long tokens write required text in few steps; short ones close `{` at once: the fewer wins
+            n = min(_walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True,
+                                 longest=longest) for longest in (True, False))
         except ConstraintError as e:   # the grammar failed on its own shortest answer: nothing can satisfy it
             return None, time.perf_counter() - started, str(e)
         return (None if n >= CLOSING_CAP else n), time.perf_counter() - started, None
@@ -191,10 +193,13 @@ def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]
     return frozenset(bans)
 
 
-def _walk_to_end(walk: Constraint, limit: int, strict: bool = False) -> int:
-    """Advance ``walk`` (a wrap-up-from-now constraint) by wrap-up's choices until its document ends; the tokens
-    taken, or ``limit`` when it has not ended by then (or the grammar failed: ``strict`` raises that instead)."""
+def _walk_to_end(walk: Constraint, limit: int, strict: bool = False, longest: bool = True) -> int:
+    """Advance ``walk`` (a wrap-up-from-now constraint) by wrap-up's choices, the longest allowed token of the
+    best tier each step (``longest=False``: the shortest), until its document ends; the tokens taken, or
+    ``limit`` when it has not ended by then (or the grammar failed: ``strict`` raises that instead)."""
     lengths = walk.grammar.tables.lengths[: walk.n_vocab]
+    if not longest:
+        lengths = -np.where(lengths > 0, lengths, np.iinfo(np.int32).max)
     eos = walk.grammar.tokenizer.eos_token
     n = 0
     try:
