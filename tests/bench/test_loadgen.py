@@ -66,7 +66,7 @@ def test_unreachable_and_timeout_are_failed_records() -> None:
 
     records, _ = go(f"http://127.0.0.1:{free_port()}/v1", Load("closed", 1), n=2)
     assert [r.ok for r in records] == [False, False] and all("ConnectError" in (r.error or "") for r in records)
-    with Served(BenchStub(first_delay=2.0)) as s:
+    with Served(BenchStub(first_delay=1.0)) as s:
         records, _ = go(s.base_url, Load("closed", 1), n=1, opts=Options(timeout_s=0.2))
     assert not records[0].ok and records[0].error.startswith("timeout after 0.2s")
 
