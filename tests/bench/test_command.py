@@ -51,7 +51,7 @@ def test_compare_two_endpoints(tmp_path: Path) -> None:
                   "--rounds", "2", "--concurrency", "1", "-n", "3", "--json", str(out), "--html", str(page))
         assert b.app.bodies[0]["model"] == "n" and a.app.bodies[0]["model"] == "m"
     assert r.exit_code == 0, r.output
-    assert log == ["a"] * 3 + ["b"] * 6 + ["a"] * 3
+    assert log == ["a", "b"] + ["a"] * 3 + ["b"] * 6 + ["a"] * 3     # one unrecorded warm-up request each first
     doc = json.loads(out.read_text())
     base, other = doc["runs"]
     assert (base["endpoint"], other["endpoint"]) == ("base", "compare") and base["rounds"] == 2
@@ -65,7 +65,7 @@ def test_compare_two_endpoints(tmp_path: Path) -> None:
 def test_failures_shown_not_dropped(tmp_path: Path) -> None:
     out = tmp_path / "f.json"
     with Served(BenchStub(fail_every=2)) as s:
-        r = bench("--base-url", s.base_url, "--model", "m", "-n", "4", "--json", str(out))
+        r = bench("--base-url", s.base_url, "--model", "m", "-n", "4", "--warmup", "0", "--json", str(out))
     assert r.exit_code == 0
     run = json.loads(out.read_text())["runs"][0]
     assert (run["completed"], run["failed"]) == (2, 2)
@@ -84,7 +84,8 @@ def test_base_url_without_v1_and_workload_file_replay(tmp_path: Path) -> None:
                     '{"body": {"prompt": "b"}, "arrival_s": 0.1}\n')
     out = tmp_path / "t.json"
     with Served(BenchStub()) as s:
-        r = bench("--base-url", f"http://127.0.0.1:{s.port}", "--model", "m", "-w", str(work), "--json", str(out))
+        r = bench("--base-url", f"http://127.0.0.1:{s.port}", "--model", "m", "-w", str(work), "--warmup", "0",
+                  "--json", str(out))
         assert r.exit_code == 0, r.output
         run = json.loads(out.read_text())["runs"][0]
         assert run["load"] == "trace" and run["completed"] == 2

@@ -150,6 +150,7 @@ def bench(
                                         help="Let response caches answer (default: cache-control no-cache)."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated workloads and Poisson arrivals."),
     timeout: float = typer.Option(600.0, "--timeout", min=0.001, help="Seconds before a request counts as failed."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Unrecorded requests per endpoint before the sweep."),
     save_workload: Path | None = typer.Option(None, "--save-workload",
                                               help="Also write the workload as a JSONL file (to edit or replay)."),
 ) -> None:
@@ -189,11 +190,13 @@ def bench(
                    response_cache=response_cache, timeout_s=timeout)
     n = requests if requests is not None or duration is not None else len(reqs)
     console = Console(stderr=True)
-    runs = _run_live(console, targets, reqs, loads, opts, rounds, n, duration, seed)
+    runs = _run_live(console, targets, reqs, loads, opts, rounds, n, duration, seed, warmup)
 
     summaries = [r.summary(slos) for r in runs]
     comparisons = compare_runs(runs, summaries) if compare is not None else []
     out = Console()
+    if not out.is_terminal:            # a file or a pipe: don't squeeze the tables into 80 columns
+        out = Console(width=160)
     out.print(runs_table(summaries))
     if comparisons:
         out.print(ratio_table(comparisons, "base", "compare"))
@@ -206,7 +209,7 @@ def bench(
             out.print(f"[red]failed[/] {s['endpoint']}: {e['count']} x {e['message']}")
 
     if json_out is not None:
-        doc = {"tool": "tokenomy bench", "workload": workload, "seed": seed, "rounds": rounds,
+        doc = {"tool": "tokenomy bench", "workload": workload, "seed": seed, "rounds": rounds, "warmup": warmup,
                "slo_ms": {k: v * 1000 for k, v in (slos or {}).items()}, "runs": summaries,
                "comparisons": comparisons}
         _write(json_out, lambda p: p.write_text(json.dumps(doc, indent=1), encoding="utf-8"))
@@ -230,7 +233,7 @@ def _write(path: Path, write: Any) -> None:
 
 
 def _run_live(console: Console, targets: list[tuple[str, Target]], reqs: list, loads: list[Load], opts: Options,
-              rounds: int, n: int | None, duration: float | None, seed: int) -> list[Run]:
+              rounds: int, n: int | None, duration: float | None, seed: int, warmup: int) -> list[Run]:
     """The sweep under a live progress display: one bar per round, with completed and failed counts."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("[red]{task.fields[failed]} failed"), TimeElapsedColumn())
@@ -247,4 +250,5 @@ def _run_live(console: Console, targets: list[tuple[str, Target]], reqs: list, l
             current["failed"] += not rec.ok
             progress.update(current["task"], advance=1, failed=current["failed"])
 
-        return asyncio.run(sweep(targets, reqs, loads, opts, rounds, n, duration, seed, on_start, on_record))
+        return asyncio.run(sweep(targets, reqs, loads, opts, rounds, n, duration, seed, on_start, on_record,
+                                 warmup))

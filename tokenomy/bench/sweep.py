@@ -45,8 +45,13 @@ class Run:
 async def sweep(targets: list[tuple[str, Target]], requests: list[Request], loads: list[Load], opts: Options,
                 rounds: int = 1, n_requests: int | None = None, duration_s: float | None = None, seed: int = 0,
                 on_start: Callable[[str, Load, int], None] | None = None,
-                on_record: Callable[[Record], None] | None = None) -> list[Run]:
-    """Runs in order of load level, then target; `on_start(name, load, round)` is called before each round."""
+                on_record: Callable[[Record], None] | None = None, warmup: int = 0) -> list[Run]:
+    """Runs in order of load level, then target; `on_start(name, load, round)` is called before each round.
+    First, `warmup` requests go to each target one at a time and are not recorded (a cold server's first
+    requests pay for loading and compiling, which is not what a sweep measures)."""
+    if warmup:
+        for _, target in targets:
+            await run(target, requests, Load("closed", 1), opts, warmup)
     runs: list[Run] = []
     for load in loads:
         by_name = {name: Run(name, target, load) for name, target in targets}
