@@ -16,14 +16,17 @@ from tests.conftest import free_port
 
 class BenchStub:
     """Request i (1-based) answers 500 when fail_every divides i, else closes the connection after one chunk when
-    reset_every divides i, else streams `tokens` chunks: the first after `first_delay`, the rest `token_delay`
+    reset_every divides i, else ends after one chunk with a line that is not JSON when garbage_every divides
+    i, else streams `tokens` chunks: the first after `first_delay`, the rest `token_delay`
     apart, then usage (unless `usage` is False) and [DONE]. Every body received is kept in `bodies`; `log`, which
     may be shared between stubs, gets `name` once per request."""
 
     def __init__(self, name: str = "stub", tokens: int = 5, first_delay: float = 0.0, token_delay: float = 0.0,
-                 fail_every: int = 0, reset_every: int = 0, usage: bool = True, log: list[str] | None = None) -> None:
+                 fail_every: int = 0, reset_every: int = 0, usage: bool = True, log: list[str] | None = None,
+                 garbage_every: int = 0) -> None:
         self.name, self.tokens, self.first_delay, self.token_delay = name, tokens, first_delay, token_delay
         self.fail_every, self.reset_every, self.usage = fail_every, reset_every, usage
+        self.garbage_every = garbage_every
         self.log = log if log is not None else []
         self.bodies: list[dict[str, Any]] = []
 
@@ -59,6 +62,9 @@ class BenchStub:
                                                   "finish_reason": None}]})
             if self.reset_every and i % self.reset_every == 0:
                 raise RuntimeError("planted reset")     # uvicorn closes the connection mid-stream
+            if self.garbage_every and i % self.garbage_every == 0:
+                await send({"type": "http.response.body", "body": b"data: {not json\n\n", "more_body": False})
+                return
         await self._event(send, {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
         if self.usage and (body.get("stream_options") or {}).get("include_usage"):
             await self._event(send, {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": self.tokens,

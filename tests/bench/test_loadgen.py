@@ -61,6 +61,13 @@ def test_failures_counted_with_messages() -> None:
     assert sum(e.startswith("RemoteProtocolError") for e in errors) == 2
 
 
+def test_malformed_stream_is_a_failed_record() -> None:
+    with Served(BenchStub(garbage_every=2)) as s:
+        records, _ = go(s.base_url, Load("closed", 1), n=2)
+    assert sorted(r.ok for r in records) == [False, True]
+    assert next(r.error for r in records if not r.ok).startswith("bad stream chunk: JSONDecodeError")
+
+
 def test_unreachable_and_timeout_are_failed_records() -> None:
     from tests.conftest import free_port
 

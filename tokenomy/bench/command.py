@@ -250,5 +250,10 @@ def _run_live(console: Console, targets: list[tuple[str, Target]], reqs: list, l
             current["failed"] += not rec.ok
             progress.update(current["task"], advance=1, failed=current["failed"])
 
-        return asyncio.run(sweep(targets, reqs, loads, opts, rounds, n, duration, seed, on_start, on_record,
-                                 warmup))
+        try:
+            return asyncio.run(sweep(targets, reqs, loads, opts, rounds, n, duration, seed, on_start, on_record,
+                                     warmup))
+        except KeyboardInterrupt:
+            progress.stop()
+            typer.echo("interrupted: no results written", err=True)
+            raise typer.Exit(130) from None

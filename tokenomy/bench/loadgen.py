@@ -121,7 +121,9 @@ async def send(client: httpx.AsyncClient, target: Target, request: Request, opts
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    rec.error = f"error in stream: {str(chunk['error'].get('message', chunk['error']))[:200]}"
+                    err = chunk["error"]
+                    msg = err.get("message", err) if isinstance(err, dict) else err
+                    rec.error = f"error in stream: {msg}"[:200]
                     return rec
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
@@ -147,8 +149,8 @@ async def send(client: httpx.AsyncClient, target: Target, request: Request, opts
     except httpx.HTTPError as e:
         rec.error = f"{type(e).__name__}: {e}"[:200] if str(e) else type(e).__name__
         return rec
-    except ValueError as e:
-        rec.error = f"bad stream chunk: {e}"[:200]
+    except (ValueError, TypeError, AttributeError) as e:     # a chunk that is not the JSON of a stream chunk
+        rec.error = f"bad stream chunk: {type(e).__name__}: {e}"[:200]
         return rec
     if not finished:
         rec.error = "stream ended before a finish_reason or [DONE]"
