@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tokenomy.bench.command import bench
 from tokenomy.meter.command import report
 from tokenomy.offline.router.command import app as router_app
 from tokenomy.plan.command import plan
@@ -13,6 +14,7 @@ from tokenomy.plan.command import plan
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.command("plan")(plan)
 app.command("report")(report)
+app.command("bench")(bench)
 app.add_typer(router_app, name="router", help="Train, calibrate and evaluate a learned router.")
 
 
