@@ -190,3 +190,10 @@ def test_bad_input_gets_one_clear_line(tmp_path):
     _one_line_error(replay("--ledger", "mysql://x/y"), "use sqlite:///FILE or postgresql://")
     since = time.time() + 3600
     _one_line_error(replay("--ledger", url, "--since", str(since)), "no rows in this window")
+
+
+def test_report_verify_agrees_on_the_ledger_the_live_server_recorded(recorded):
+    _, cfg = recorded
+    result = runner.invoke(app, ["report", "--ledger", cfg["ledger"]["url"], "--verify", "--by", "tenant"])
+    assert result.exit_code == 0, result.stderr
+    assert "agree with the report" in result.stderr
