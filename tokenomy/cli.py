@@ -1,4 +1,4 @@
-"""The `tokenomy` command: serve, plan, router, config, report, bench."""
+"""The `tokenomy` command: serve, plan, router, config, report, replay, bench."""
 
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ from pathlib import Path
 
 import typer
 
+from tokenomy.bench.command import bench
 from tokenomy.meter.command import report
+from tokenomy.offline.replay.command import replay
 from tokenomy.offline.router.command import app as router_app
 from tokenomy.plan.command import plan
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 app.command("plan")(plan)
 app.command("report")(report)
+app.command("bench")(bench)
+app.command("replay")(replay)
 app.add_typer(router_app, name="router", help="Train, calibrate and evaluate a learned router.")
 
 

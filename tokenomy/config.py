@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokenomy.engine.config import EngineConfig
 from tokenomy.models import DEFAULT_MODEL, PACKAGED
@@ -236,6 +236,26 @@ class TenantSpec(_Strict):
     models: list[str] | None = None              # model and route names the tenant's keys may ask for; None: all
 
 
+class LedgerSettings(_Strict):
+    """Where rows go, and whether request bodies and answers are kept beside them (for `tokenomy replay`).
+    Bodies are personal data: off by default, per tenant when `store_prompts_tenants` lists them, deleted once
+    older than `retention_days` (the rows themselves are kept)."""
+
+    url: str = "sqlite:///tokenomy.db"           # or postgresql://user@host/db
+    store_prompts: bool = False
+    store_prompts_tenants: list[str] | None = None   # None: every tenant (when store_prompts is on)
+    retention_days: float = Field(30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _tenants(self) -> LedgerSettings:
+        if self.store_prompts_tenants is not None and not self.store_prompts:
+            raise ValueError("store_prompts_tenants needs store_prompts: true")
+        return self
+
+    def stores_prompts(self, tenant: str) -> bool:
+        return self.store_prompts and (self.store_prompts_tenants is None or tenant in self.store_prompts_tenants)
+
+
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -253,12 +273,17 @@ class Config(_Strict):
     cooldown: CooldownSettings = CooldownSettings()
     keys: list[KeySpec] = Field(default_factory=list)
     cache: CacheSettings = CacheSettings()
-    ledger: str | None = "sqlite:///tokenomy.db"      # postgresql://user@host/db; null: no ledger
+    ledger: LedgerSettings | None = LedgerSettings()   # a URL alone is the url; null: no ledger
     # false: rows are committed by a background writer, usually within milliseconds of the answer, and a crash
     # in that window loses them; true: the answer's last byte waits for its row's commit
     ledger_durable: bool = False
     energy: EnergySettings = EnergySettings()
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
+
+    @field_validator("ledger", mode="before")
+    @classmethod
+    def _ledger_url(cls, value: object) -> object:
+        return {"url": value} if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _refs(self) -> Config:

@@ -67,7 +67,8 @@ class Gateway:
             self._watch_engine(name, engine)
         self.keyring = Keyring(config.keys, config.tenants)
         self.routes = dict(config.routes)     # shared with the stages, updated in place on reload
-        self.ledger = Ledger(config.ledger) if config.ledger else None
+        led = config.ledger
+        self.ledger = Ledger(led.url, prompt_retention_s=led.retention_days * 86400) if led else None
         e = config.energy
         self.energy_meter = EnergyMeter(detect(e.watts_per_core, prefer=None if e.source == "auto" else e.source))
         self.energy = EnergyAccount(self.energy_meter)
@@ -79,7 +80,8 @@ class Gateway:
         self.budgets = self._budgets(config)
         admit = Admit(self.keyring, self.budgets)
         self.meter = MeterSink(self.ledger, {m.name: m.price for m in config.models}, self.metrics,
-                               self.budgets, self.energy, {m.name: m.backend for m in config.models})
+                               self.budgets, self.energy, {m.name: m.backend for m in config.models},
+                               store_prompts=led.stores_prompts if led is not None and led.store_prompts else None)
         durable = self._commit_ledger if self.ledger is not None and config.ledger_durable else None
         self.record = Record(self.metrics, sinks=[admit.on_record, self.meter], durable=durable)
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
@@ -203,6 +205,8 @@ class Gateway:
         self.metrics.names = {m.name for m in new.models} | set(new.routes)
         self.registry.failures = new.cooldown.failures
         self.registry.window_s, self.registry.cooldown_s = new.cooldown.window_s, new.cooldown.cooldown_s
+        led = new.ledger
+        self.meter.store_prompts = led.stores_prompts if led is not None and led.store_prompts else None
         self.config = new
         return {"reloaded": True, "keys": len(new.keys), "routes": sorted(new.routes)}
 

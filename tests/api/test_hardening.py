@@ -230,9 +230,9 @@ def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(d
         ledger = srv.gateway.ledger
         original = ledger._commit
 
-        def slow_commit(rows):                          # a database that takes half a second to commit
+        def slow_commit(rows, *stored):                 # a database that takes half a second to commit
             time.sleep(0.5)
-            original(rows)
+            original(rows, *stored)
 
         ledger._commit = slow_commit
         for stream in (False, True):

@@ -94,9 +94,9 @@ def test_write_never_blocks_a_full_queue_drops_and_counts(ledger_url):
     led = Ledger(ledger_url, max_queue=2)
     gate, original = threading.Event(), led._commit
 
-    def slow_commit(rows: list[LedgerRow]) -> None:      # a stalled database
+    def slow_commit(rows: list[LedgerRow], *stored: object) -> None:      # a stalled database
         gate.wait(30)
-        original(rows)
+        original(rows, *stored)
 
     led._commit = slow_commit                           # type: ignore[method-assign]
     rows = rows_for([Spec("small", 10, 0, 1, ago_s=i) for i in range(50)])

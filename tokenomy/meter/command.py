@@ -7,8 +7,7 @@ from pathlib import Path
 import typer
 
 from tokenomy.meter.ledger import DEFAULT_URL, Ledger, LedgerError, normalize_url
-from tokenomy.meter.report import BY, FORMATS, parse_time
-from tokenomy.meter.report import report as make_report
+from tokenomy.meter.report import BY, FORMATS, build, parse_time, render
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -24,6 +23,8 @@ def report(
     by: str | None = typer.Option(None, help="Group by key, tenant, model or route."),
     format: str = typer.Option("table", "--format", "-f", help="table, json or html (offline, plotly inline)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file instead of standard output."),
+    verify: bool = typer.Option(False, "--verify", help="Recompute every figure from the raw rows by a separate "
+                                "code path (tokenomy/meter/verify.py); exit 1 naming each mismatch."),
 ) -> None:
     """Tokens per second, per USD and per joule, cost per 1K tokens and per request, cache hit rates and
     savings per layer, token efficiency, TTFT/TPOT percentiles and over-budget counts, from the ledger."""
@@ -47,10 +48,22 @@ def report(
         raise typer.Exit(1)
     try:
         with Ledger(url) as led:
-            text = make_report(led, lo, hi, by, format)
+            data = build(led.query(since=lo, until=hi), lo, hi, by)
+            if verify:
+                from tokenomy.meter.verify import verify as check
+
+                checked, problems = check(data, led.engine, lo, hi, by)
     except LedgerError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
+    if verify:
+        if problems:
+            for line in problems:
+                typer.echo(f"verify: {line}", err=True)
+            typer.echo(f"verify FAILED: {len(problems)} mismatches", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"verify: {checked:,} figures recomputed from the raw rows agree with the report", err=True)
+    text = render(data, format)
     if out is None:
         typer.echo(text, nl=not text.endswith("\n"))
         return

@@ -11,6 +11,10 @@ Contract:
 - Durability: a committed row survives `kill -9` (SQLite: WAL with synchronous=NORMAL is durable against a
   process crash, not against power loss; PostgreSQL: a committed transaction). Rows still queued are lost.
 - The schema is migrated on open (see schema.py); migrations only add, never drop.
+- Stored prompts (`write(row, prompt)`, ledger.store_prompts) go into `ledger_prompts` in the same transaction
+  as their row. A prompt the database refuses never costs its row: the row is written alone and the prompt
+  counted in `prompts_failed`. With `prompt_retention_s`, prompts older than that are deleted on open and then
+  at most every `prune_every_s` by the writer; rows are never pruned.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
+from tokenomy.meter.prompts import StoredPrompt
 from tokenomy.meter.row import LedgerRow
-from tokenomy.meter.schema import LedgerSchemaError, ledger, migrate
+from tokenomy.meter.schema import LedgerSchemaError, ledger, migrate, prompts
 
 log = logging.getLogger("tokenomy.ledger")
 
@@ -106,11 +111,14 @@ def _engine(url: str) -> Engine:
 
 class Ledger:
     def __init__(self, url: str | None = None, max_queue: int = 10_000, batch_size: int = 500,
-                 retries: int = 3) -> None:
+                 retries: int = 3, prompt_retention_s: float | None = None, prune_every_s: float = 600.0) -> None:
         if max_queue < 1 or batch_size < 1:
             raise ValueError("max_queue and batch_size must be positive")
+        if prompt_retention_s is not None and not prompt_retention_s > 0:
+            raise ValueError("prompt_retention_s must be positive or None")
         self.url = normalize_url(url)
         self.batch_size, self.retries = batch_size, retries
+        self.prompt_retention_s, self.prune_every_s = prompt_retention_s, prune_every_s
         try:
             self.engine = _engine(self.url)
             with self._begin(immediate=True) as conn:
@@ -125,6 +133,11 @@ class Ledger:
         self.written = 0
         self.dropped = 0
         self.failed = 0
+        self.prompts_written = 0
+        self.prompts_failed = 0
+        self.prompts_pruned = 0
+        self._last_prune = 0.0
+        self._prune()
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -149,15 +162,16 @@ class Ledger:
                 yield conn
 
     # ---- writing -----------------------------------------------------------------------------------------
-    def write(self, row: LedgerRow) -> None:
-        """Queue a row for the writer thread; never blocks (a full queue drops and counts the row)."""
+    def write(self, row: LedgerRow, prompt: StoredPrompt | None = None) -> None:
+        """Queue a row (and its stored prompt, if any) for the writer thread; never blocks (a full queue drops
+        and counts the row)."""
         if self._closed:
             self._drop("the ledger is closed")
             return
         if self._thread is None:
             self._start()
         try:
-            self._queue.put_nowait(row)
+            self._queue.put_nowait(row if prompt is None else (row, prompt))
         except queue.Full:
             self._drop(f"the write queue is full ({self._queue.maxsize} rows)")
 
@@ -212,6 +226,7 @@ class Ledger:
         while not stop:
             items = [self._queue.get()]
             rows: list[LedgerRow] = []
+            stored: dict[str, StoredPrompt] = {}
             markers: list[threading.Event] = []
             while True:
                 item = items.pop()
@@ -220,7 +235,7 @@ class Ledger:
                 elif isinstance(item, threading.Event):
                     markers.append(item)
                 else:
-                    rows.append(item)
+                    self._take(item, rows, stored)
                 if len(rows) >= self.batch_size:
                     break
                 try:
@@ -233,25 +248,43 @@ class Ledger:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         break
-                    if isinstance(item, LedgerRow):
-                        rows.append(item)
+                    if isinstance(item, LedgerRow | tuple):
+                        self._take(item, rows, stored)
                     elif isinstance(item, threading.Event):
                         markers.append(item)
             if rows:
                 try:
-                    self._commit(rows)
+                    self._commit(rows, stored)
                 except Exception:       # a bug must not kill the writer: later rows still get written
                     self.failed += len(rows)
                     log.exception("ledger: %d rows not written", len(rows))
+            if self.prompt_retention_s is not None and time.monotonic() - self._last_prune >= self.prune_every_s:
+                try:
+                    self._prune()
+                except Exception:
+                    log.exception("ledger: pruning stored prompts failed")
             for m in markers:
                 m.set()
 
-    def _commit(self, rows: list[LedgerRow]) -> None:
+    @staticmethod
+    def _take(item: Any, rows: list[LedgerRow], stored: dict[str, StoredPrompt]) -> None:
+        if isinstance(item, tuple):
+            row, prompt = item
+            stored[row.request_id] = prompt
+            rows.append(row)
+        else:
+            rows.append(item)
+
+    def _commit(self, rows: list[LedgerRow], stored: dict[str, StoredPrompt] | None = None) -> None:
+        stored = stored or {}
         for attempt in range(self.retries + 1):
             try:
                 with self._begin() as conn:
                     conn.execute(ledger.insert(), [r.to_db() for r in rows])
+                    if stored:
+                        conn.execute(prompts.insert(), [p.to_db() for p in stored.values()])
                 self.written += len(rows)
+                self.prompts_written += len(stored)
                 return
             except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:   # the database, not a row: retry
                 if attempt == self.retries:
@@ -260,11 +293,23 @@ class Ledger:
                     return
                 time.sleep(0.5 * 2 ** attempt)
             except Exception:   # a row the database refuses or cannot encode: write one by one, lose only it
-                self._commit_one_by_one(rows)
+                self._commit_one_by_one(rows, stored)
                 return
 
-    def _commit_one_by_one(self, rows: list[LedgerRow]) -> None:
+    def _commit_one_by_one(self, rows: list[LedgerRow], stored: dict[str, StoredPrompt]) -> None:
         for r in rows:
+            prompt = stored.get(r.request_id)
+            if prompt is not None:
+                try:
+                    with self._begin() as conn:
+                        conn.execute(ledger.insert(), [r.to_db()])
+                        conn.execute(prompts.insert(), [prompt.to_db()])
+                    self.written += 1
+                    self.prompts_written += 1
+                    continue
+                except Exception as e:      # perhaps the prompt: the row still goes in alone
+                    self.prompts_failed += 1
+                    log.error("ledger: prompt of %r not written: %s", r.request_id, getattr(e, "orig", e))
             try:
                 with self._begin() as conn:
                     conn.execute(ledger.insert(), [r.to_db()])
@@ -272,6 +317,22 @@ class Ledger:
             except Exception as e:
                 self.failed += 1
                 log.error("ledger: row %r not written: %s", r.request_id, getattr(e, "orig", e))
+
+    def _prune(self, now: float | None = None) -> int:
+        self._last_prune = time.monotonic()
+        if self.prompt_retention_s is None:
+            return 0
+        return self.prune_prompts(now)
+
+    def prune_prompts(self, now: float | None = None) -> int:
+        """Delete stored prompts older than the retention; returns how many."""
+        if self.prompt_retention_s is None:
+            return 0
+        cutoff = (time.time() if now is None else now) - self.prompt_retention_s
+        with self._begin() as conn:
+            n = conn.execute(prompts.delete().where(prompts.c.ts < cutoff)).rowcount or 0
+        self.prompts_pruned += n
+        return n
 
     # ---- reading -----------------------------------------------------------------------------------------
     def query(self, since: float | dt.datetime | None = None, until: float | dt.datetime | None = None,
@@ -295,6 +356,18 @@ class Ledger:
             q = q.limit(limit)
         with self.engine.connect() as conn:
             return [LedgerRow.from_db(r._mapping) for r in conn.execute(q)]
+
+    def prompts(self, since: float | dt.datetime | None = None, until: float | dt.datetime | None = None
+                ) -> dict[str, StoredPrompt]:
+        """Stored prompts with since <= ts < until, by request id."""
+        lo, hi = _timestamp(since, "since"), _timestamp(until, "until")
+        q = sa.select(prompts)
+        if lo is not None:
+            q = q.where(prompts.c.ts >= lo)
+        if hi is not None:
+            q = q.where(prompts.c.ts < hi)
+        with self.engine.connect() as conn:
+            return {r.request_id: StoredPrompt.from_db(r._mapping) for r in conn.execute(q)}
 
     def get(self, request_id: str) -> LedgerRow | None:
         with self.engine.connect() as conn:

@@ -60,8 +60,16 @@ def _v2_columns() -> list[sa.Column]:
             sa.Column("feedback_ts", DOUBLE)]
 
 
+def _prompt_columns() -> list[sa.Column]:
+    """Stored request bodies and answers (ledger.store_prompts), one per request id, pruned by age."""
+    return [sa.Column("request_id", sa.String(64), primary_key=True), sa.Column("ts", DOUBLE, nullable=False),
+            sa.Column("tenant", sa.String(128), nullable=False), sa.Column("request", sa.Text, nullable=False),
+            sa.Column("answer", sa.Text)]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns())
+prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
 
@@ -84,7 +92,13 @@ def _m2_feedback(conn: Connection) -> None:
         add_column(conn, "ledger", column)
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback]
+def _m3_prompts(conn: Connection) -> None:
+    table = sa.Table("ledger_prompts", sa.MetaData(), *_prompt_columns())
+    table.create(conn)
+    sa.Index("ix_ledger_prompts_ts", table.c.ts).create(conn)
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts]
 
 
 class LedgerSchemaError(RuntimeError):

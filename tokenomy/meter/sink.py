@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.pricing import PriceLike, cost, route_saving
+from tokenomy.meter.prompts import Asked, prompt_from_context
 from tokenomy.meter.row import CACHE_HITS, Finished, LedgerRow, Saving, row_from_context
 
 log = logging.getLogger("tokenomy.meter")
@@ -23,9 +24,11 @@ class MeterSink:
     def __init__(self, ledger: Ledger | None, prices: Mapping[str, PriceLike], metrics: Any = None,
                  budgets: Budgets | None = None, energy: EnergyAccount | None = None,
                  backends: Mapping[str, str] | None = None,
-                 on_row: list[Callable[[LedgerRow], None]] | None = None) -> None:
+                 on_row: list[Callable[[LedgerRow], None]] | None = None,
+                 store_prompts: Callable[[str], bool] | None = None) -> None:
         """`prices` and `backends` (embedded | openai) are by model name; `energy` holds per-request joules
-        keyed by request id; `on_row` gets every row after it is queued."""
+        keyed by request id; `on_row` gets every row after it is queued; `store_prompts(tenant)` says whether
+        the request's body and answer are stored beside its row (None: never)."""
         self.ledger = ledger
         self.prices = prices
         self.metrics = metrics
@@ -33,6 +36,7 @@ class MeterSink:
         self.energy = energy
         self.backends = backends or {}
         self.on_row = on_row or []
+        self.store_prompts = store_prompts
 
     def price_for(self, ctx: Finished) -> PriceLike | None:
         """The served model's price; a cache hit that set no model is priced as the model asked for."""
@@ -83,7 +87,8 @@ class MeterSink:
         if ctx.schema_problem and row.error_code is None:
             row.error_code, row.error = "schema_invalid", ctx.schema_problem[:500]
         if self.ledger is not None:
-            self.ledger.write(row)
+            keep = self.store_prompts is not None and self.store_prompts(row.tenant)
+            self.ledger.write(row, prompt_from_context(cast(Asked, ctx), row.ts) if keep else None)
         m = self.metrics
         if m is not None:
             if row.cost_usd:
