@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from tests.conftest import free_port
+from tests.upstream_stub import Stub
 
 
 class BenchStub:
@@ -71,17 +72,8 @@ class BenchStub:
                                                               "total_tokens": 10 + self.tokens}})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
-    @staticmethod
-    async def _event(send: Any, obj: dict[str, Any]) -> None:
-        await send({"type": "http.response.body", "body": b"data: " + json.dumps(obj).encode() + b"\n\n",
-                    "more_body": True})
-
-    @staticmethod
-    async def _json(send: Any, status: int, obj: dict[str, Any]) -> None:
-        raw = json.dumps(obj).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
-        await send({"type": "http.response.body", "body": raw})
+    _event = staticmethod(Stub._event)
+    _json = staticmethod(Stub._json)
 
 
 class Served:

@@ -8,6 +8,7 @@ import typer
 
 from tokenomy.meter.ledger import DEFAULT_URL, Ledger, LedgerError, normalize_url
 from tokenomy.meter.report import BY, FORMATS, build, parse_time, render
+from tokenomy.output import emit
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -63,13 +64,4 @@ def report(
             typer.echo(f"verify FAILED: {len(problems)} mismatches", err=True)
             raise typer.Exit(1)
         typer.echo(f"verify: {checked:,} figures recomputed from the raw rows agree with the report", err=True)
-    text = render(data, format)
-    if out is None:
-        typer.echo(text, nl=not text.endswith("\n"))
-        return
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as e:
-        typer.echo(f"cannot write {out}: {e}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"wrote {out} ({len(text):,} bytes)", err=True)
+    emit(render(data, format), out)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from tokenomy.meter.ledger import DEFAULT_URL
+from tokenomy.output import emit
 
 HELP_WHAT = "cache, route, price or all."
 
@@ -70,11 +71,4 @@ def replay(
         text = render(build(trace, candidate, what, ts), format)
     except (LedgerError, ReplayError) as e:
         raise _fail(str(e)) from None
-    if out is None:
-        typer.echo(text, nl=not text.endswith("\n"))
-        return
-    try:
-        out.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise _fail(f"cannot write {out}: {e}") from None
-    typer.echo(f"wrote {out} ({len(text):,} bytes)", err=True)
+    emit(text, out, exit_code=2)
