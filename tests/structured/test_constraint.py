@@ -154,7 +154,13 @@ def test_wrap_up_prefers_scalars_and_ends_numbers(compiler, tokenizer):
     assert opener and not m[opener].any() and m.any() and not (m & ~p).any()
 
 
-def test_plan_wrap_up_starts_early_enough_for_the_shortest_answer(compiler, tokenizer):
+@pytest.fixture
+def replan_any(monkeypatch):
+    """Re-plan every grammar, however long its walk took (the gate is about stalls, not what these test)."""
+    monkeypatch.setattr("tokenomy.structured.constraint.REPLAN_MAX_WALK_S", float("inf"))
+
+
+def test_plan_wrap_up_starts_early_enough_for_the_shortest_answer(compiler, tokenizer, replan_any):
     from tokenomy.structured.constraint import closing_length
 
     small = compiler.compile(json_schema_format({"type": "object", "properties": {"a": {"type": "string"}}}))
@@ -169,7 +175,21 @@ def test_plan_wrap_up_starts_early_enough_for_the_shortest_answer(compiler, toke
     assert Constraint(big).plan_wrap_up(long // 2, 0.6) == 0  # cannot fit at all: wind down from the start
 
 
-def test_replan_starts_wrap_up_once_an_opened_object_needs_the_rest_of_the_budget(compiler, tokenizer):
+def test_a_grammar_too_slow_to_replan_keeps_the_replan_margin_from_the_start(compiler, monkeypatch):
+    from tokenomy.structured.constraint import REPLAN_EVERY, REPLAN_MARGIN, closing_length
+
+    monkeypatch.setattr("tokenomy.structured.constraint.REPLAN_MAX_WALK_S", -1.0)
+    names = [f"field_{i}" for i in range(40)]
+    big = compiler.compile(json_schema_format({"type": "object", "properties": {n: {"type": "string"} for n in names},
+                                               "required": names, "additionalProperties": False}))
+    need = closing_length(big)
+    c = Constraint(big)
+    budget = 2 * need + 100
+    assert c.plan_wrap_up(budget, 0.9) == budget - int(need * REPLAN_MARGIN) - REPLAN_EVERY
+    assert c.max_tokens is None   # never re-planned
+
+
+def test_replan_starts_wrap_up_once_an_opened_object_needs_the_rest_of_the_budget(compiler, tokenizer, replan_any):
     names = [f"field_{i}" for i in range(30)]
     big = {"type": "object", "properties": {n: {"type": "string"} for n in names}, "required": names,
            "additionalProperties": False}
@@ -268,7 +288,7 @@ def test_closing_path_gives_up_within_its_budget_on_a_string_that_can_never_end(
     assert c.allowed()[t.byte_tokens[0x22]]
 
 
-def test_start_constraint_refuses_a_schema_whose_shortest_answer_cannot_fit(compiler):
+def test_start_constraint_refuses_a_schema_whose_shortest_answer_cannot_fit(compiler, replan_any):
     from tokenomy.structured.constraint import NoRoom, closing_length, start_constraint
 
     keys = {f"required_field_number_{i}": {"type": "string"} for i in range(12)}

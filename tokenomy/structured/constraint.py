@@ -119,11 +119,13 @@ def _closing_walk(grammar: CompiledGrammar) -> tuple[int | None, float, str | No
     def walk() -> tuple[int | None, float, str | None]:
         started = time.perf_counter()
         try:   # long tokens write required text in few steps; short ones close `{` at once: the fewer wins
-            n = min(_walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True,
-                                 longest=longest) for longest in (True, False))
+            n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True)
+            seconds = time.perf_counter() - started   # what one re-plan (a longest-token walk) costs
+            n = min(n, _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP,
+                                    strict=True, longest=False))
         except ConstraintError as e:   # the grammar failed on its own shortest answer: nothing can satisfy it
             return None, time.perf_counter() - started, str(e)
-        return (None if n >= CLOSING_CAP else n), time.perf_counter() - started, None
+        return (None if n >= CLOSING_CAP else n), seconds, None
 
     return _closing.get_or_compute(grammar.key, walk)
 
@@ -344,11 +346,15 @@ class Constraint:
 
     def plan_wrap_up(self, max_tokens: int, share: float) -> int:
         """Set and return the soft limit for an answer of at most ``max_tokens``: ``share * max_tokens``, or
-        earlier when the shortest answer (``closing_length``) would not fit in what is left after it."""
+        earlier when the shortest answer (``closing_length``) would not fit in what is left after it. A grammar
+        too slow to re-plan keeps the re-planning margin from the start (REPLAN_MARGIN, plus REPLAN_EVERY)."""
         need, walk_s, _ = _closing_walk(self.grammar)
         need = max_tokens if need is None else min(need, max_tokens)
+        replans = walk_s <= REPLAN_MAX_WALK_S  # see REPLAN_MAX_WALK_S
+        if not replans:  # nothing will catch a detour later: leave the margin a re-plan would have kept
+            need = min(max_tokens, int(need * REPLAN_MARGIN) + REPLAN_EVERY)
         self.soft_limit = max(0, min(int(share * max_tokens), max_tokens - need))
-        self.max_tokens = max_tokens if walk_s <= REPLAN_MAX_WALK_S else None  # see REPLAN_MAX_WALK_S
+        self.max_tokens = max_tokens if replans else None
         self.root_bans = root_open_bans(self.grammar, max_tokens)
         return self.soft_limit
 
