@@ -301,3 +301,41 @@ def test_start_constraint_refuses_a_schema_whose_shortest_answer_cannot_fit(comp
     c = start_constraint(g, need + 10, wrap_up=0.6)
     assert c.soft_limit == 10 and c.break_loops
     assert start_constraint(g, need, wrap_up=None).soft_limit is None
+
+
+def _adversary(c, tokenizer, max_tokens):
+    """A model that always takes the shortest token the mask allows (the slowest way to the end)."""
+    lengths = c.grammar.tables.lengths
+    n = 0
+    while not c.is_done() and n < max_tokens:
+        ff = c.forced()
+        if not ff:
+            ids = np.flatnonzero(c.allowed())
+            if len(ids) == 1 and ids[0] == tokenizer.eos_token:
+                break
+            ids = ids[ids != tokenizer.eos_token]
+            ff = [int(ids[np.argmin(np.where(lengths[ids] > 0, lengths[ids], 1 << 30))])]
+        c.advance(ff[: max_tokens - n])
+        n += len(ff[: max_tokens - n])
+    return n
+
+
+def test_past_the_soft_limit_strict_mode_ends_the_answer_within_max_tokens(compiler, tokenizer, replan_any):
+    from tokenomy.structured.constraint import closing_length
+
+    # each string needs 40 characters: the walk writes them in a few long tokens, the adversary one byte at a time
+    names = [f"field_{i}" for i in range(6)]
+    schema = {"type": "object", "properties": {n: {"type": "string", "minLength": 40} for n in names},
+              "required": names, "additionalProperties": False}
+    grammar = compiler.compile(json_schema_format(schema))
+    budget = closing_length(grammar) + 48
+    c = Constraint(grammar)
+    c.plan_wrap_up(budget, 0.9)
+    n = _adversary(c, tokenizer, budget)
+    assert c.is_complete() and n <= budget and c.strict
+    json.loads(tokenizer.decode_bytes(c.history))
+    loose = Constraint(grammar)           # the same plan without the strict switch runs out of tokens
+    loose.plan_wrap_up(budget, 0.9)
+    loose._replan = lambda: None
+    _adversary(loose, tokenizer, budget)
+    assert not loose.is_complete()

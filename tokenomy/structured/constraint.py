@@ -223,9 +223,12 @@ def _walk_to_end(walk: Constraint, limit: int, strict: bool = False, longest: bo
     return min(n, limit) if walk.is_complete() else limit
 
 
-CLOSE_SEARCH_TRIES = 32768  # byte extensions closing_path may try before it gives up (about 1 us each)
+CLOSE_SEARCH_TRIES = 8192  # byte extensions closing_path may try before it gives up (about 1 us each)
+CLOSE_RETRY = 8  # tokens written before a search that found nothing is tried again
 CLOSE_SEARCH_DEPTH = 64    # longest byte path it looks for
 CLOSE_SEARCH_WIDTH = 32    # most paths it keeps per length
+CLOSE_STEER_BYTES = 16     # a longer searched path is not steered to: a string that only needs length (minLength)
+                           # ends sooner in the long tokens the mask already allows than one byte at a time
 
 
 def _byte_class(b: int) -> int:
@@ -236,13 +239,13 @@ def _byte_class(b: int) -> int:
 
 
 def closing_path(matcher: Any, byte_tokens: dict[int, int], quote: int,
-                 examples: Sequence[bytes] = ()) -> list[int] | None:
+                 examples: Sequence[bytes] = (), max_bytes: int = CLOSE_SEARCH_DEPTH) -> list[int] | None:
     """Single-byte tokens after which the grammar allows the ``quote`` token; None when none turns up. Steers a
     string whose ``format`` or ``pattern`` is not met yet to a valid end.
 
     First the shortest of ``examples`` (matches of the schema's patterns, which complete an unanchored pattern
     written after anything) that the grammar takes from here; else a search for the fewest bytes, of at most
-    CLOSE_SEARCH_DEPTH within CLOSE_SEARCH_TRIES tries: breadth-first over bytes (never a backslash, so the
+    ``max_bytes`` within CLOSE_SEARCH_TRIES tries: breadth-first over bytes (never a backslash, so the
     quote is never an escaped one), tried with ``matcher.validate_tokens`` so the matcher's state is not
     changed. A path's state is the set of bytes valid
     after it: at each length, paths in the same state count as one, one byte per class is followed from each,
@@ -252,11 +255,13 @@ def closing_path(matcher: Any, byte_tokens: dict[int, int], quote: int,
         path = [byte_tokens.get(b, -1) for b in ex]
         if -1 not in path and matcher.validate_tokens([*path, quote]) == len(path) + 1:
             return path
+    if max_bytes <= 0:
+        return None
     candidates = [(b, t) for b, t in byte_tokens.items() if b != 0x5C]
     frontier: list[list[int]] = [[]]
     tries = 0
     met: set[tuple[int, ...]] = set()
-    for _ in range(CLOSE_SEARCH_DEPTH):
+    for _ in range(max_bytes):
         states: set[tuple[int, ...]] = set()
         fresh: list[list[int]] = []
         stale: list[list[int]] = []
@@ -329,11 +334,13 @@ class Constraint:
         self.max_tokens: int | None = None  # set by plan_wrap_up: then the soft limit is re-planned as it goes
         self.root_bans: frozenset[int] = frozenset()  # first bytes the first token may not start with
         self.replans = 0  # times _replan moved the soft limit earlier
+        self.strict = False  # past the soft limit with no room to spare: follow the walk to the end exactly
         self._next_replan = REPLAN_EVERY
         self.wrapups = 0  # masks narrowed by the wrap-up rule
         self.steered = 0  # of those, steps steered toward the end of a string that could not end yet
         self._path: list[int] = []  # the rest of the steered path, valid while len(history) == _path_at
         self._path_at = -1
+        self._search_after = 0  # no closing search before this many tokens (one found nothing lately)
         self._in_string = False  # JSON lexer state of the text so far (for the wrap-up rule)
         self._escape = False
         self.history: list[int] = []  # tokens consumed so far (the loop breaker reads it)
@@ -370,16 +377,22 @@ class Constraint:
         """Every REPLAN_EVERY tokens before the soft limit: start wrapping up now if what is left of
         ``max_tokens`` no longer covers the walk to the end from here (with REPLAN_MARGIN and one interval of
         slack). Catches what the plan from an empty answer cannot see: an object the model chose to open whose
-        required keys alone fill the budget, or long optional detours."""
+        required keys alone fill the budget, or long optional detours. Past the soft limit, every
+        REPLAN_EVERY / 4 tokens: once the walk to the end (plus that interval) no longer fits in what is left,
+        switch to ``strict``, where the mask keeps only the walk's own token, so the answer ends in time."""
         n = len(self.history)
-        if self.max_tokens is None or self.soft_limit is None or n >= self.soft_limit or n < self._next_replan:
+        if self.max_tokens is None or self.soft_limit is None or self.strict or n < self._next_replan:
             return
-        self._next_replan = n + REPLAN_EVERY
         left = self.max_tokens - n
-        if self.closing_need(left) * REPLAN_MARGIN + REPLAN_EVERY >= left:
-            self.soft_limit = n
-            self.replans += 1
-
+        if n < self.soft_limit:
+            self._next_replan = min(n + REPLAN_EVERY, self.soft_limit)   # and once more at the soft limit
+            if self.closing_need(left) * REPLAN_MARGIN + REPLAN_EVERY >= left:
+                self.soft_limit = self._next_replan = n
+                self.replans += 1
+            return
+        self._next_replan = n + REPLAN_EVERY // 4
+        if self.closing_need(left) + REPLAN_EVERY // 4 >= left:
+            self.strict = True
     def bitmask(self) -> np.ndarray:
         """Packed mask for the next token: int32 words, bit ``t % 32`` of word ``t // 32`` set iff allowed."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
@@ -390,7 +403,7 @@ class Constraint:
         """Bool mask of shape (n_vocab,) for the next token: the grammar's, minus a loop's continuation."""
         packed = self.bitmask().view(np.uint8)
         mask = np.unpackbits(packed, count=self.n_vocab, bitorder="little").view(np.bool_)
-        if self.break_loops:
+        if self.break_loops and not self.strict:
             tok = loop_continuation(self.history)
             if tok is not None and tok < self.n_vocab and mask[tok] and np.count_nonzero(mask) > 1:
                 mask[tok] = False
@@ -402,6 +415,12 @@ class Constraint:
         self._replan()
         if self.soft_limit is not None and len(self.history) >= self.soft_limit:
             self._wrap_up(mask)
+            if self.strict:   # the walk's choice: the longest token of the best tier
+                ids = np.flatnonzero(mask)
+                if len(ids) > 1:
+                    keep = ids[np.argmax(self.grammar.tables.lengths[ids])]
+                    mask[:] = False
+                    mask[keep] = True
         return mask
 
     def _wrap_up(self, mask: np.ndarray) -> None:
@@ -418,11 +437,15 @@ class Constraint:
             mask &= rank == best
             self.wrapups += 1
         elif self._in_string:
-            if len(self.history) != self._path_at or not self._path:   # not on a path found before: search
+            n = len(self.history)
+            if (n != self._path_at or not self._path) and n >= self._search_after:   # off any path found before
                 tables = self.grammar.tables
                 quote = tables.byte_tokens.get(0x22)
                 self._path = (None if quote is None else closing_path(
-                    self._matcher, tables.byte_tokens, quote, self.grammar.pattern_examples)) or []
+                    self._matcher, tables.byte_tokens, quote, self.grammar.pattern_examples,
+                    max_bytes=CLOSE_STEER_BYTES)) or []
+                if not self._path:
+                    self._search_after = n + CLOSE_RETRY
             t = self._path.pop(0) if self._path else None
             if t is not None and t < self.n_vocab and mask[t]:
                 mask[:] = False
