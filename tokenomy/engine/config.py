@@ -27,6 +27,9 @@ class EngineConfig(BaseModel):
                              "false gives each sequence its own stream of n_ctx / n_seqs cells (llama-server's "
                              "layout, no prefix sharing; bench/kv_streams.py)")
     prefix_caching: bool = True
+    speculative: bool = Field(True, description="draft from the sequence's own tokens (prompt lookup), as many as "
+                              "the measured cost of a step says pay (engine/speculate.py); never for a seeded "
+                              "sampled request or a grammar-constrained one")
     flash_attn: bool = Field(True, description="flash attention skips masked cells of the unified KV buffer")
     watchdog_s: float = Field(120.0, gt=0, description="an engine process that holds requests and finishes no "
                               "step for this long is killed and restarted")

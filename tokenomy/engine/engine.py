@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenomy.engine import speculate
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.output import SequenceOutput
 from tokenomy.engine.runner import Chunk, KVFull, ModelRunner
@@ -31,6 +32,9 @@ class StepStats:
     busy_s: float = 0.0
     last_batch_tokens: int = 0
     last_batch_seqs: int = 0
+    spec_drafts: int = 0             # sequence-steps that verified a draft
+    spec_draft_tokens: int = 0       # tokens drafted
+    spec_accepted_tokens: int = 0    # of those, accepted
     on_step: list[Callable[[int, int, float], None]] = field(default_factory=list)
     on_step_seqs: list[Callable[[float, dict[Any, int]], None]] = field(default_factory=list)  # dt, tokens by id
 
@@ -44,6 +48,7 @@ class Engine:
         self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx)
         self.scheduler = Scheduler(cfg, self.runner, self.runner.n_ctx)
         self.stats = StepStats()
+        self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
         self.after_step: list[Callable[[], None]] = []   # called on the engine thread after every step
         self._inbox: list[Sequence] = []
         self._calls: list[Callable[[], None]] = []
@@ -155,13 +160,18 @@ class Engine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> None:
-        """Schedule, decode, commit, process outputs."""
+        """Schedule, draft, decode, commit, process outputs."""
         self._reap_cancelled()
         plan = self.scheduler.schedule()
         if not plan:
             return
-        chunks = [Chunk(seq.slot, seq.tokens[seq.n_kv:seq.n_kv + n], seq.n_kv, seq.n_kv + n == seq.num_tokens)
-                  for seq, n in plan]
+        drafts = self._drafts(plan)
+        chunks = []
+        for seq, n in plan:
+            draft = drafts.get(seq, [])
+            last = seq.n_kv + n == seq.num_tokens
+            chunks.append(Chunk(seq.slot, seq.tokens[seq.n_kv:seq.n_kv + n] + draft, seq.n_kv,
+                                1 + len(draft) if last else 0))
         logits = self._decode(plan, chunks)
         if logits is None:
             return
@@ -169,9 +179,34 @@ class Engine:
             self.scheduler.committed(seq, chunk.tokens)
             if seq.n_kv <= len(seq.prompt):
                 self.stats.prompt_tokens += len(chunk.tokens)
-        sampling = [seq for (seq, _), chunk in zip(plan, chunks, strict=True) if chunk.logits]
-        for seq, row in zip(sampling, logits, strict=True):
-            self._process_output(seq, row)
+        row = 0
+        for (seq, _), chunk in zip(plan, chunks, strict=True):
+            if chunk.logits:
+                self._process_output(seq, logits[row:row + chunk.logits], drafts.get(seq, []))
+                row += chunk.logits
+
+    def _drafts(self, plan: list[tuple[Sequence, int]]) -> dict[Sequence, list[int]]:
+        """Prompt-lookup drafts for the decoding sequences of this step, as many tokens each as
+        speculate.plan finds worth their measured cost (often none)."""
+        if not self.cfg.speculative:
+            return {}
+        base = sum(n for _, n in plan)
+        found: list[tuple[Sequence, list[int]]] = []
+        for seq, n in plan:
+            if n != 1 or seq.pending != 1 or seq.constraint is not None or not seq.params.may_speculate:
+                continue
+            room = min(speculate.MAX_DRAFT, seq.params.max_tokens - len(seq.output) - 1,
+                       self.max_model_len - seq.num_tokens - 1)
+            proposal = speculate.propose(seq.tokens, room)
+            if proposal:
+                found.append((seq, proposal))
+        if not found:
+            return {}
+        budget = min(self.cfg.max_batch_tokens - base, self.scheduler.free_cells)
+        sampling = sum(seq.n_kv + n == seq.num_tokens for seq, n in plan)
+        ks = speculate.plan(base, sampling, [(seq.spec_acceptance, len(p)) for seq, p in found], self.step_cost,
+                            budget)
+        return {seq: p[:k] for (seq, p), k in zip(found, ks, strict=True) if k}
 
     def _decode(self, plan: list[tuple[Sequence, int]], chunks: list[Chunk]) -> Any:
         """One llama_decode over the step's chunks; its logits rows, or None when llama.cpp found no room."""
@@ -189,6 +224,7 @@ class Engine:
             return None
         dt = time.perf_counter() - t0
         n_tokens = sum(len(c.tokens) for c in chunks)
+        self.step_cost.observe(n_tokens, dt)
         st = self.stats
         st.steps += 1
         st.tokens += n_tokens
@@ -202,16 +238,30 @@ class Engine:
                 cb2(dt, by_seq)
         return logits
 
-    def _process_output(self, seq: Sequence, row: Any) -> None:
-        """Sample from the sequence's logits row and send what it produced; a failure ends this sequence only
-        (for example a grammar that cannot go on)."""
+    def _process_output(self, seq: Sequence, rows: Any, draft: list[int]) -> None:
+        """Sample from the sequence's logits rows (one, or one per fed token when it carried a draft), drop
+        the KV of rejected draft tokens and send what it produced; a failure ends this sequence only (for
+        example a grammar that cannot go on)."""
         assert seq.out is not None
         try:
-            e = seq.out.after_logits(row, seq.constraint)
+            e = seq.out.after_logits(rows, seq.constraint, draft)
         except Exception as ex:
             log.warning("sequence %s failed: %s", seq.seq_id, ex)
             self._finish(seq, "error", error=str(ex), error_code=getattr(ex, "error_code", "sequence_failed"))
             return
+        if draft:
+            valid = seq.n_kv - len(draft) + e.accepted     # KV of the last token and the accepted drafts
+            if seq.n_kv > valid:
+                self.runner.remove(seq.slot, valid)
+                self.scheduler.prefix.truncate(seq.slot, valid)
+                seq.n_kv = valid
+            seq.spec_acceptance = speculate.update_acceptance(seq.spec_acceptance, len(draft), e.accepted)
+            seq.spec_drafted += len(draft)
+            seq.spec_accepted += e.accepted
+            st = self.stats
+            st.spec_drafts += 1
+            st.spec_draft_tokens += len(draft)
+            st.spec_accepted_tokens += e.accepted
         if seq.first_token is None:
             seq.first_token = time.perf_counter()
         self.stats.generated_tokens += len(e.tokens)

@@ -38,6 +38,7 @@ class Emitted:
     token_logprobs: list[float]     # one per token in `tokens`
     logprobs: list[TokenLogprob]    # one per token in `tokens` when the request asked for logprobs
     finish_reason: str | None       # stop | length, or None while the sequence goes on
+    accepted: int = 0               # draft tokens accepted (the first `accepted` of `tokens`)
 
 
 class SequenceOutput:
@@ -60,24 +61,41 @@ class SequenceOutput:
     def mean_logprob(self) -> float:
         return self.sum_logprob / max(len(self.tokens), 1)
 
-    def after_logits(self, raw: np.ndarray, constraint: Any = None) -> Emitted:
-        """Sample from `raw` (one row of logits), advance the constraint and return what to emit."""
+    def after_logits(self, raw: np.ndarray, constraint: Any = None, draft: list[int] | None = None) -> Emitted:
+        """Sample from `raw` (one row of logits), advance the constraint and return what to emit. With a
+        `draft` (speculated tokens fed after the sequence's last token), `raw` holds one row per fed token:
+        each draft token is verified against its row (Sampler.sample), and the first one rejected is replaced
+        by the row's own sample; when all are accepted, the last row adds one more token."""
         p, eog = self.params, self.vocab.eog
-        token = self.sampler.sample(raw, constraint.allowed() if constraint is not None else None)
-        new, chosen, lps = [token], [], []
-        if p.logprobs:
-            lp, tops = token_logprobs(raw, token, p.top_logprobs)
-            lps.append(TokenLogprob(token, lp, tops))
-        else:
-            lp = chosen_logprob(raw, token)
-        self.sum_logprob += lp
-        self.min_logprob = min(self.min_logprob, lp)
-        chosen.append(lp)
+        draft = draft or []
+        rows = raw.reshape(-1, raw.shape[-1])
+        new: list[int] = []
+        chosen: list[float] = []
+        lps: list[TokenLogprob] = []
+        for i in range(len(draft) + 1):
+            row = rows[i]
+            d = draft[i] if i < len(draft) else None
+            token = self.sampler.sample(row, constraint.allowed() if constraint is not None else None, draft=d)
+            self.sampler.accept(token)
+            new.append(token)
+            if p.logprobs:
+                lp, tops = token_logprobs(row, token, p.top_logprobs)
+                lps.append(TokenLogprob(token, lp, tops))
+            else:
+                lp = chosen_logprob(row, token)
+            self.sum_logprob += lp
+            self.min_logprob = min(self.min_logprob, lp)
+            chosen.append(lp)
+            if token != d or token in eog:
+                break
+        accepted = len(new) - 1
         if constraint is not None:
-            constraint.advance([token])
+            constraint.advance(new)
             forced = constraint.forced()
-            if forced and token not in eog:
+            if forced and new[-1] not in eog:
                 constraint.advance(forced)
+                for t in forced:
+                    self.sampler.accept(t)
                 new += forced
                 chosen += [0.0] * len(forced)          # forced tokens have probability 1 under the grammar
                 if p.logprobs:
@@ -91,7 +109,6 @@ class SequenceOutput:
                 finish = "stop"
                 break
             self.tokens.append(t)
-            self.sampler.accept(t)
             emitted.append(t)
             text += self.detok.add(t)
             if len(self.tokens) >= p.max_tokens or self.n_prompt + len(self.tokens) >= self.max_model_len:
@@ -104,7 +121,7 @@ class SequenceOutput:
         self.text += text
         out, stop_hit = self._release(final=finish is not None)
         return Emitted(text=out, tokens=emitted, token_logprobs=chosen[:len(emitted)], logprobs=lps[:len(emitted)],
-                       finish_reason="stop" if stop_hit else finish)
+                       finish_reason="stop" if stop_hit else finish, accepted=min(accepted, len(emitted)))
 
     def _release(self, final: bool) -> tuple[str, bool]:
         """Text that can be sent now. Holds back a tail that could start a stop string; cuts at a stop string."""

@@ -42,7 +42,7 @@ class Chunk:
     slot: int
     tokens: list[int]
     start: int
-    logits: bool
+    logits: int         # logits rows wanted, for the last `logits` tokens (0: none; 1: the last token's)
 
 
 class ModelRunner(Vocab):
@@ -108,7 +108,7 @@ class ModelRunner(Vocab):
             self._seq[i:i + n] = c.slot
             self._out[i:i + n] = 0
             if c.logits:
-                self._out[i + n - 1] = 1
+                self._out[i + n - c.logits:i + n] = 1
             i += n
         p_i32 = ctypes.POINTER(ctypes.c_int32)
         batch = llama_cpp.llama_batch(

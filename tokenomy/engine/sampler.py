@@ -49,11 +49,29 @@ class Sampler:
             x[~mask[: x.shape[0]]] = -np.inf
         return x
 
-    def sample(self, raw: np.ndarray, mask: np.ndarray | None = None) -> int:
+    def sample(self, raw: np.ndarray, mask: np.ndarray | None = None, draft: int | None = None) -> int:
+        """A token from this row. With ``draft`` (a speculated token), the draft itself when it is accepted:
+        greedy accepts it when it is the argmax; sampling accepts it with probability p(draft) and otherwise
+        draws from p without it, so the result is distributed as p whatever the draft was."""
         p = self.p
         x = self._processed(raw, mask)
         if p.greedy:
             return int(np.argmax(x))
+        idx, probs = self._distribution(x)
+        if draft is not None:
+            hit = np.flatnonzero(idx == draft)
+            p_draft = float(probs[hit[0]]) if len(hit) else 0.0
+            if p_draft > 0.0 and self.rng.random() < p_draft:
+                return int(draft)
+            if len(hit) and p_draft < 1.0:
+                probs = probs.copy()
+                probs[hit[0]] = 0.0
+                probs /= probs.sum()
+        return int(idx[self.rng.choice(len(idx), p=probs)])
+
+    def _distribution(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, probabilities) after temperature, top-k, top-p and min-p, most likely first."""
+        p = self.p
         x = x / p.temperature
         k = p.top_k if 0 < p.top_k < x.shape[0] else 0
         if k:
@@ -72,8 +90,7 @@ class Sampler:
         if p.min_p > 0.0:
             keep_mask = probs >= p.min_p * probs[0]
             idx, probs = idx[keep_mask], probs[keep_mask]
-        probs = probs / probs.sum()
-        return int(idx[self.rng.choice(len(idx), p=probs)])
+        return idx, probs / probs.sum()
 
 
 def token_logprobs(raw: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:

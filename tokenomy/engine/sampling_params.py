@@ -23,6 +23,7 @@ class SamplingParams:
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
     ignore_eos: bool = False
+    speculative: bool = True            # false: never draft for this request (the engine's setting still applies)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -43,6 +44,12 @@ class SamplingParams:
             raise ValueError("top_logprobs must be between 0 and 20")
         if len(self.stop) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
+
+    @property
+    def may_speculate(self) -> bool:
+        """Drafts keep the output distribution but change how a seeded generator is drawn from, so a seeded
+        sampled request is never speculated (the same seed gives the same answer)."""
+        return self.speculative and (self.greedy or self.seed is None)
 
     @property
     def greedy(self) -> bool:

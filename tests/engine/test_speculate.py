@@ -1,0 +1,109 @@
+"""Speculative decoding: prompt-lookup drafts, their sizing by measured step cost, exact verification."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.engine.test_engine import run
+from tests.noise import assert_same_up_to_noise
+from tokenomy.engine import speculate
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.engine import Engine
+from tokenomy.engine.sampler import Sampler
+from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.models import resolve_gguf
+
+
+def test_propose_continues_the_latest_earlier_occurrence_of_the_longest_suffix():
+    toks = [1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4]
+    assert speculate.propose(toks, 2) == [7, 8]          # the latest "2 3 4" was followed by 7 8
+    assert speculate.propose(toks, 10) == [7, 8, 2, 3, 4]
+    assert speculate.propose([5, 6, 7], 3) == []          # nothing repeats
+    assert speculate.propose(toks, 0) == []
+    assert speculate.propose([1, 2, 9, 1, 2], 1, ngram_max=2) == [9]
+
+
+def test_step_cost_interpolates_and_extrapolates_what_it_measured():
+    c = speculate.StepCost()
+    assert c.predict(4) is None
+    c.observe(1, 0.010)
+    assert c.predict(4) is None                          # one point says nothing about the slope
+    c.observe(9, 0.050)
+    assert c.predict(5) == pytest.approx(0.030)
+    assert c.predict(17) == pytest.approx(0.090)
+    c.observe(1, 0.020)                                  # decaying average, not the last sample
+    assert 0.010 < c.predict(1) < 0.020
+
+
+def _cost(per_token: float, fixed: float) -> speculate.StepCost:
+    c = speculate.StepCost()
+    for n in (1, 64):
+        c.observe(n, fixed + per_token * n)
+    return c
+
+
+def test_plan_drafts_where_verifying_is_cheap_and_not_where_it_costs_a_step_per_token():
+    cheap = _cost(per_token=0.0001, fixed=0.010)          # memory-bound: extra tokens nearly free
+    dear = _cost(per_token=0.010, fixed=0.0)              # compute-bound: k tokens cost k steps
+    assert speculate.plan(1, 1, [(0.8, 8)], cheap, 100) == [8]
+    assert speculate.plan(1, 1, [(0.8, 8)], dear, 100) == [0]
+    assert speculate.plan(1, 1, [(0.05, 8)], _cost(0.002, 0.010), 100) == [0]   # rarely accepted: not worth it
+    assert speculate.plan(1, 1, [(0.8, 8)], cheap, 3) == [3]                    # the step's token budget holds
+    assert speculate.plan(1, 1, [(0.8, 8)], speculate.StepCost(), 100) == [0]  # unmeasured: no drafts
+    # the same sequence in a fuller batch is worth fewer drafts: the step's extra cost hits every sequence
+    mid = _cost(per_token=0.001, fixed=0.010)
+    alone = speculate.plan(1, 1, [(0.6, 8)], mid, 100)[0]
+    crowded = speculate.plan(32, 32, [(0.6, 8)], mid, 100)[0]
+    assert alone > crowded
+
+
+def test_a_draft_keeps_the_sampled_distribution():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    p = SamplingParams(temperature=1.0, seed=7)
+    for draft in (0, 3, None):
+        s = Sampler(p, [])
+        draws = np.bincount([s.sample(logits, draft=draft) for _ in range(20000)], minlength=4) / 20000
+        assert np.abs(draws - [0.5, 0.3, 0.15, 0.05]).max() < 0.015, (draft, draws)
+
+
+def test_greedy_verification_accepts_exactly_the_argmax():
+    logits = np.array([0.0, 3.0, 1.0], dtype=np.float32)
+    s = Sampler(SamplingParams(temperature=0), [])
+    assert s.sample(logits, draft=1) == 1 and s.sample(logits, draft=2) == 1
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    return str(resolve_gguf("smollm2-135m-instruct"))
+
+
+# A prompt whose answer copies it: prompt lookup finds drafts, and most are accepted.
+COPY = ["Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."]
+
+
+def test_greedy_answers_with_speculation_equal_those_without(path):
+    cfg = dict(n_ctx=4096, max_running=4, max_retired=0, max_batch_tokens=256, prefix_caching=False)
+    plain = Engine(path, EngineConfig(**cfg, speculative=False)).start()
+    spec = Engine(path, EngineConfig(**cfg, speculative=True)).start()
+    try:
+        spec.step_cost = _cost(per_token=0.00001, fixed=0.01)   # make drafting pay, whatever this CPU measures
+        spec.step_cost.observe = lambda n, dt: None
+        want = run(plain, COPY + ["Name a fruit."], max_tokens=32)
+        got = run(spec, COPY + ["Name a fruit."], max_tokens=32)
+        for g, w in zip(got, want, strict=True):
+            assert_same_up_to_noise(g, w)
+            assert len(g) == len(w)
+        st = spec.stats
+        assert st.spec_drafts > 0 and 0 < st.spec_accepted_tokens <= st.spec_draft_tokens
+        assert st.spec_accepted_tokens > st.spec_draft_tokens // 4
+        assert plain.stats.spec_drafts == 0
+    finally:
+        plain.stop()
+        spec.stop()
+
+
+def test_a_request_can_opt_out_and_seeded_sampling_is_never_speculated(path):
+    assert not SamplingParams(temperature=0.7, seed=1).may_speculate
+    assert SamplingParams(temperature=0.7).may_speculate and SamplingParams(temperature=0).may_speculate
+    assert not SamplingParams(temperature=0, speculative=False).may_speculate

@@ -1,0 +1,132 @@
+"""Speculative decoding from the sequence's own tokens (prompt lookup), sized by what a step measurably costs.
+
+Drafts: the last ``n`` tokens (``NGRAM_MAX`` down to ``NGRAM_MIN``) are looked up in the sequence's earlier
+tokens, prompt and output; the tokens that followed their latest earlier occurrence are the draft. No second
+model is needed, and grounded tasks (summaries, answers from given passages, edits) copy long spans.
+
+Sizing: a step that feeds ``n`` tokens costs ``t(n)`` seconds, measured from the engine's own steps
+(``StepCost``); a sequence's drafts are accepted at a rate ``a`` tracked per sequence. With ``k`` drafted
+tokens a sequence expects ``(1 - a^(k+1)) / (1 - a)`` tokens from the step instead of one. ``plan`` grows the
+drafts one token at a time where that raises the batch's expected tokens per second ``sum(E_i) / t(n)``, and
+stops when nothing does: on a compute-bound CPU, where verifying k tokens costs nearly k steps, it drafts only
+behind long accepted runs, and as the batch fills, the step's extra cost outweighs any one sequence's gain, so
+it drafts less. Drafting nothing is always a candidate, so speculation never plans a slower step than plain
+decoding by its own measurements.
+
+Verification (in ``SequenceOutput.after_logits``) keeps the target distribution: a greedy request accepts a
+draft token when it is the argmax; a sampled one accepts draft token d with probability p(d) and otherwise
+samples from p with d removed, which is rejection sampling for a draft that puts all its mass on d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NGRAM_MAX = 3          # longest suffix looked up
+NGRAM_MIN = 1          # shortest
+MAX_DRAFT = 8          # tokens drafted per sequence and step, at most
+PRIOR_ACCEPTANCE = 0.5  # a new sequence's acceptance rate before it has a record
+ACCEPTANCE_DECAY = 0.7  # weight of the past in a sequence's acceptance rate (per verified step)
+COST_DECAY = 0.9       # weight of the past in a bucket's measured step time
+SEARCH_WINDOW = 4096   # tokens (the most recent) searched for the suffix
+
+
+def propose(tokens: list[int], k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix of ``tokens`` (of
+    ``ngram_max`` down to ``ngram_min`` tokens) found; [] when none occurs or ``k`` is 0."""
+    if k <= 0 or len(tokens) < ngram_min + 1:
+        return []
+    arr = np.asarray(tokens[-SEARCH_WINDOW:], dtype=np.int64)
+    n_all = len(arr)
+    for n in range(min(ngram_max, n_all - 1), ngram_min - 1, -1):
+        suffix = arr[-n:]
+        # windows starting at i cover arr[i:i+n]; the last window (the suffix itself) is left out
+        hits = np.flatnonzero(arr[: n_all - n] == suffix[0])
+        for i in hits[::-1]:
+            if np.array_equal(arr[i:i + n], suffix):
+                follow = arr[i + n: i + n + k]
+                if len(follow):
+                    return follow.tolist()
+    return []
+
+
+@dataclass
+class StepCost:
+    """Measured seconds of a step by the number of tokens it fed, as decaying averages per count."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, n_tokens: int, dt: float) -> None:
+        if n_tokens <= 0 or dt <= 0:
+            return
+        old = self.seconds.get(n_tokens)
+        self.seconds[n_tokens] = dt if old is None else COST_DECAY * old + (1 - COST_DECAY) * dt
+
+    def predict(self, n: int) -> float | None:
+        """Seconds for a step of ``n`` tokens: the measured average, else linear between the nearest measured
+        counts on either side, else the line through the two nearest below (or None without two)."""
+        s = self.seconds
+        if n in s:
+            return s[n]
+        below = sorted(m for m in s if m < n)
+        above = sorted(m for m in s if m > n)
+        if below and above:
+            lo, hi = below[-1], above[0]
+            return s[lo] + (s[hi] - s[lo]) * (n - lo) / (hi - lo)
+        pts = below[-2:] if len(below) >= 2 else above[:2] if len(above) >= 2 else []
+        if len(pts) < 2:
+            return None
+        (a, b) = pts
+        slope = max((s[b] - s[a]) / (b - a), 0.0)
+        return max(s[b] + slope * (n - b), 1e-9)
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens a step yields for one sequence with ``k`` drafts accepted independently at ``acceptance``."""
+    a = min(max(acceptance, 0.0), 0.999)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]], cost: StepCost,
+         budget: int) -> list[int]:
+    """Draft lengths for ``candidates`` (acceptance rate, tokens available to draft) in a step that already
+    feeds ``base_tokens`` and yields ``base_yield`` tokens (one per sequence that samples, candidates included),
+    with at most ``budget`` extra tokens: grown one token at a time where that raises the step's expected
+    tokens per second. All zeros when the cost of a larger step is not measured yet."""
+    ks = [0] * len(candidates)
+    base_t = cost.predict(base_tokens)
+    if base_t is None or not candidates:
+        return ks
+    yields = [1.0] * len(candidates)
+    total, extra = float(max(base_yield, len(candidates))), 0
+    rate = total / base_t
+    while extra < budget:
+        best, best_rate = -1, rate
+        t = cost.predict(base_tokens + extra + 1)
+        if t is None:
+            break
+        for i, (acc, avail) in enumerate(candidates):
+            if ks[i] >= min(avail, MAX_DRAFT):
+                continue
+            gain = expected_tokens(acc, ks[i] + 1) - yields[i]
+            r = (total + gain) / t
+            if r > best_rate:
+                best, best_rate = i, r
+        if best < 0:
+            break
+        ks[best] += 1
+        new_yield = expected_tokens(candidates[best][0], ks[best])
+        total += new_yield - yields[best]
+        yields[best] = new_yield
+        extra += 1
+        rate = best_rate
+    return ks
+
+
+def update_acceptance(old: float, drafted: int, accepted: int) -> float:
+    """A sequence's acceptance rate after a step that verified ``drafted`` tokens and accepted ``accepted``."""
+    if drafted <= 0:
+        return old
+    return ACCEPTANCE_DECAY * old + (1 - ACCEPTANCE_DECAY) * (accepted / drafted)
