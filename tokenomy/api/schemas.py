@@ -70,6 +70,7 @@ class _Sampling(_Body):
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
+    speculative: bool | None = None          # false: no speculative drafts for this request
 
     @field_validator("n")
     @classmethod
@@ -100,7 +101,8 @@ class _Sampling(_Body):
 
     def sampling(self) -> dict[str, Any]:
         keys = ("max_tokens", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty",
-                "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos")
+                "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos",
+                "speculative")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 

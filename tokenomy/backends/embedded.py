@@ -45,6 +45,7 @@ def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int) -> S
         top_logprobs=int(params.get("top_logprobs") or 0),
         logit_bias=logit_bias(params.get("logit_bias") or {}, n_vocab),
         ignore_eos=bool(params.get("ignore_eos")),
+        speculative=params.get("speculative") is not False,
     )
 
 

@@ -64,6 +64,7 @@ class OpenAIBackend:
                 body["logprobs"] = p.pop("top_logprobs", 0)
             path = "/completions"
         p.pop("top_logprobs", None)
+        p.pop("speculative", None)      # tokenomy's own engine setting: an upstream decides its own speculation
         body.update(p)
         return path, body
 
