@@ -163,13 +163,17 @@ class Gateway:
     def _watch_engine(self, name: str, engine: Any) -> None:
         m = self.metrics
         batch, pre, hits = m.batch_tokens.labels(name), m.preemptions.labels(name), m.prefix_hits.labels(name)
-        last = {"pre": 0, "hits": 0}
+        spec = (m.spec_drafts.labels(name), m.spec_draft_tokens.labels(name), m.spec_accepted.labels(name))
+        last = {"pre": 0, "hits": 0, "spec": (0, 0, 0)}
 
         def on_step(n_tokens: int, n_seqs: int, dt: float) -> None:
             batch.observe(n_tokens)
             pre.inc(max(engine.preemptions - last["pre"], 0))       # counters restart with a restarted engine
             hits.inc(max(engine.prefix_hit_tokens - last["hits"], 0))
-            last["pre"], last["hits"] = engine.preemptions, engine.prefix_hit_tokens
+            now = engine.spec
+            for counter, new, old in zip(spec, now, last["spec"], strict=True):
+                counter.inc(max(new - old, 0))
+            last["pre"], last["hits"], last["spec"] = engine.preemptions, engine.prefix_hit_tokens, now
 
         engine.stats.on_step.append(on_step)
 

@@ -102,6 +102,7 @@ class EngineClient:
         self.used_cells = 0
         self.preemptions = 0
         self.prefix_hit_tokens = 0
+        self.spec = (0, 0, 0)              # speculation since the process started: drafts, drafted, accepted
         self._waiting = 0
         self._pending: dict[int, Handle] = {}
         self._calls: dict[int, Future[Any]] = {}
@@ -284,6 +285,7 @@ class EngineClient:
     def _apply(self, r: StepReport) -> None:
         self.running, self._waiting, self.used_cells = r.running, r.waiting, r.used_cells
         self.preemptions, self.prefix_hit_tokens = r.preemptions, r.prefix_hit_tokens
+        self.spec = r.spec
         if r.n_tokens:
             for cb in self.stats.on_step:
                 cb(r.n_tokens, r.n_seqs, r.dt)

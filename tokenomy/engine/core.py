@@ -59,6 +59,7 @@ class StepReport:
     used_cells: int = 0
     preemptions: int = 0
     prefix_hit_tokens: int = 0
+    spec: tuple[int, int, int] = (0, 0, 0)   # speculation since start: drafts, draft tokens, accepted tokens
 
 
 def self_check(engine: Engine) -> None:
@@ -126,6 +127,8 @@ class Core:
         r, self._report = self._report, StepReport()
         r.running, r.waiting, r.used_cells = len(s.running), self.engine.queue_depth, s.prefix.used_cells
         r.preemptions, r.prefix_hit_tokens = s.preemptions, s.prefix_hit_tokens
+        st = self.engine.stats
+        r.spec = (st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens)
         out, self._outbox = self._outbox, []
         if not out and not r.n_tokens:
             return

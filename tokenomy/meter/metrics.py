@@ -123,7 +123,12 @@ class Metrics:
                                    registry=r)
         self.prefix_hits = Counter("tokenomy_engine_prefix_hit_tokens_total", "Prompt tokens reused from the "
                                    "prefix cache", ["model"], registry=r)
-        self.spec_accepted = Counter("tokenomy_engine_spec_accepted_tokens_total", "Speculative tokens accepted",
+        # vLLM's names (vllm:spec_decode_num_drafts and so on)
+        self.spec_drafts = Counter("tokenomy_spec_decode_num_drafts_total", "Sequence-steps that verified a draft",
+                                   ["model"], registry=r)
+        self.spec_draft_tokens = Counter("tokenomy_spec_decode_num_draft_tokens_total", "Tokens drafted",
+                                         ["model"], registry=r)
+        self.spec_accepted = Counter("tokenomy_spec_decode_num_accepted_tokens_total", "Drafted tokens accepted",
                                      ["model"], registry=r)
         # model
         self.ttft = Histogram("tokenomy_ttft_seconds", "Time to first token", ["model"], buckets=LATENCY_BUCKETS,
