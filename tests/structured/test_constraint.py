@@ -186,7 +186,7 @@ def test_a_grammar_too_slow_to_replan_keeps_the_replan_margin_from_the_start(com
     c = Constraint(big)
     budget = 2 * need + 100
     assert c.plan_wrap_up(budget, 0.9) == budget - int(need * REPLAN_MARGIN) - REPLAN_EVERY
-    assert c.max_tokens is None   # never re-planned
+    assert c.max_tokens is None and c.strict_past_soft_limit   # never re-planned: strict from the soft limit
 
 
 def test_replan_starts_wrap_up_once_an_opened_object_needs_the_rest_of_the_budget(compiler, tokenizer, replan_any):
@@ -339,3 +339,19 @@ def test_past_the_soft_limit_strict_mode_ends_the_answer_within_max_tokens(compi
     loose._replan = lambda: None
     _adversary(loose, tokenizer, budget)
     assert not loose.is_complete()
+
+
+def test_a_grammar_too_slow_to_replan_is_strict_from_its_soft_limit_and_ends_in_time(compiler, tokenizer,
+                                                                                     monkeypatch):
+    from tokenomy.structured.constraint import REPLAN_EVERY, REPLAN_MARGIN, closing_length
+
+    monkeypatch.setattr("tokenomy.structured.constraint.REPLAN_MAX_WALK_S", -1.0)
+    names = [f"field_{i}" for i in range(6)]
+    schema = {"type": "object", "properties": {n: {"type": "string", "minLength": 40} for n in names},
+              "required": names, "additionalProperties": False}
+    grammar = compiler.compile(json_schema_format(schema))
+    budget = int(closing_length(grammar) * REPLAN_MARGIN) + REPLAN_EVERY + 16
+    c = Constraint(grammar)
+    c.plan_wrap_up(budget, 0.9)
+    n = _adversary(c, tokenizer, budget)
+    assert c.is_complete() and n <= budget and not c.strict and c.strict_past_soft_limit

@@ -335,6 +335,7 @@ class Constraint:
         self.root_bans: frozenset[int] = frozenset()  # first bytes the first token may not start with
         self.replans = 0  # times _replan moved the soft limit earlier
         self.strict = False  # past the soft limit with no room to spare: follow the walk to the end exactly
+        self.strict_past_soft_limit = False  # set by plan_wrap_up for a grammar too slow to re-plan
         self._next_replan = REPLAN_EVERY
         self.wrapups = 0  # masks narrowed by the wrap-up rule
         self.steered = 0  # of those, steps steered toward the end of a string that could not end yet
@@ -354,7 +355,8 @@ class Constraint:
     def plan_wrap_up(self, max_tokens: int, share: float) -> int:
         """Set and return the soft limit for an answer of at most ``max_tokens``: ``share * max_tokens``, or
         earlier when the shortest answer (``closing_length``) would not fit in what is left after it. A grammar
-        too slow to re-plan keeps the re-planning margin from the start (REPLAN_MARGIN, plus REPLAN_EVERY)."""
+        too slow to re-plan keeps the re-planning margin from the start (REPLAN_MARGIN, plus REPLAN_EVERY) and
+        is strict from the soft limit on."""
         need, walk_s, _ = _closing_walk(self.grammar)
         need = max_tokens if need is None else min(need, max_tokens)
         replans = walk_s <= REPLAN_MAX_WALK_S  # see REPLAN_MAX_WALK_S
@@ -362,6 +364,7 @@ class Constraint:
             need = min(max_tokens, int(need * REPLAN_MARGIN) + REPLAN_EVERY)
         self.soft_limit = max(0, min(int(share * max_tokens), max_tokens - need))
         self.max_tokens = max_tokens if replans else None
+        self.strict_past_soft_limit = not replans   # no walk will tell when to turn strict: be strict at once
         self.root_bans = root_open_bans(self.grammar, max_tokens)
         return self.soft_limit
 
@@ -415,7 +418,7 @@ class Constraint:
         self._replan()
         if self.soft_limit is not None and len(self.history) >= self.soft_limit:
             self._wrap_up(mask)
-            if self.strict:   # the walk's choice: the longest token of the best tier
+            if self.strict or self.strict_past_soft_limit:   # the walk's choice: the longest of the best tier
                 ids = np.flatnonzero(mask)
                 if len(ids) > 1:
                     keep = ids[np.argmax(self.grammar.tables.lengths[ids])]
