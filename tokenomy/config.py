@@ -37,6 +37,14 @@ class Price(_Strict):
     cached_input: float = Field(0.0, ge=0)
     output: float = Field(0.0, ge=0)
     notional: bool = False      # a made-up price for a packaged model; reports say so
+    batch_discount: float = Field(0.5, ge=0, le=1, description="share taken off every rate for batch requests "
+                                  "(OpenAI's Batch API: 0.5)")
+
+    def for_batch(self) -> Price:
+        """The rates a batch request is billed at."""
+        keep = 1.0 - self.batch_discount
+        return self.model_copy(update={"input": self.input * keep, "cached_input": self.cached_input * keep,
+                                       "output": self.output * keep})
 
 
 class StructuredSettings(_Strict):
