@@ -126,3 +126,22 @@ def test_cancel_stops_a_batch(keyed):
     time.sleep(1.0)
     keyed.gateway.ledger.flush()
     assert len([r for r in keyed.gateway.ledger.query() if r.batch == b.id]) == before
+
+
+def test_cli_submits_follows_and_fetches_results(keyed, tmp_path):
+    from typer.testing import CliRunner
+
+    from tokenomy.cli import app
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(line("q1", "Hi.") + "\n" + line("q2", "Yo.") + "\n")
+    env = {"TOKENOMY_BASE_URL": keyed.base_url, "OPENAI_API_KEY": "sk-batch-a"}
+    r = CliRunner().invoke(app, ["batch", "submit", str(src), "--poll", "0.2"], env=env)
+    assert r.exit_code == 0, r.output
+    batch_id = r.output.split()[0]
+    assert "completed" in r.output and "2/2 done" in r.output
+    r = CliRunner().invoke(app, ["batch", "status", batch_id], env=env)
+    assert r.exit_code == 0 and "completed" in r.output
+    out = tmp_path / "out.jsonl"
+    r = CliRunner().invoke(app, ["batch", "results", batch_id, "-o", str(out)], env=env)
+    assert r.exit_code == 0 and sorted(json.loads(x)["custom_id"] for x in out.read_text().splitlines()) == ["q1", "q2"]
