@@ -1,4 +1,4 @@
-"""The `tokenomy` command: serve, plan, router, config, report, replay, bench."""
+"""The `tokenomy` command: serve, plan, router, config, report, replay, bench, batch."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tokenomy.batch.command import app as batch_app
 from tokenomy.bench.command import bench
 from tokenomy.meter.command import report
 from tokenomy.offline.replay.command import replay
@@ -18,6 +19,7 @@ app.command("report")(report)
 app.command("bench")(bench)
 app.command("replay")(replay)
 app.add_typer(router_app, name="router", help="Train, calibrate and evaluate a learned router.")
+app.add_typer(batch_app, name="batch", help="Submit batches (OpenAI's Batch API), follow them, fetch results.")
 
 
 @app.command()

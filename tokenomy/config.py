@@ -37,6 +37,14 @@ class Price(_Strict):
     cached_input: float = Field(0.0, ge=0)
     output: float = Field(0.0, ge=0)
     notional: bool = False      # a made-up price for a packaged model; reports say so
+    batch_discount: float = Field(0.5, ge=0, le=1, description="share taken off every rate for batch requests "
+                                  "(OpenAI's Batch API: 0.5)")
+
+    def for_batch(self) -> Price:
+        """The rates a batch request is billed at."""
+        keep = 1.0 - self.batch_discount
+        return self.model_copy(update={"input": self.input * keep, "cached_input": self.cached_input * keep,
+                                       "output": self.output * keep})
 
 
 class StructuredSettings(_Strict):
@@ -256,6 +264,19 @@ class LedgerSettings(_Strict):
         return self.store_prompts and (self.store_prompts_tenants is None or tenant in self.store_prompts_tenants)
 
 
+class BatchSettings(_Strict):
+    """The Batch API (docs/batch.md): files and batches live in the ledger's database."""
+
+    enabled: bool = True
+    concurrency: int = Field(8, ge=1, le=256, description="batch requests in flight at once, all batches together")
+    upstream_concurrency: int = Field(2, ge=1, description="batch requests in flight to one upstream model")
+    upstream_max_wait_s: float = Field(0.5, ge=0, description="hold batch requests for an upstream model while its "
+                                       "expected queue wait (the load signal routing uses) is above this")
+    max_file_bytes: int = Field(100 << 20, ge=1024)
+    poll_s: float = Field(0.5, gt=0)
+    drain_s: float = Field(10.0, ge=0, description="at shutdown, how long in-flight batch requests may finish")
+
+
 class ServerSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -278,6 +299,7 @@ class Config(_Strict):
     # in that window loses them; true: the answer's last byte waits for its row's commit
     ledger_durable: bool = False
     energy: EnergySettings = EnergySettings()
+    batch: BatchSettings = BatchSettings()
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
 
     @field_validator("ledger", mode="before")

@@ -100,6 +100,29 @@ class Gateway:
                      self.metrics),
         ])
 
+        self.batches, self.batch_runner = self._batch(config)
+
+    def _batch(self, config: Config) -> tuple[Any, Any]:
+        """The Batch API's store (in the ledger's database) and its worker; (None, None) without a ledger."""
+        if self.ledger is None or not config.batch.enabled:
+            return None, None
+        from tokenomy.batch.runner import BatchRunner
+        from tokenomy.batch.store import BatchStore
+
+        b = config.batch
+        store = BatchStore(self.ledger.engine)
+        runner = BatchRunner(store, self.handle, concurrency=b.concurrency, poll_s=b.poll_s, drain_s=b.drain_s,
+                             flush=self.ledger.flush, upstream=lambda m: bool(self._upstreams(m)),
+                             hold=lambda m: any(self.registry.get(n).expected_wait_s() > self.config.batch
+                                                .upstream_max_wait_s for n in self._upstreams(m)),
+                             upstream_concurrency=b.upstream_concurrency)
+        return store, runner
+
+    def _upstreams(self, name: str) -> list[str]:
+        """The upstream (openai backend) models a model or route name may be served by."""
+        names = self.routes[name].models if name in self.routes else [name]
+        return [m.name for m in self.config.models if m.name in names and m.backend == "openai"]
+
     def _budgets(self, config: Config) -> Budgets:
         keys = {(k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or ""))[:12]: k.budget
                 for k in config.keys if k.budget}
@@ -229,7 +252,14 @@ class Gateway:
                 pass
         self.record.finish(ctx)
 
+    def start(self) -> None:
+        """Start background work that needs the running event loop (the batch worker)."""
+        if self.batch_runner is not None:
+            self.batch_runner.start()
+
     async def close(self) -> None:
+        if self.batch_runner is not None:
+            await self.batch_runner.stop()
         await self.registry.close()
         if self.semantic_cache is not None:
             self.semantic_cache.close()

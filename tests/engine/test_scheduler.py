@@ -128,3 +128,71 @@ def test_shared_cells_do_not_count_against_the_retired_cap():
     run_plan(s, s.schedule())                      # b shares a2's first 5 cells
     s.finish(a2)                                   # a2's own cell is 1 (the 6th), under the cap
     assert len(s.prefix.retired) == 1 and s.retired_cells() == 1
+
+
+def bseq(tokens, max_tokens=8):
+    return Sequence(prompt=list(tokens), params=SamplingParams(max_tokens=max_tokens, priority="batch"),
+                    on_event=lambda e: None)
+
+
+def test_batch_sequences_sit_out_steps_with_interactive_work_and_keep_their_kv():
+    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, batch_step_tokens=64), KVLog(),
+                  n_ctx=1000)
+    b = bseq([1, 2, 3])
+    s.waiting.append(b)
+    run_plan(s, s.schedule())                      # alone: the batch sequence runs
+    b.output.append(9)
+    i = seq([5, 6, 7])
+    s.waiting.extend([i])
+    plan = s.schedule()                            # an interactive arrival: only it is in the step
+    assert plan == [(i, 3)] and b.status is Status.RUNNING and b.n_kv == 3
+    run_plan(s, plan)
+    i.output.append(8)
+    assert s.schedule() == [(i, 1)]
+    s.finish(i)
+    assert s.schedule() == [(b, 1)]                # the interactive work is done: the batch one goes on
+
+
+def test_interactive_arrivals_are_admitted_before_older_batch_ones():
+    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64), KVLog(), n_ctx=1000)
+    b, i = bseq([1, 2]), seq([3, 4])
+    s.waiting.extend([b, i])
+    assert s.schedule() == [(i, 2)] and list(s.waiting) == [b]
+
+
+def test_batch_lane_is_capped_in_sequences_and_tokens_per_step():
+    s = Scheduler(EngineConfig(max_running=8, max_retired=0, max_batch_tokens=256, batch_max_running=2,
+                               batch_step_tokens=10), KVLog(), n_ctx=1000)
+    a, b, c = bseq(range(8)), bseq(range(10, 18)), bseq(range(20, 28))
+    s.waiting.extend([a, b, c])
+    plan = s.schedule()
+    assert plan == [(a, 8), (b, 2)] and list(s.waiting) == [c]
+
+
+def test_an_interactive_arrival_preempts_batch_first_for_a_running_place():
+    s = Scheduler(EngineConfig(max_running=2, max_retired=0, max_batch_tokens=64, batch_max_running=2), KVLog(),
+                  n_ctx=1000)
+    a, b = bseq([1, 2]), bseq([3, 4])
+    s.waiting.extend([a, b])
+    run_plan(s, s.schedule())
+    i = seq([5, 6])
+    s.waiting.append(i)
+    plan = s.schedule()
+    assert plan == [(i, 2)] and b.status is Status.WAITING and b.preemptions == 1 and a.status is Status.RUNNING
+
+
+def test_kv_pressure_preempts_batch_before_interactive():
+    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, prefix_caching=False), KVLog(),
+                  n_ctx=10)
+    i, b = seq([1, 2, 3, 4]), bseq([5, 6, 7, 8])
+    s.waiting.append(b)
+    run_plan(s, s.schedule())
+    s.waiting.append(i)
+    run_plan(s, s.schedule())                      # 8 cells used
+    i.output += [9]
+    run_plan(s, s.schedule())                      # 9
+    i.output += [10]
+    run_plan(s, s.schedule())                      # 10: full
+    i.output += [11]
+    plan = s.schedule()                            # i needs a cell: the older batch sequence goes, not i
+    assert plan == [(i, 1)] and b.status is Status.WAITING and b.preemptions == 1

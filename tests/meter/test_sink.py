@@ -83,3 +83,21 @@ def test_a_route_that_served_cheaper_saves_the_price_difference():
              + 100 * (big.output - small.output)) / 1e6)
     assert seen[0].saved_by["route"] == {"tokens": 0, "usd": pytest.approx(want)}
     assert "route" not in seen[1].saved_by                  # served on the most capable model: nothing saved
+
+
+def test_a_batch_request_is_marked_and_priced_at_its_models_batch_price(tmp_path):
+    from tokenomy.backends.base import GenRequest, Usage
+    from tokenomy.config import Price
+
+    prices = {"m": Price(input=1.0, cached_input=0.5, output=2.0, batch_discount=0.5)}
+    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
+        sink = MeterSink(led, prices)
+        for rid, batch in (("req_i", None), ("req_b", "batch_1")):
+            ctx = RequestContext(gen=GenRequest(model="m"), request_id=rid, batch_id=batch)
+            ctx.model, ctx.usage, ctx.finish_reason = "m", Usage(prompt_tokens=1000, completion_tokens=500), "stop"
+            sink(ctx)
+        led.flush()
+        rows = {r.request_id: r for r in led.query()}
+    assert rows["req_i"].batch is None and rows["req_i"].cost_usd == pytest.approx(0.002)
+    assert rows["req_b"].batch == "batch_1" and rows["req_b"].cost_usd == pytest.approx(0.001)
+    assert (rows["req_b"].price_input, rows["req_b"].price_output) == (0.5, 1.0)

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenomy.api import openapi
+from tokenomy.api.batches import batch_router
 from tokenomy.api.body import read_body
 from tokenomy.api.dashboard import dashboard_router
 from tokenomy.api.errors import (
@@ -36,6 +37,7 @@ from tokenomy.pipeline.request import RequestContext
 def create_app(gateway: Gateway) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        gateway.start()
         yield
         await gateway.close()
 
@@ -127,12 +129,25 @@ def create_app(gateway: Gateway) -> FastAPI:
             feedback_guard=lambda r, row: _own_request(gateway, r, row),
             authenticate=lambda r: gateway.keyring.enabled and gateway.keyring.lookup(r.headers.get("authorization"))))
 
+    if gateway.batches is not None:
+        app.include_router(batch_router(gateway.batches, lambda r: _owner(gateway, r),
+                                        max_file_bytes=gateway.config.batch.max_file_bytes,
+                                        wake=gateway.batch_runner.wake))
+
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         keyed(request)
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+def _owner(gateway: Gateway, request: Request) -> tuple[str, str]:
+    """Who owns the files and batches a request may see: (key id, tenant); ("", "default") without keys."""
+    if not gateway.keyring.enabled:
+        return "", "default"
+    info = gateway.keyring.lookup(request.headers.get("authorization"))
+    return info.key_id, info.tenant
 
 
 def _own_request(gateway: Gateway, request: Request, row: Any) -> None:

@@ -22,6 +22,7 @@ class GenRequest:
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
     request_id: str = ""
+    priority: str = "interactive"   # batch: served only in capacity interactive requests leave (docs/batch.md)
     stream: bool = True     # False: the caller only wants the whole answer, which a backend may deliver in one piece
     # A backend's count_tokens leaves its work here: (backend name, kind, messages, tools, prompt, token ids).
     # Generating on the same backend from the very same inputs (identical objects, as dataclasses.replace keeps

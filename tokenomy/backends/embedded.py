@@ -24,7 +24,8 @@ from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import TemplateError
 
 
-def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int) -> SamplingParams:
+def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,
+                    priority: str = "interactive") -> SamplingParams:
     """The engine's SamplingParams for OpenAI sampling fields; ValueError (a 400) names what is out of range."""
     stop = params.get("stop") or []
     if isinstance(stop, str):
@@ -46,6 +47,7 @@ def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int) -> S
         logit_bias=logit_bias(params.get("logit_bias") or {}, n_vocab),
         ignore_eos=bool(params.get("ignore_eos")),
         speculative=params.get("speculative") is not False,
+        priority="batch" if priority == "batch" else "interactive",
     )
 
 
@@ -139,7 +141,8 @@ class EmbeddedBackend:
         prompt = self.prompt_tokens(req)
         room = self._check_length(prompt, req.params)
         try:
-            sp = sampling_params(req.params, default_max=room, n_vocab=self.engine.vocab.n_vocab)
+            sp = sampling_params(req.params, default_max=room, n_vocab=self.engine.vocab.n_vocab,
+                                 priority=req.priority)
         except ValueError as e:
             param = next((f for f in ("logit_bias", "repetition_penalty", "temperature", "top_p", "max_tokens")
                           if f in str(e)), None)

@@ -19,6 +19,10 @@ class EngineConfig(BaseModel):
                                  "next turn of a conversation; off: only its prompt stays cached")
     max_batch_tokens: int = Field(512, ge=1, description="tokens per llama_decode step (chunked prefill)")
     max_waiting: int = Field(256, ge=1)
+    batch_max_running: int = Field(8, ge=1, le=128, description="batch-priority sequences running at once; they "
+                                   "run only in steps without interactive work")
+    batch_step_tokens: int = Field(64, ge=1, description="tokens batch sequences get in one step: bounds how long an "
+                                   "interactive arrival waits for the step in flight")
     n_threads: int = Field(0, ge=0, description="0 = all cores")
     kv_type: str = Field("q8_0/f16", pattern=r"^(f16|q8_0|q4_0)(/(f16|q8_0|q4_0))?$",
                          description="KV cache types as K/V (one name sets both); both f16 makes a cached prefix "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 GREEDY_BELOW = 1e-5
 
@@ -24,6 +25,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     ignore_eos: bool = False
     speculative: bool = True            # false: never draft for this request (the engine's setting still applies)
+    # batch: scheduled only into capacity interactive sequences leave, and preempted before them
+    priority: Literal["interactive", "batch"] = "interactive"
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -42,6 +45,8 @@ class SamplingParams:
             raise ValueError("repetition_penalty must be between 0.01 and 100")
         if not 0 <= self.top_logprobs <= 20:
             raise ValueError("top_logprobs must be between 0 and 20")
+        if self.priority not in ("interactive", "batch"):
+            raise ValueError("priority must be interactive or batch")
         if len(self.stop) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
 

@@ -2,7 +2,13 @@
 prefilling), then waiting sequences admitted in arrival order while the step's token budget, KV cells and slots
 allow. KV is one pool of cells (llama.cpp's unified cache); when a running sequence needs a cell and none is free,
 retired prefixes are evicted first (least recently used), then the newest running sequence is preempted and put
-back at the front of the queue to be recomputed later (its prefix may still be cached)."""
+back at the front of the queue to be recomputed later (its prefix may still be cached).
+
+Two lanes: interactive sequences, and batch sequences (SamplingParams.priority "batch") that only fill the gaps.
+While any interactive sequence runs or waits, batch sequences sit out the step (they keep their KV) and none is
+admitted; otherwise at most `batch_max_running` of them run, with at most `batch_step_tokens` tokens a step, so an
+interactive arrival waits for one short step at most. When cells, slots or running places run out, batch sequences
+are preempted first (newest first), and a batch sequence never preempts an interactive one."""
 
 from __future__ import annotations
 
@@ -47,29 +53,57 @@ class Scheduler:
 
     # ---- the plan for one step ---------------------------------------------------------------------------
     def schedule(self) -> list[tuple[Sequence, int]]:
-        budget = self.cfg.max_batch_tokens
+        budget, batch_budget = self.cfg.max_batch_tokens, self.cfg.batch_step_tokens
         self._reserved = 0
         plan: list[tuple[Sequence, int]] = []
-        for seq in list(self.running):
+        interactive = self.interactive_pending()
+        lanes = [s for s in self.running if not s.batch] + ([] if interactive else [s for s in self.running if s.batch])
+        for seq in lanes:
             if budget == 0:
                 break
             if seq.status is not Status.RUNNING:
                 continue                      # preempted earlier in this loop
-            n = min(seq.pending, budget)
-            if not self._make_room(n, protect=seq):
+            n = min(seq.pending, budget, batch_budget if seq.batch else budget)
+            if n == 0 or not self._make_room(n, protect=seq):
                 continue
             self._reserved += n
             plan.append((seq, n))
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running:
-            seq = self.waiting[0]
-            admitted = self._admit(seq, budget)
+            if seq.batch:
+                batch_budget -= n
+        while budget > 0 and (seq := self._next_waiting(interactive, batch_budget)) is not None:
+            admitted = self._admit(seq, min(budget, batch_budget) if seq.batch else budget)
             if admitted == 0:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             plan.append((seq, admitted))
             budget -= admitted
+            if seq.batch:
+                batch_budget -= admitted
         return plan
+
+    def interactive_pending(self) -> bool:
+        return any(not s.batch for s in self.running) or any(not s.batch for s in self.waiting)
+
+    def _next_waiting(self, interactive: bool, batch_budget: int) -> Sequence | None:
+        """The next sequence to admit: the oldest interactive one (making a running place by preempting a batch
+        sequence if need be), else, when no interactive work is about, the oldest batch one if the lane has room."""
+        first = next((s for s in self.waiting if not s.batch), None)
+        if first is not None:
+            if len(self.running) >= self.cfg.max_running:
+                victim = self._newest_batch()
+                if victim is None:
+                    return None
+                self.preempt(victim)
+            return first
+        if interactive or not self.waiting or batch_budget <= 0 or len(self.running) >= self.cfg.max_running:
+            return None
+        if sum(s.batch for s in self.running) >= self.cfg.batch_max_running:
+            return None
+        return self.waiting[0]
+
+    def _newest_batch(self, exclude: Sequence | None = None) -> Sequence | None:
+        return next((s for s in reversed(self.running) if s.batch and s is not exclude), None)
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         tokens = seq.tokens
@@ -77,9 +111,11 @@ class Scheduler:
         if self.cfg.prefix_caching:
             length, holder = self.prefix.match(tokens[:-1])   # the last token is always computed: we need logits
         n = min(len(tokens) - length, budget)
-        if not self._evict_until(lambda: self.free_cells >= n, keep=holder):
+        bump = not seq.batch        # an interactive admission may preempt batch sequences for room
+        if not self._evict_until(lambda: self.free_cells >= n, keep=holder, bump_batch=bump):
             return 0
-        if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder):
+        if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder,
+                                                         bump_batch=bump):
             return 0
         slot = self.free_slots.pop()
         if length and holder is not None:
@@ -94,20 +130,29 @@ class Scheduler:
         self._reserved += n
         return n
 
-    def _evict_until(self, ok, keep: int | None = None) -> bool:  # noqa: ANN001
+    def _evict_until(self, ok, keep: int | None = None, bump_batch: bool = False) -> bool:  # noqa: ANN001
+        """Evict retired prefixes (least recently used first) until `ok()`; with `bump_batch`, then preempt
+        running batch sequences (newest first)."""
         while not ok():
             slot = self.prefix.lru_retired(exclude=keep)
-            if slot is None:
+            if slot is not None:
+                self._drop_slot(slot)
+                continue
+            victim = self._newest_batch() if bump_batch else None
+            if victim is None or victim.slot == keep:
                 return False
-            self._drop_slot(slot)
+            self.preempt(victim)
         return True
 
     def _make_room(self, n: int, protect: Sequence) -> bool:
-        """Free cells for `n` more tokens of `protect`: evict retired prefixes, then preempt newest running."""
+        """Free cells for `n` more tokens of `protect`: evict retired prefixes, then preempt the newest running
+        batch sequence, then (for an interactive `protect` only) the newest interactive one."""
         if self._evict_until(lambda: self.free_cells >= n):
             return True
         while self.free_cells < n:
-            victim = next((s for s in reversed(self.running) if s is not protect), None)
+            victim = self._newest_batch(exclude=protect)
+            if victim is None and not protect.batch:
+                victim = next((s for s in reversed(self.running) if s is not protect), None)
             if victim is None:
                 self.preempt(protect)
                 return False

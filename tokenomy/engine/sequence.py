@@ -84,5 +84,9 @@ class Sequence:
         return self.num_tokens - self.n_kv
 
     @property
+    def batch(self) -> bool:
+        return self.params.priority == "batch"
+
+    @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED

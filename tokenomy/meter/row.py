@@ -76,6 +76,7 @@ class Finished(Protocol):
     schema_problem: str | None
     escalations: list[tuple[str, Usage]]
     cost_usd: float                           # the meter writes it; the response header reads it
+    batch_id: str | None                      # set for a batch request (its row is marked and batch-priced)
 
     @property
     def asked_model(self) -> str: ...
@@ -122,6 +123,7 @@ class LedgerRow:
     feedback_score: float | None = None
     feedback_comment: str | None = None
     feedback_ts: float | None = None
+    batch: str | None = None            # the batch id of a batch request, priced at the batch price
 
     @property
     def cache_hit(self) -> bool:
@@ -218,7 +220,7 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
         model=ctx.model, backend=backend, prompt_tokens=prompt, cached_tokens=cached,
         cache="bypass" if ctx.cache == "miss" and ctx.cache_bypass else ctx.cache,
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
-        over_budget=bool(ctx.over_budget),
+        over_budget=bool(ctx.over_budget), batch=ctx.batch_id,
     )
     if ctx.error is not None:
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]

@@ -67,8 +67,13 @@ def _prompt_columns() -> list[sa.Column]:
             sa.Column("answer", sa.Text)]
 
 
+def _v6_columns() -> list[sa.Column]:
+    """The batch a request belonged to (NULL for interactive requests): its row is priced at the batch price."""
+    return [sa.Column("batch", sa.String(64))]
+
+
 # The current shape, for queries and inserts.
-ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns())
+ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v6_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
@@ -98,7 +103,22 @@ def _m3_prompts(conn: Connection) -> None:
     sa.Index("ix_ledger_prompts_ts", table.c.ts).create(conn)
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts]
+def _m4_reserved(conn: Connection) -> None:
+    """Reserved for branch `context`'s step 4; replaced by it at merge."""
+
+
+def _m5_reserved(conn: Connection) -> None:
+    """Reserved for branch `scale`'s step 5; replaced by it at merge."""
+
+
+def _m6_batch(conn: Connection) -> None:
+    for column in _v6_columns():
+        add_column(conn, "ledger", column)
+    conn.exec_driver_sql("CREATE INDEX ix_ledger_batch ON ledger (batch)")
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_reserved,
+                                                  _m5_reserved, _m6_batch]
 
 
 class LedgerSchemaError(RuntimeError):

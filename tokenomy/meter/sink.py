@@ -39,11 +39,18 @@ class MeterSink:
         self.store_prompts = store_prompts
 
     def price_for(self, ctx: Finished) -> PriceLike | None:
-        """The served model's price; a cache hit that set no model is priced as the model asked for."""
+        """The served model's price (its batch price for a batch request); a cache hit that set no model is priced
+        as the model asked for."""
         for name in (ctx.model, ctx.asked_model):
             if name is not None and name in self.prices:
-                return self.prices[name]
+                return self.rate(name, ctx)
         return None
+
+    def rate(self, model: str, ctx: Finished) -> PriceLike | None:
+        """A model's price for this request: its batch price (config.Price.for_batch) for a batch request."""
+        price = self.prices.get(model)
+        for_batch = getattr(price, "for_batch", None)
+        return for_batch() if ctx.batch_id is not None and for_batch is not None else price
 
     def route_saving(self, ctx: Finished) -> dict[str, Saving]:
         """A route that served on a cheaper model than its most capable candidate (the last; routes list models
@@ -53,7 +60,7 @@ class MeterSink:
         candidates = ctx.route_candidates
         if not candidates or ctx.model is None or candidates[-1] == ctx.model:
             return {}
-        top, served = self.prices.get(candidates[-1]), self.prices.get(ctx.model)
+        top, served = self.rate(candidates[-1], ctx), self.rate(ctx.model, ctx)
         if top is None or served is None:
             return {}
         u = ctx.usage
@@ -65,7 +72,7 @@ class MeterSink:
         """A cascade's discarded cheaper answers were generated and are paid for: their cost joins the row
         (the token columns stay the usage the client received)."""
         for model, usage in ctx.escalations:
-            price = self.prices.get(model)
+            price = self.rate(model, ctx)
             if price is None or usage is None:
                 continue
             c = cost(price, usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens),

@@ -61,6 +61,13 @@ class Keyring:
                 return info
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
+    def by_id(self, key_id: str | None) -> KeyInfo:
+        """The key behind a batch (authenticated when the batch was created): 401 once it is no longer configured."""
+        for info in self.by_hash.values():
+            if info.key_id == key_id:
+                return info
+        raise APIError(401, "The API key that created this batch is no longer configured.", code="invalid_api_key")
+
     def admin(self, authorization: str | None) -> KeyInfo | None:
         """Admin endpoints: refuse unless an admin key is presented (or no keys are configured at all)."""
         if not self.enabled:
@@ -80,7 +87,9 @@ class Admit:
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         if self.keyring.enabled:
-            info = self.keyring.lookup(ctx.headers.get("authorization"))
+            # a batch request (ctx.batch_id, set only by tokenomy/batch/) carries the key id it was created with
+            info = (self.keyring.by_id(ctx.key_id) if ctx.batch_id is not None
+                    else self.keyring.lookup(ctx.headers.get("authorization")))
             ctx.key_id, ctx.tenant = info.key_id, info.tenant
             if info.allowed is not None:
                 ctx.allowed_models = frozenset(info.allowed) if info.allowed is not None else None

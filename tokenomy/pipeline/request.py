@@ -89,6 +89,8 @@ class RequestContext:
     status: int = 200
     response_headers: dict[str, str] = field(default_factory=dict)
     cost_usd: float = 0.0                     # set by the meter: what this request cost, discarded answers too
+    # batch (tokenomy/batch/): the batch this request belongs to; its row is marked and priced at the batch price
+    batch_id: str | None = None
 
     @property
     def asked_model(self) -> str:

@@ -1,0 +1,283 @@
+"""Durable files, batches and batch items, in the ledger's database (SQLAlchemy Core; SQLite or PostgreSQL).
+
+Three tables of their own, created on open (they are not ledger migrations: nothing reads them but this module):
+- `batch_files`: uploaded input files (purpose batch) and the output and error files a batch writes;
+- `batches`: one row per batch, in OpenAI's vocabulary (status, the *_at times, file ids, metadata);
+- `batch_items`: one row per input line: its custom_id and body, its state (pending | done | failed), how many
+  times it was started, and its result line (the output or error file's JSON line).
+
+Every owner-facing read takes the owner (the key id, "" without keys): another key's file or batch is "not found".
+Item results are committed one by one as they finish, so a restart runs only items still pending; the output and
+error files are assembled from the items when the batch ends, in input order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+metadata = sa.MetaData()
+DOUBLE = sa.Float(precision=53)
+
+files = sa.Table(
+    "batch_files", metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+    sa.Column("purpose", sa.String(32), nullable=False),
+    sa.Column("filename", sa.String(256), nullable=False),
+    sa.Column("bytes", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Integer, nullable=False),
+    sa.Column("content", sa.LargeBinary, nullable=False),
+)
+
+TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
+         "cancelled_at")
+batches = sa.Table(
+    "batches", metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("owner", sa.String(64), nullable=False, index=True),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("endpoint", sa.String(64), nullable=False),
+    sa.Column("input_file_id", sa.String(64), nullable=False),
+    sa.Column("completion_window", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("created_at", sa.Integer, nullable=False),
+    sa.Column("expires_at", sa.Integer, nullable=False),
+    *[sa.Column(t, sa.Integer) for t in TIMES],
+    sa.Column("output_file_id", sa.String(64)),
+    sa.Column("error_file_id", sa.String(64)),
+    sa.Column("errors", sa.Text),
+    sa.Column("metadata", sa.Text),
+)
+
+items = sa.Table(
+    "batch_items", metadata,
+    sa.Column("batch_id", sa.String(64), primary_key=True),
+    sa.Column("line", sa.Integer, primary_key=True),
+    sa.Column("custom_id", sa.String(256)),
+    sa.Column("body", sa.Text),
+    sa.Column("state", sa.String(16), nullable=False),      # pending | done | failed
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("result", sa.Text),
+)
+
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+WINDOW_S = {"24h": 86400}
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class Item:
+    batch_id: str
+    line: int
+    custom_id: str | None
+    body: dict[str, Any]
+    attempts: int
+
+
+def error_line(custom_id: str | None, code: str, message: str) -> dict[str, Any]:
+    """A line of the error file for a request that never got a response (OpenAI's batch error shape)."""
+    return {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
+            "error": {"code": code, "message": message}}
+
+
+def parse_input(content: bytes, endpoint: str) -> list[tuple[str | None, dict[str, Any] | None, dict | None]]:
+    """Each non-empty line of an input file: (custom_id, body, None), or (custom_id or None, None, error line)
+    for a line that cannot be run: not JSON, no custom_id, a repeated custom_id, another method or url, no body."""
+    out: list[tuple[str | None, dict[str, Any] | None, dict | None]] = []
+    seen: set[str] = set()
+    for n, raw in enumerate(content.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            out.append((None, None, error_line(None, "invalid_json", f"line {n}: not valid JSON ({e.msg})")))
+            continue
+        cid = obj.get("custom_id") if isinstance(obj, dict) else None
+        problem = None
+        if not isinstance(obj, dict):
+            problem = "the line must be a JSON object"
+        elif not isinstance(cid, str) or not cid:
+            problem, cid = "custom_id must be a non-empty string", None
+        elif cid in seen:
+            problem = f"custom_id {cid!r} is used by an earlier line"
+        elif obj.get("method", "POST") != "POST":
+            problem = "method must be POST"
+        elif obj.get("url") != endpoint:
+            problem = f"url must be the batch's endpoint {endpoint}"
+        elif not isinstance(obj.get("body"), dict):
+            problem = "body must be a JSON object"
+        if problem is not None:
+            out.append((cid, None, error_line(cid, "invalid_request", f"line {n}: {problem}")))
+            continue
+        seen.add(cid)
+        out.append((cid, obj["body"], None))
+    return out
+
+
+class BatchStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        metadata.create_all(engine, checkfirst=True)
+
+    # ---- files -------------------------------------------------------------------------------------------
+    def create_file(self, owner: str, purpose: str, filename: str, content: bytes) -> dict[str, Any]:
+        row = {"id": new_id("file-"), "owner": owner, "purpose": purpose, "filename": filename[:256],
+               "bytes": len(content), "created_at": int(time.time()), "content": content}
+        with self.engine.begin() as conn:
+            conn.execute(files.insert().values(**row))
+        return file_object(row)
+
+    def get_file(self, file_id: str, owner: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            r = conn.execute(sa.select(files).where(files.c.id == file_id, files.c.owner == owner)).first()
+        return dict(r._mapping) if r is not None else None
+
+    def list_files(self, owner: str, purpose: str | None = None) -> list[dict[str, Any]]:
+        q = sa.select(*[c for c in files.c if c.name != "content"]).where(files.c.owner == owner)
+        if purpose:
+            q = q.where(files.c.purpose == purpose)
+        with self.engine.connect() as conn:
+            return [file_object(dict(r._mapping)) for r in conn.execute(q.order_by(files.c.created_at.desc()))]
+
+    def delete_file(self, file_id: str, owner: str) -> bool:
+        with self.engine.begin() as conn:
+            return bool(conn.execute(files.delete().where(files.c.id == file_id, files.c.owner == owner)).rowcount)
+
+    # ---- batches -----------------------------------------------------------------------------------------
+    def create_batch(self, owner: str, tenant: str, input_file_id: str, endpoint: str, window: str,
+                     meta: dict[str, str] | None, content: bytes) -> dict[str, Any]:
+        """A batch and its items, in one transaction: lines that cannot run are failed items at once."""
+        now = int(time.time())
+        bid = new_id("batch_")
+        row = {"id": bid, "owner": owner, "tenant": tenant, "endpoint": endpoint, "input_file_id": input_file_id,
+               "completion_window": window, "status": "validating", "created_at": now,
+               "expires_at": now + WINDOW_S[window], "metadata": json.dumps(meta) if meta else None}
+        lines = [{"batch_id": bid, "line": i, "custom_id": cid, "body": json.dumps(body) if body else None,
+                  "state": "failed" if err else "pending", "attempts": 0,
+                  "result": json.dumps(err) if err else None}
+                 for i, (cid, body, err) in enumerate(parse_input(content, endpoint))]
+        with self.engine.begin() as conn:
+            conn.execute(batches.insert().values(**row))
+            if lines:
+                conn.execute(items.insert(), lines)
+        return self.batch_object(row)
+
+    def get_batch(self, batch_id: str, owner: str | None) -> dict[str, Any] | None:
+        """The batch's object; `owner` None: whoever owns it (the runner)."""
+        q = sa.select(batches).where(batches.c.id == batch_id)
+        if owner is not None:
+            q = q.where(batches.c.owner == owner)
+        with self.engine.connect() as conn:
+            r = conn.execute(q).first()
+        return self.batch_object(dict(r._mapping)) if r is not None else None
+
+    def list_batches(self, owner: str, limit: int = 20, after: str | None = None) -> list[dict[str, Any]]:
+        q = sa.select(batches).where(batches.c.owner == owner).order_by(batches.c.created_at.desc(),
+                                                                          batches.c.id.desc())
+        with self.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(q)]
+        if after is not None:
+            ids = [r["id"] for r in rows]
+            rows = rows[ids.index(after) + 1:] if after in ids else []
+        return [self.batch_object(r) for r in rows[:limit]]
+
+    def active(self) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(batches).where(batches.c.status.in_(ACTIVE))
+                                .order_by(batches.c.created_at)).all()
+        return [dict(r._mapping) for r in rows]
+
+    def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...] = ACTIVE) -> bool:
+        """Move a batch to `status` (stamping its *_at time) if it is in one of `only_from`."""
+        values: dict[str, Any] = {"status": status}
+        stamp = f"{status}_at" if status != "in_progress" else "in_progress_at"
+        if stamp in TIMES:
+            values[stamp] = int(time.time())
+        with self.engine.begin() as conn:
+            return bool(conn.execute(batches.update().where(batches.c.id == batch_id, batches.c.status.in_(only_from))
+                                     .values(**values)).rowcount)
+
+    def counts(self, batch_id: str) -> dict[str, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(items.c.state, sa.func.count()).where(items.c.batch_id == batch_id)
+                                .group_by(items.c.state)).all()
+        by = {state: int(n) for state, n in rows}
+        return {"total": sum(by.values()), "completed": by.get("done", 0), "failed": by.get("failed", 0)}
+
+    def batch_object(self, row: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's Batch object."""
+        errors = json.loads(row["errors"]) if row.get("errors") else None
+        return {"id": row["id"], "object": "batch", "endpoint": row["endpoint"], "errors": errors,
+                "input_file_id": row["input_file_id"], "completion_window": row["completion_window"],
+                "status": row["status"], "output_file_id": row.get("output_file_id"),
+                "error_file_id": row.get("error_file_id"), "created_at": row["created_at"],
+                **{t: row.get(t) for t in TIMES}, "expires_at": row["expires_at"],
+                "request_counts": self.counts(row["id"]),
+                "metadata": json.loads(row["metadata"]) if row.get("metadata") else None}
+
+    # ---- items -------------------------------------------------------------------------------------------
+    def pending(self, batch_id: str, limit: int, skip: set[int]) -> list[Item]:
+        q = (sa.select(items).where(items.c.batch_id == batch_id, items.c.state == "pending")
+             .order_by(items.c.line).limit(limit + len(skip)))
+        with self.engine.connect() as conn:
+            rows = [r for r in conn.execute(q) if r.line not in skip]
+        return [Item(r.batch_id, r.line, r.custom_id, json.loads(r.body), r.attempts) for r in rows[:limit]]
+
+    def started(self, item: Item) -> None:
+        """Count a start before the request runs, so a restart gives the next start another request id."""
+        with self.engine.begin() as conn:
+            conn.execute(items.update().where(items.c.batch_id == item.batch_id, items.c.line == item.line)
+                         .values(attempts=items.c.attempts + 1))
+
+    def finish(self, item: Item, ok: bool, result: dict[str, Any]) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(items.update().where(items.c.batch_id == item.batch_id, items.c.line == item.line,
+                                              items.c.state == "pending")
+                         .values(state="done" if ok else "failed", result=json.dumps(result)))
+
+    def fail_pending(self, batch_id: str, code: str, message: str) -> int:
+        """End every pending item with an error line (a cancelled or expired batch)."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(sa.select(items.c.line, items.c.custom_id).where(
+                items.c.batch_id == batch_id, items.c.state == "pending")).all()
+            for line, cid in rows:
+                conn.execute(items.update().where(items.c.batch_id == batch_id, items.c.line == line)
+                             .values(state="failed", result=json.dumps(error_line(cid, code, message))))
+        return len(rows)
+
+    def write_results(self, batch_id: str, owner: str) -> None:
+        """Assemble the output file (successes) and error file (failures), in input order, once."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(items.c.state, items.c.result).where(items.c.batch_id == batch_id)
+                                .order_by(items.c.line)).all()
+        out = [r.result for r in rows if r.state == "done"]
+        err = [r.result for r in rows if r.state == "failed"]
+        values = {}
+        if out:
+            values["output_file_id"] = self.create_file(owner, "batch_output", f"{batch_id}_output.jsonl",
+                                                        ("\n".join(out) + "\n").encode())["id"]
+        if err:
+            values["error_file_id"] = self.create_file(owner, "batch_output", f"{batch_id}_error.jsonl",
+                                                       ("\n".join(err) + "\n").encode())["id"]
+        if values:
+            with self.engine.begin() as conn:
+                conn.execute(batches.update().where(batches.c.id == batch_id).values(**values))
+
+
+def file_object(row: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's File object."""
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
+            "filename": row["filename"], "purpose": row["purpose"], "status": "processed", "status_details": None,
+            "expires_at": None}
