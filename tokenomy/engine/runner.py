@@ -43,6 +43,7 @@ class Chunk:
     tokens: list[int]
     start: int
     logits: bool
+    every: bool = False      # logits for every token of the chunk (prompt compression scores each token)
 
 
 class ModelRunner(Vocab):
@@ -107,7 +108,9 @@ class ModelRunner(Vocab):
             self._pos[i:i + n] = np.arange(c.start, c.start + n, dtype=np.int32)
             self._seq[i:i + n] = c.slot
             self._out[i:i + n] = 0
-            if c.logits:
+            if c.every:
+                self._out[i:i + n] = 1
+            elif c.logits:
                 self._out[i + n - 1] = 1
             i += n
         p_i32 = ctypes.POINTER(ctypes.c_int32)
