@@ -36,7 +36,8 @@ def gw():
                    "trigger_tokens": 300, "keep_last_turns": 2, "strategy": "summarize", "summary_model": MODEL,
                    "max_summary_tokens": 24}}},
                "desk": {"models": [MODEL], "context": {"lint": True}},
-               "fixed": {"models": [MODEL], "context": {"lint": True, "rewrite": True}}}}
+               "fixed": {"models": [MODEL], "context": {"lint": True, "rewrite": True}},
+               "docs": {"models": [MODEL], "context": {"compress": {"min_tokens": 32}}}}}
     with live_server(cfg) as s:
         stage = next(st for st in s.gateway.pipeline.stages if st.name == "context")
         calls = []
@@ -100,3 +101,39 @@ def test_rewrite_moves_the_date_line_and_the_prefix_holds(gw):
     assert "rewrite=moved 1" in r.headers["x-tokenomy-context"]
     assert "break=" not in r.headers["x-tokenomy-lint"]
     assert post(gw, "desk", [{"role": "user", "content": "hi"}], {"x-tokenomy-lint": "yes"}).status_code == 400
+
+
+def test_compression_switches_itself_off_on_the_embedded_engine(gw):
+    # the target is the compressor's own model on the same CPU: reading the text costs what its prefill saves
+    text = "The harbour of the old town was rebuilt in 1890 after a storm, and the market moved near it. " * 6
+    r = post(gw, "docs", [{"role": "user", "content": text + "\n\nQuestion: When was the harbour rebuilt?"}])
+    assert r.status_code == 200, r.text
+    assert "compress=skipped" in r.headers["x-tokenomy-context"]
+
+
+def test_a_priced_upstream_gets_compressed_and_the_compressor_is_charged():
+    import asyncio
+
+    from tokenomy.backends.base import GenRequest
+    from tokenomy.config import RouteSpec
+    from tokenomy.context.tokens import TokenCount
+    from tokenomy.pipeline.context import Context
+    from tokenomy.pipeline.request import RequestContext
+
+    def count(model, ctx):
+        return TokenCount(sum(len(str(m["content"]).split()) for m in ctx.gen.messages), exact=False)
+
+    route = RouteSpec.model_validate({"models": ["up"], "context": {"compress": {"min_tokens": 32}}})
+    prices = {"up": (0.2e-6, False), MODEL: (0.02e-6, True)}
+    stage = Context(count, {"up": route}, input_price=lambda m: prices.get(m, (0.0, True)))
+    text = "The harbour of the old town was rebuilt in 1890 after a storm, and the market moved near it. " * 6
+    ctx = RequestContext(gen=GenRequest(model="up", messages=[{"role": "user", "content": text}]))
+
+    async def end(_):
+        return None
+
+    asyncio.run(stage(ctx, end))
+    work = ctx.context_work
+    assert work is not None and work.after < work.before and work.cost_usd > 0
+    assert "1890" in ctx.gen.messages[0]["content"]
+    assert "compress=" in ctx.response_headers["x-tokenomy-context"]
