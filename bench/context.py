@@ -326,7 +326,7 @@ def show(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=140)
     if "compress" in res:
         c = res["compress"]
         t = Table(title=f"compression on {c['prompts']} grounded prompts, asked {c['ratio_asked']}x")
