@@ -184,11 +184,14 @@ class Gateway:
                          params={"max_tokens": max_tokens, "temperature": 0.0}, request_id=new_request_id(),
                          stream=False)
         parts, usage = [], None
-        async for d in self.registry.get(model).stream(req):
-            if d.error:
-                raise RuntimeError(d.error)
-            parts.append(d.text)
-            usage = d.usage or usage
+        try:
+            async for d in self.registry.get(model).stream(req):
+                if d.error:
+                    raise RuntimeError(d.error)
+                parts.append(d.text)
+                usage = d.usage or usage
+        finally:
+            self.energy.pop(req.request_id)      # no row of its own: charged to the request it compacts
         return "".join(parts), self.cost(model, usage) if usage is not None else 0.0
 
     def input_price(self, model: str) -> tuple[float, bool]:

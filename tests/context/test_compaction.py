@@ -85,3 +85,20 @@ def test_tool_outputs_are_masked_first_and_calls_stay() -> None:
 def test_summarize_without_a_model_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="summary_model"):
         CompactionSettings(trigger_tokens=300, strategy="summarize")
+
+
+def test_config_refuses_an_unknown_summary_model_and_a_bad_compress_model() -> None:
+    from pydantic import ValidationError
+
+    from tokenomy.config import Config
+
+    route = {"models": ["smollm2-135m-instruct"], "context": {"compaction": {
+        "trigger_tokens": 500, "strategy": "summarize", "summary_model": "nope"}}}
+    with pytest.raises(ValidationError, match="summary_model"):
+        Config.model_validate({"routes": {"r": route}})
+    with pytest.raises(ValidationError, match="packaged model"):
+        Config.model_validate({"routes": {"r": {"models": ["smollm2-135m-instruct"],
+                                                "context": {"compress": {"model": "gpt-4"}}}}})
+    with pytest.raises(ValidationError):
+        Config.model_validate({"routes": {"r": {"models": ["smollm2-135m-instruct"],
+                                                "context": {"compress": {"target_ratio": 1.0}}}}})

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.shared_data import shared_data
 from tokenomy.context.compress import Costs, Scored, Scorer, compress_messages, compress_text, decide
-
-DATA = Path(__file__).resolve().parents[2] / "../shared/data/grounded/dev.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +20,8 @@ def scorer() -> Iterator[Scorer]:
 
 
 def qa_prompt() -> str:
-    if not DATA.exists():
-        pytest.skip(f"{DATA} not found (docs/testing.md)")
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    path = shared_data("grounded/dev.jsonl", "TOKENOMY_GROUNDED")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
     return next(r["turns"][0] for r in rows if r["task"] == "context_qa" and 1000 < len(r["turns"][0]) < 2000)
 
 
