@@ -51,3 +51,14 @@ def test_memory_is_bounded() -> None:
 def test_volatile_lines_takes_date_lines_only() -> None:
     text, moved = volatile_lines("You are helpful.\nCurrent date: 2026-12-01\nBe brief.")
     assert moved == ["Current date: 2026-12-01"] and text == "You are helpful.\nBe brief."
+
+
+def test_reordered_few_shot_examples_are_named() -> None:
+    shots = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+             {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]
+    t = PrefixTracker()
+    t.observe("a", "r", segments([{"role": "system", "content": RULES}, *shots, {"role": "user", "content": "5+5?"}]))
+    swapped = shots[2:] + shots[:2]
+    f = t.observe("a", "r", segments([{"role": "system", "content": RULES}, *swapped,
+                                      {"role": "user", "content": "5+5?"}]))
+    assert [b.reason for b in f.breaks] == ["examples_reordered"]

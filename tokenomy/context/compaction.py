@@ -97,6 +97,8 @@ def mask(turn: list[Message]) -> tuple[list[Message], int]:
 def with_note(head: list[Message], note: str) -> list[Message]:
     """The head with `note` appended to its first system message (a system message is added when there is none:
     some chat templates refuse a system message anywhere but first)."""
+    if head and not isinstance(head[0].get("content") or "", str):     # content parts: a message of its own
+        return head + [{"role": "system", "content": note}]
     if head:
         first = head[0]
         return [{**first, "content": f"{first.get('content') or ''}\n\n{note}".strip()}] + head[1:]
