@@ -150,6 +150,53 @@ class LoadSettings(_Strict):
     slo_queue_s: float = Field(1.0, gt=0, description="preferred model's expected queue wait above this -> cheaper")
 
 
+class CompactionSettings(_Strict):
+    """Compaction of conversation history (tokenomy/context/compaction.py)."""
+
+    trigger_tokens: int = Field(ge=64, description="compact when the prompt passes this many tokens")
+    keep_last_turns: int = Field(4, ge=1, description="the last turns are never touched")
+    strategy: Literal["drop_middle", "summarize"] = "drop_middle"
+    summary_model: str | None = None             # summarize: a configured model (a cheap one)
+    max_summary_tokens: int = Field(256, ge=16, le=4096)
+    mask_tool_outputs: bool = False              # first replace old tool results by a short note
+    block_turns: int | None = Field(None, ge=1, description="turns replaced at a time (default keep_last_turns)")
+
+    @model_validator(mode="after")
+    def _check(self) -> CompactionSettings:
+        if self.strategy == "summarize" and not self.summary_model:
+            raise ValueError("strategy summarize needs `summary_model` (a configured model)")
+        if self.strategy == "summarize" and self.max_summary_tokens >= self.trigger_tokens:
+            raise ValueError("max_summary_tokens must be below trigger_tokens")
+        return self
+
+
+class CompressSettings(_Strict):
+    """Prompt compression of long inputs (tokenomy/context/compress.py), only when it pays for itself."""
+
+    target_ratio: float = Field(2.0, gt=1, le=20, description="input tokens / tokens kept")
+    min_tokens: int = Field(512, ge=16, description="only messages at least this long are compressed")
+    protect: list[Literal["system", "question", "code"]] = Field(
+        default_factory=lambda: ["system", "question", "code"])
+    model: str = Field(DEFAULT_MODEL, description="the small model whose token surprisal decides what stays "
+                       "(a packaged model or a .gguf path)")
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if value not in PACKAGED and not value.endswith(".gguf"):
+            raise ValueError(f"compress.model must be a packaged model ({', '.join(PACKAGED)}) or a .gguf path")
+        return value
+
+
+class ContextSettings(_Strict):
+    """The context stage's levers for one route; all off by default."""
+
+    compaction: CompactionSettings | None = None
+    compress: CompressSettings | None = None
+    lint: bool = False              # prompt-layout lint (also on per request with header x-tokenomy-lint: on)
+    rewrite: bool = False           # lint's safe fix: move date/time lines of the system prompt to the end
+
+
 Strategy = Literal["fixed", "rules", "classifier", "load", "cascade"]
 
 
@@ -160,6 +207,7 @@ class RouteSpec(_Strict):
     models: list[str] = Field(min_length=1)
     context_budget: int | None = Field(None, ge=1)
     enforce: bool = False
+    context: ContextSettings = ContextSettings()
     rules: list[RuleSpec] = Field(default_factory=list)
     classifier: ClassifierSettings | None = None
     load: LoadSettings = LoadSettings()
@@ -321,6 +369,10 @@ class Config(_Strict):
             missing = [m for m in r.models + [rule.model for rule in r.rules] if m not in names]
             if missing:
                 raise ValueError(f"routes.{rname}.models: unknown models {missing}; known: {names}")
+            c = r.context.compaction
+            if c is not None and c.summary_model is not None and c.summary_model not in names:
+                raise ValueError(f"routes.{rname}.context.compaction.summary_model: unknown model "
+                                 f"{c.summary_model!r}; known: {names}")
         known = set(names) | set(self.routes)
         for where, allowed in [(f"keys[{i}] ({k.name})", k.models) for i, k in enumerate(self.keys)] + [
                 (f"tenants.{t}", spec.models) for t, spec in self.tenants.items()]:

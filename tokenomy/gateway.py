@@ -90,7 +90,8 @@ class Gateway:
         self.pipeline = Pipeline([
             self.record,
             admit,
-            Context(self.count_tokens, self.routes),
+            Context(self.count_tokens, self.routes, summarize=self.summarize, input_price=self.input_price,
+                    on_break=lambda reason: self.metrics.prefix_breaks.labels(reason).inc()),
             Cache(self.exact_cache, self.semantic_cache, self.cost,
                   set(config.cache.semantic.routes) if config.cache.semantic.routes is not None else None),
             Route([m.name for m in config.models], self.routes,
@@ -199,6 +200,37 @@ class Gateway:
             last["pre"], last["hits"], last["spec"] = engine.preemptions, engine.prefix_hit_tokens, now
 
         engine.stats.on_step.append(on_step)
+
+    async def summarize(self, model: str, text: str, max_tokens: int) -> tuple[str, float]:
+        """A summary of `text` by `model` (compaction's summary model), and what it cost in USD."""
+        from tokenomy.context.compaction import SUMMARY_PROMPT
+        from tokenomy.pipeline.request import new_request_id
+
+        req = GenRequest(model=model, messages=[{"role": "system", "content": SUMMARY_PROMPT},
+                                                {"role": "user", "content": text}],
+                         params={"max_tokens": max_tokens, "temperature": 0.0}, request_id=new_request_id(),
+                         stream=False)
+        parts, usage = [], None
+        try:
+            async for d in self.registry.get(model).stream(req):
+                if d.error:
+                    raise RuntimeError(d.error)
+                parts.append(d.text)
+                usage = d.usage or usage
+        finally:
+            self.energy.pop(req.request_id)      # no row of its own: charged to the request it compacts
+        return "".join(parts), self.cost(model, usage) if usage is not None else 0.0
+
+    def input_price(self, model: str) -> tuple[float, bool]:
+        """USD per input token of a configured model (or a packaged model by name), and whether it is notional."""
+        from tokenomy.models import PACKAGED
+
+        spec = next((m for m in self.config.models if m.name == model or m.gguf == model), None)
+        if spec is not None and spec.price is not None:
+            return spec.price.input / 1e6, spec.price.notional
+        if model in PACKAGED:
+            return PACKAGED[model].price_input / 1e6, True
+        return 0.0, True
 
     def count_tokens(self, model: str, ctx: RequestContext) -> TokenCount:
         return self.registry.get(model).count_tokens(ctx.gen)

@@ -36,6 +36,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("TPOT p50 s", "latency.tpot_s.p50", "sec"),
     ("TPOT p95 s", "latency.tpot_s.p95", "sec"),
     ("over context budget", "over_budget.context", "int"),
+    ("prompt tokens before context stage", "context.tokens_before", "int"),
+    ("  after it", "context.tokens_after", "int"),
     ("refused over spend budget", "over_budget.spend", "int"),
     ("feedback mean (n)", "feedback.mean", "num"),
 ]

@@ -116,6 +116,8 @@ class Metrics:
         self.queue_wait = Histogram("tokenomy_queue_wait_seconds", "Time from arrival to first schedule",
                                     ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.rejections = Counter("tokenomy_rejections_total", "Requests refused", ["reason"], registry=r)
+        self.prefix_breaks = Counter("tokenomy_prefix_break_total", "Prompts whose prefix reuse broke inside "
+                                     "shared content, by the lint's reason", ["reason"], registry=r)
         # engine
         self.batch_tokens = Histogram("tokenomy_engine_batch_tokens", "Tokens per llama_decode step", ["model"],
                                       buckets=BATCH_BUCKETS, registry=r)

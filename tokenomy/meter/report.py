@@ -15,7 +15,13 @@ Per group of rows (all rows, and each key / tenant / model / route with `by`):
     ttft/tpot/e2e p50, p95 = linear-interpolated percentiles (numpy's default) over non-null values
     over_budget            = context: rows flagged over their route's context budget; spend: rows refused 429
                              with error code budget_exceeded
+    context                = rows the context stage changed: prompt tokens before and after, its own cost (USD)
 A ratio with a zero denominator is null.
+
+The prompt-layout section (`lint`, per tenant, over rows the lint saw; units are the lint's layout units):
+    cached share   = sum(lint_prefix) / sum(lint_units)      (what prefix reuse across requests could reach now)
+    possible share = sum(lint_potential) / sum(lint_units)   (had the lint's advice been followed)
+    breaks         = count per reason; spans = the most frequent (reason, where, offending span), up to 5
 """
 
 from __future__ import annotations
@@ -154,7 +160,39 @@ def figures(rows: Sequence[LedgerRow]) -> dict[str, Any]:
                         "spend": sum(r.status == 429 and r.error_code == "budget_exceeded" for r in rows)},
         "feedback": {"count": len(scores), "mean": _ratio(sum(scores), len(scores))},
         "notional_prices": sorted({r.model for r in rows if r.price_notional and r.model}),
+        "context": context_figures(rows),
     }
+
+
+def context_figures(rows: Sequence[LedgerRow]) -> dict[str, Any]:
+    worked = [r for r in rows if r.context_tokens_before is not None]
+    before = sum(r.context_tokens_before or 0 for r in worked)
+    after = sum(r.context_tokens_after or 0 for r in worked)
+    return {"requests": len(worked), "tokens_before": before, "tokens_after": after,
+            "kept": _ratio(after, before), "cost_usd": sum(r.context_cost_usd or 0.0 for r in worked)}
+
+
+def lint_figures(rows: Sequence[LedgerRow]) -> dict[str, dict[str, Any]]:
+    """The prompt-layout section: per tenant, see the module docstring."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r.lint_units is None:
+            continue
+        t = out.setdefault(r.tenant, {"requests": 0, "units": 0, "prefix": 0, "potential": 0, "breaks": {},
+                                      "_spans": {}})
+        t["requests"] += 1
+        t["units"] += r.lint_units
+        t["prefix"] += r.lint_prefix or 0
+        t["potential"] += r.lint_potential or 0
+        for b in r.lint_breaks or []:
+            t["breaks"][b["reason"]] = t["breaks"].get(b["reason"], 0) + 1
+            k = (b["reason"], f"{r.route or r.model}: {b['segment']}", b["span"])
+            t["_spans"][k] = t["_spans"].get(k, 0) + 1
+    for t in out.values():
+        t["cached_share"], t["possible_share"] = _ratio(t["prefix"], t["units"]), _ratio(t["potential"], t["units"])
+        spans = sorted(t.pop("_spans").items(), key=lambda kv: -kv[1])[:5]
+        t["spans"] = [{"reason": k[0], "where": k[1], "span": k[2], "count": n} for k, n in spans]
+    return dict(sorted(out.items()))
 
 
 def _layer_order(layer: str) -> tuple[int, str]:
@@ -195,7 +233,7 @@ def build(rows: Iterable[LedgerRow], since: float | None = None, until: float | 
             groups.setdefault(group_key(r, by), []).append(r)
     return {"since": iso(since), "until": iso(until), "by": by, "generated_at": iso(time.time()),
             "total": figures(rows), "groups": {k: figures(v) for k, v in sorted(groups.items())},
-            "timeline": timeline(rows)}
+            "timeline": timeline(rows), "lint": lint_figures(rows)}
 
 
 def report(ledger: Any, since: float | None = None, until: float | None = None, by: str | None = None,
@@ -272,4 +310,14 @@ def render_table(data: dict[str, Any]) -> str:
         console.print(f"Prices for {', '.join(notional)} are notional (packaged models have no market price).")
     if data["total"]["energy"]["label"] == "estimate":
         console.print("Energy is an estimate (CPU time x watts per core), not a measurement.")
+    ctxf = data["total"].get("context") or {}
+    if ctxf.get("requests"):
+        console.print(f"Context stage: {ctxf['requests']} requests changed, prompt tokens {ctxf['tokens_before']:,}"
+                      f" -> {ctxf['tokens_after']:,}, its own cost {fmt(ctxf['cost_usd'], 'usd')}.")
+    for tenant, t in (data.get("lint") or {}).items():
+        console.print(f"Prompt layout, tenant {tenant}: {t['requests']} requests; prefix reusable across requests "
+                      f"{fmt(t['cached_share'], 'pct')}, possible {fmt(t['possible_share'], 'pct')}; breaks: "
+                      + (", ".join(f"{k} {v}" for k, v in sorted(t["breaks"].items())) or "none"))
+        for sp in t["spans"]:
+            console.print(f"  {sp['reason']} x{sp['count']} at {sp['where']}: {sp['span']!r}")
     return out.getvalue()

@@ -33,7 +33,7 @@ log = logging.getLogger("tokenomy.ledger")
 
 CACHE_HITS = frozenset({"exact", "semantic"})
 FAILED_FINISH = frozenset({"error", "cancelled"})
-SAVING_LAYERS = ("exact", "semantic", "prefix", "route")
+SAVING_LAYERS = ("exact", "semantic", "prefix", "route", "compress")
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,16 @@ class LedgerRow:
     feedback_comment: str | None = None
     feedback_ts: float | None = None
     batch: str | None = None            # the batch id of a batch request, priced at the batch price
+    # the context stage (NULL when it did nothing): tokens before/after its work, what it did and cost; the lint
+    context_tokens_before: int | None = None
+    context_tokens_after: int | None = None
+    context_actions: str | None = None
+    context_cost_usd: float | None = None
+    context_s: float | None = None
+    lint_units: int | None = None
+    lint_prefix: int | None = None
+    lint_potential: int | None = None
+    lint_breaks: list[dict[str, Any]] | None = None
 
     @property
     def cache_hit(self) -> bool:
@@ -154,6 +164,8 @@ class LedgerRow:
     def to_db(self) -> dict[str, Any]:
         d = self.to_dict()
         d["saved_by"] = json.dumps(self.saved_by, sort_keys=True, separators=(",", ":"))
+        if self.lint_breaks is not None:
+            d["lint_breaks"] = json.dumps(self.lint_breaks, separators=(",", ":"))
         return d
 
     @classmethod
@@ -163,6 +175,8 @@ class LedgerRow:
         d["saved_by"] = json.loads(raw) if isinstance(raw, str) and raw else {}
         d["price_notional"] = bool(d.get("price_notional"))
         d["over_budget"] = bool(d.get("over_budget"))
+        raw = d.get("lint_breaks")
+        d["lint_breaks"] = json.loads(raw) if isinstance(raw, str) and raw else None
         return cls(**d)
 
 
@@ -248,6 +262,18 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
                 saved["prefix"] = {"tokens": cached, "usd": prefix_saving(price, cached)}
         if energy is not None:
             row.energy_j, row.energy_source = energy.joules, energy.source
+    work = getattr(ctx, "context_work", None)
+    if work is not None:
+        row.context_tokens_before, row.context_tokens_after = work.before, work.after
+        row.context_actions = "; ".join(work.actions) or None
+        row.context_cost_usd, row.context_s = work.cost_usd, work.seconds
+        removed = work.before - work.after
+        if removed > 0 and price is not None and not hit and "compress" not in saved:
+            saved["compress"] = {"tokens": removed, "usd": removed * price.input / 1e6}
+    lint = getattr(ctx, "lint", None)
+    if lint is not None:
+        row.lint_units, row.lint_prefix, row.lint_potential = lint.units, lint.prefix, lint.potential
+        row.lint_breaks = [b.to_dict() for b in lint.breaks]
     row.saved_by = saved
     row.saved_tokens = sum(int(v["tokens"]) for v in saved.values())
     row.saved_usd = sum(float(v["usd"]) for v in saved.values())

@@ -60,6 +60,15 @@ def _v2_columns() -> list[sa.Column]:
             sa.Column("feedback_ts", DOUBLE)]
 
 
+def _v4_columns() -> list[sa.Column]:
+    """The context stage: prompt tokens before and after its work, what it did and cost, and the prompt-layout
+    lint's finding (layout units of the prompt, of its reusable prefix, of the prefix the advice would give)."""
+    return [sa.Column("context_tokens_before", sa.Integer), sa.Column("context_tokens_after", sa.Integer),
+            sa.Column("context_actions", sa.Text), sa.Column("context_cost_usd", DOUBLE),
+            sa.Column("context_s", DOUBLE), sa.Column("lint_units", sa.Integer), sa.Column("lint_prefix", sa.Integer),
+            sa.Column("lint_potential", sa.Integer), sa.Column("lint_breaks", sa.Text)]
+
+
 def _prompt_columns() -> list[sa.Column]:
     """Stored request bodies and answers (ledger.store_prompts), one per request id, pruned by age."""
     return [sa.Column("request_id", sa.String(64), primary_key=True), sa.Column("ts", DOUBLE, nullable=False),
@@ -73,7 +82,7 @@ def _v6_columns() -> list[sa.Column]:
 
 
 # The current shape, for queries and inserts.
-ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v6_columns())
+ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v6_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
@@ -103,8 +112,9 @@ def _m3_prompts(conn: Connection) -> None:
     sa.Index("ix_ledger_prompts_ts", table.c.ts).create(conn)
 
 
-def _m4_reserved(conn: Connection) -> None:
-    """Reserved for branch `context`'s step 4; replaced by it at merge."""
+def _m4_context(conn: Connection) -> None:
+    for column in _v4_columns():
+        add_column(conn, "ledger", column)
 
 
 def _m5_reserved(conn: Connection) -> None:
@@ -117,7 +127,7 @@ def _m6_batch(conn: Connection) -> None:
     conn.exec_driver_sql("CREATE INDEX ix_ledger_batch ON ledger (batch)")
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_reserved,
+MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
                                                   _m5_reserved, _m6_batch]
 
 

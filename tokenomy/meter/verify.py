@@ -101,6 +101,9 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
                        "tokens_saved": s["tokens"], "usd_saved": s["usd"]}
     scores = [r["feedback_score"] for r in rows if r["feedback_score"] is not None]
     srcs = sorted(sources)
+    worked = [r for r in rows if r["context_tokens_before"] is not None]
+    before = sum(r["context_tokens_before"] for r in worked)
+    after = sum(r["context_tokens_after"] or 0 for r in worked)
     return {
         "requests": n, "ok": n_ok, "errors": n - n_ok, "success_rate": _div(n_ok, n),
         "tokens": {"prompt": sum(r["prompt_tokens"] for r in rows), "cached": sum(r["cached_tokens"] for r in rows),
@@ -121,6 +124,8 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
                         "spend": sum(r["status"] == 429 and r["error_code"] == "budget_exceeded" for r in rows)},
         "feedback": {"count": len(scores), "mean": _div(sum(scores), len(scores))},
         "notional_prices": sorted({r["model"] for r in rows if r["price_notional"] and r["model"]}),
+        "context": {"requests": len(worked), "tokens_before": before, "tokens_after": after,
+                    "kept": _div(after, before), "cost_usd": sum(r["context_cost_usd"] or 0.0 for r in worked)},
     }
 
 

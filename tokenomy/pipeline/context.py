@@ -1,28 +1,73 @@
 """Context stage: exact prompt token count with the target model's tokenizer, checked against the route's
-context budget. Over-budget requests are flagged; with `enforce: true` they are refused (400 with the numbers)."""
+context budget (over-budget requests are flagged; with `enforce: true` refused, 400 with the numbers), and the
+route's context levers (`routes.<name>.context`, all off by default; docs/context.md):
+
+    rewrite      move date/time lines of the system prompt to the end of the prompt (the lint's safe fix)
+    compaction   keep conversation history under a trigger (drop_middle | summarize, tool-output masking)
+    compress     compress long inputs on a small model's token surprisal, only when it pays for itself
+    lint         prompt-layout lint: what breaks prefix reuse across this tenant's requests
+
+A client opts out of rewrite, compaction and compression per request with `x-tokenomy-context: off`, and asks
+for the lint's finding with `x-tokenomy-lint: on` (answered in the `x-tokenomy-lint` response header). What the
+stage did is in `x-tokenomy-context` and on the ledger row (tokens before and after, its own cost).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from tokenomy.backends.base import InvalidRequest
-from tokenomy.config import RouteSpec
+from tokenomy.config import ContextSettings, RouteSpec
+from tokenomy.context import compress as cz
+from tokenomy.context.compaction import SummaryCache, compact
+from tokenomy.context.lint import PrefixTracker, header, segments, volatile_lines
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
-from tokenomy.pipeline.request import RequestContext
+from tokenomy.pipeline.request import ContextWork, RequestContext
 
 Counter = Callable[[str, RequestContext], TokenCount]
+# (summary model, text, max tokens) -> (summary, USD)
+Summarizer = Callable[[str, str, int], Awaitable[tuple[str, float]]]
+# model name -> (input USD per token, notional?)
+InputPrice = Callable[[str], tuple[float, bool]]
+SWITCH = ("on", "off")
+
+
+def _switch(ctx: RequestContext, name: str) -> str | None:
+    value = ctx.headers.get(name)
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v not in SWITCH:
+        raise APIError(400, f"Invalid value for header '{name}': {value!r}; use 'on' or 'off'.", param=name,
+                       code="invalid_header")
+    return v
 
 
 class Context:
     name = "context"
 
-    def __init__(self, count: Counter, routes: dict[str, RouteSpec]) -> None:
+    def __init__(self, count: Counter, routes: dict[str, RouteSpec], summarize: Summarizer | None = None,
+                 input_price: InputPrice | None = None, on_break: Callable[[str], None] | None = None,
+                 tracker: PrefixTracker | None = None, compressors: dict[str, cz.Compressor] | None = None) -> None:
         self.count = count
         self.routes = routes
+        self.summarize = summarize
+        self.input_price = input_price or (lambda _m: (0.0, True))
+        self.on_break = on_break
+        self.tracker = tracker if tracker is not None else PrefixTracker()
+        self.summaries = SummaryCache()
+        self.compressors = compressors if compressors is not None else {}
+        self.prefill_s_per_token: dict[str, float] = {}   # measured per model (EWMA), for compression's decision
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
+        opt = _switch(ctx, "x-tokenomy-context")
+        lint_asked = _switch(ctx, "x-tokenomy-lint")
         route = self.routes.get(ctx.gen.model)
         target = route.models[0] if route is not None else ctx.gen.model
         try:
@@ -32,7 +77,16 @@ class Context:
             return
         except InvalidRequest as e:
             raise APIError(400, str(e), param=e.param, code=e.code) from e
+        settings = route.context if route is not None else ContextSettings()
+        levers = settings.rewrite or settings.compaction is not None or settings.compress is not None
+        if levers and ctx.gen.kind == "chat" and ctx.gen.messages:
+            if opt == "off":
+                ctx.response_headers["x-tokenomy-context"] = "off"
+            else:
+                tc = await self._work(ctx, settings, target, tc)
         ctx.prompt_tokens, ctx.prompt_tokens_exact = tc.tokens, tc.exact
+        if lint_asked == "on" or (settings.lint and lint_asked != "off"):
+            self._lint(ctx, lint_asked == "on")
         if route is not None and route.context_budget is not None and tc.tokens > route.context_budget:
             ctx.over_budget = True
             if route.enforce:
@@ -40,3 +94,129 @@ class Context:
                 raise APIError(400, f"The prompt is {tc.tokens} tokens{kind}; route '{ctx.gen.model}' allows "
                                f"{route.context_budget}.", param="messages", code="context_budget_exceeded")
         await call_next(ctx)
+        self._measure_prefill(ctx)
+
+    # ---- the levers ---------------------------------------------------------------------------------------
+    async def _work(self, ctx: RequestContext, s: ContextSettings, target: str, tc: TokenCount) -> TokenCount:
+        t0 = time.perf_counter()
+        work = ContextWork(before=tc.tokens, after=tc.tokens)
+        messages = list(ctx.gen.messages or [])
+        if s.rewrite:
+            messages = self._rewrite(messages, work)
+
+        def count(msgs: list[dict[str, Any]]) -> int:
+            probe = RequestContext(gen=dataclasses.replace(ctx.gen, messages=msgs, counted=None))
+            return self.count(target, probe).tokens
+
+        c = s.compaction
+        if c is not None:
+            summarize = None
+            if c.strategy == "summarize" and self.summarize is not None:
+                model, summarizer = c.summary_model or target, self.summarize
+
+                async def summarize(text: str, n: int) -> tuple[str, float]:
+                    return await summarizer(model, text, n)
+            try:
+                done = await compact(messages, c, count, summarize, self.summaries,
+                                     salt=f"{c.summary_model}:{c.max_summary_tokens}")
+            except Exception as e:      # a summary model that failed: drop the middle instead of failing
+                fallback = c.model_copy(update={"strategy": "drop_middle"})
+                done = await compact(messages, fallback, count)
+                work.actions.append(f"summary failed ({type(e).__name__})")
+            if done.action != "none":
+                messages = done.messages
+                what = f"compaction={done.action} turns={done.turns_replaced}"
+                if done.tools_masked:
+                    what += f" tools_masked={done.tools_masked}"
+                if "summarize" in done.action:
+                    what += " summary=" + ("cached" if done.summary_cached else "new")
+                work.actions.append(what)
+                work.cost_usd += done.cost_usd
+                work.summary_calls += done.summary_calls
+        if s.compress is not None:
+            messages = await self._compress(messages, s.compress, target, work)
+        if messages is not ctx.gen.messages and messages != ctx.gen.messages:
+            ctx.gen = dataclasses.replace(ctx.gen, messages=messages, counted=None)
+            tc = self.count(target, ctx)
+        work.after = tc.tokens
+        work.seconds = time.perf_counter() - t0
+        ctx.context_work = work
+        ctx.response_headers["x-tokenomy-context"] = work.header()
+        return tc
+
+    def _rewrite(self, messages: list[dict[str, Any]], work: ContextWork) -> list[dict[str, Any]]:
+        """Date/time lines of the system prompt go to the end of the last user message (the safe case only:
+        whole short lines, plain-text contents)."""
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+        if last_user < 0 or not isinstance(messages[last_user].get("content"), str):
+            return messages
+        out, moved = [], []
+        for m in messages:
+            if m.get("role") in ("system", "developer") and isinstance(m.get("content"), str):
+                text, lines = volatile_lines(m["content"])
+                if lines:
+                    m = {**m, "content": text}
+                    moved += lines
+            out.append(m)
+        if not moved:
+            return messages
+        u = out[last_user]
+        out[last_user] = {**u, "content": f"{u['content']}\n\n" + "\n".join(moved)}
+        work.actions.append(f"rewrite=moved {len(moved)} volatile line(s) to the end")
+        return out
+
+    def compressor(self, model: str) -> cz.Compressor:
+        comp = self.compressors.get(model)
+        if comp is None:
+            comp = self.compressors[model] = cz.Compressor(cz.Scorer(model))
+            comp.calibrate()
+        return comp
+
+    async def _compress(self, messages: list[dict[str, Any]], s: Any, target: str,
+                        work: ContextWork) -> list[dict[str, Any]]:
+        comp = await asyncio.to_thread(self.compressor, s.model)
+        parts = await asyncio.to_thread(cz.long_parts, messages, s.protect, s.min_tokens, comp.scorer.count)
+        tokens = sum(comp.scorer.count(p.text) for ps in parts for p in ps if not p.protected)
+        if tokens == 0:
+            return messages
+        price, notional = self.input_price(target)
+        comp_price, _ = self.input_price(s.model)
+        decision = cz.decide(tokens, s.target_ratio, cz.Costs(
+            compressor_s_per_token=comp.s_per_token or 0.0,
+            target_prefill_s_per_token=self.prefill_s_per_token.get(target),
+            target_usd_per_token=0.0 if notional else price, compressor_usd_per_token=comp_price))
+        work.compress_decision = str(decision)
+        if not decision.run:
+            work.actions.append("compress=skipped (would not pay for itself)")
+            return messages
+        res = await asyncio.to_thread(cz.compress_messages, messages, comp.scorer, s.target_ratio, s.protect,
+                                      s.min_tokens, parts)
+        comp.observe(res.seconds, res.tokens_read)
+        work.cost_usd += res.tokens_read * comp_price
+        work.compress_seconds += res.seconds
+        work.compress_removed += res.tokens_removed
+        work.actions.append(f"compress={res.tokens_read}->{res.tokens_read - res.tokens_removed}")
+        return res.messages
+
+    def _measure_prefill(self, ctx: RequestContext) -> None:
+        """Prefill seconds per uncached prompt token of the model that served (an EWMA), from finished answers."""
+        u, model = ctx.usage, ctx.model
+        if u is None or model is None or u.ttft_s is None or u.counted:
+            return
+        fresh = u.prompt_tokens - u.cached_tokens
+        if fresh < 64:
+            return
+        rate = max(u.ttft_s - u.queue_s, 0.0) / fresh
+        old = self.prefill_s_per_token.get(model)
+        self.prefill_s_per_token[model] = rate if old is None else 0.8 * old + 0.2 * rate
+
+    # ---- lint ---------------------------------------------------------------------------------------------
+    def _lint(self, ctx: RequestContext, answer: bool) -> None:
+        g = ctx.gen
+        finding = self.tracker.observe(ctx.tenant, g.model, segments(g.messages, g.tools, g.prompt))
+        ctx.lint = finding
+        if self.on_break is not None:
+            for b in finding.breaks:
+                self.on_break(b.reason)
+        if answer:
+            ctx.response_headers["x-tokenomy-lint"] = header(finding)

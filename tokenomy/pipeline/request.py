@@ -44,6 +44,25 @@ class RouteDecision:
 
 
 @dataclass
+class ContextWork:
+    """What the context stage did to a prompt (docs/context.md): the ledger row and x-tokenomy-context say it."""
+
+    before: int                               # prompt tokens as the client sent them
+    after: int                                # prompt tokens sent to the model
+    actions: list[str] = field(default_factory=list)
+    cost_usd: float = 0.0                     # summaries and the compressor, priced
+    seconds: float = 0.0                      # time the stage spent on it (summaries, compression)
+    summary_calls: int = 0
+    compress_seconds: float = 0.0
+    compress_removed: int = 0
+    compress_decision: str | None = None
+
+    def header(self) -> str:
+        done = "; ".join(self.actions) if self.actions else "none"
+        return f"{done}; tokens={self.before}->{self.after}"
+
+
+@dataclass
 class RequestContext:
     gen: GenRequest
     stream: bool = False
@@ -59,6 +78,8 @@ class RequestContext:
     prompt_tokens: int | None = None
     prompt_tokens_exact: bool = True
     over_budget: bool = False
+    context_work: ContextWork | None = None   # set when the route's context levers ran
+    lint: Any = None                          # the prompt-layout lint's Finding (tokenomy/context/lint.py)
     # cache
     cache: str = "miss"                       # miss | exact | semantic | bypass
     cache_bypass: str | None = None           # why the request was not eligible for the response cache
