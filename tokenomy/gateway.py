@@ -48,6 +48,10 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
                         "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
                         "engine.n_threads to %d.", spec.name, cores, cores - 1)
         return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured)
+    if spec.replicas:
+        from tokenomy.backends.pool import Pool
+
+        return Pool(spec, metrics=metrics)
     from tokenomy.backends.openai import OpenAIBackend
 
     return OpenAIBackend(spec, metrics=metrics)
@@ -63,6 +67,7 @@ class Gateway:
         for spec in config.models:
             self.registry.add(build_backend(spec, config, metrics=self.metrics))
         self.metrics.watch_engines(self.engines)
+        self.metrics.watch_pools(self.pools)
         for name, engine in self.engines():
             self._watch_engine(name, engine)
         self.keyring = Keyring(config.keys, config.tenants)
@@ -159,6 +164,11 @@ class Gateway:
 
     def engines(self) -> list[tuple[str, Any]]:
         return [(n, b.engine) for n, b in self.registry.backends.items() if isinstance(b, EmbeddedBackend)]
+
+    def pools(self) -> list[Any]:
+        from tokenomy.backends.pool import Pool
+
+        return [b for b in self.registry.backends.values() if isinstance(b, Pool)]
 
     def _watch_engine(self, name: str, engine: Any) -> None:
         m = self.metrics

@@ -60,6 +60,11 @@ def _v2_columns() -> list[sa.Column]:
             sa.Column("feedback_ts", DOUBLE)]
 
 
+def _v5_columns() -> list[sa.Column]:
+    """Which replica of a pooled model served (backends/pool.py); NULL for a model that is not pooled."""
+    return [sa.Column("replica", sa.String(256))]
+
+
 def _prompt_columns() -> list[sa.Column]:
     """Stored request bodies and answers (ledger.store_prompts), one per request id, pruned by age."""
     return [sa.Column("request_id", sa.String(64), primary_key=True), sa.Column("ts", DOUBLE, nullable=False),
@@ -68,7 +73,7 @@ def _prompt_columns() -> list[sa.Column]:
 
 
 # The current shape, for queries and inserts.
-ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns())
+ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v5_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
@@ -98,7 +103,13 @@ def _m3_prompts(conn: Connection) -> None:
     sa.Index("ix_ledger_prompts_ts", table.c.ts).create(conn)
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts]
+def _m5_replica(conn: Connection) -> None:
+    # Numbered 5: the `context` branch adds step 4 (context token columns); on merge this runs after it.
+    for column in _v5_columns():
+        add_column(conn, "ledger", column)
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m5_replica]
 
 
 class LedgerSchemaError(RuntimeError):
