@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 from tokenomy.backends.base import GenRequest
@@ -241,3 +243,97 @@ def test_pool_metrics_name_each_replica() -> None:
     for r in pool.replicas:
         assert f'tokenomy_replica_requests_total{{by="turn",model="m",replica="{r.name}"}} 2.0' in text
         assert f'tokenomy_replica_up{{model="m",replica="{r.name}"}} 1.0' in text
+
+
+# --- real tokenomy engines as replicas --------------------------------------------------------------------------------
+
+REPLICA = {"engine": {**SMALL_ENGINE, "n_threads": 1}, "cache": NO_CACHE, "ledger": None}
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[dict[str, Any]]:
+    """Two tokenomy engine processes as replicas of one pooled model behind a gateway (prefix-aware)."""
+    with contextlib.ExitStack() as stack:
+        reps = [stack.enter_context(contextlib.closing(_Closable(live_server(REPLICA)))) for _ in range(2)]
+        gw = stack.enter_context(live_server({"cache": NO_CACHE, "models": [{
+            "name": "pooled", "backend": "openai", "replicas": [r.server.base_url for r in reps],
+            "model": "smollm2-135m-instruct", "tokenizer": "smollm2-135m-instruct", "timeout_s": 60,
+            "balance": {"policy": "prefix", "check_interval_s": 0}}]}))
+        yield {"replicas": reps, "gateway": gw, "pool": gw.gateway.registry.get("pooled")}
+
+
+class _Closable:
+    """A live_server that a test may stop before the module ends (killing a replica)."""
+
+    def __init__(self, cm: Any) -> None:
+        self.cm, self.server = cm, cm.__enter__()
+        self.stopped = False
+
+    def close(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.cm.__exit__(None, None, None)
+
+
+def _body(tenant: str, question: str, max_tokens: int = 2, stream: bool = False) -> dict[str, Any]:
+    return {"model": "pooled", "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            "messages": [{"role": "system", "content": SYSTEMS[tenant]}, {"role": "user", "content": question}]}
+
+
+def test_prefix_aware_pool_sends_each_tenant_to_the_replica_holding_its_prefix(engines: dict[str, Any]) -> None:
+    gw = engines["gateway"]
+    ids: dict[str, list[str]] = {"acme": [], "globex": []}
+    cached = []
+    with httpx.Client(base_url=gw.base_url, timeout=120) as c:
+        for i in range(3):
+            for t in ids:
+                r = c.post("/chat/completions", json=_body(t, f"Question {i}?"))
+                assert r.status_code == 200, r.text
+                ids[t].append(r.headers["x-tokenomy-request-id"])
+                if i:
+                    cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+    ledger = gw.gateway.ledger
+    ledger.flush()
+    served = {t: {ledger.get(i).replica for i in rids} for t, rids in ids.items()}
+    names = {r.name for r in engines["pool"].replicas}
+    assert all(len(s) == 1 and s <= names for s in served.values()), served
+    assert served["acme"] != served["globex"]          # an idle pool spreads tenants, then keeps each on its own
+    assert min(cached) > 100                           # the replica that holds the prefix reuses it
+
+
+def test_killing_a_replica_loses_no_request_that_had_not_started_streaming(engines: dict[str, Any]) -> None:
+    gw, pool = engines["gateway"], engines["pool"]
+    victim = next(r for r in engines["replicas"])
+    victim_name = pool.replicas[0].name
+
+    async def one(c: httpx.AsyncClient, i: int) -> tuple[bool, int]:
+        """(finished well, content chunks received before the end)."""
+        chunks, ok = 0, False
+        async with c.stream("POST", "/chat/completions", json=_body(("acme", "globex")[i % 2], f"Tell me {i}.",
+                                                                      max_tokens=12, stream=True)) as r:
+            if r.status_code != 200:
+                return False, 0
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        return False, chunks
+                    if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                        chunks += 1
+                    if chunk["choices"] and chunk["choices"][0].get("finish_reason") in ("stop", "length"):
+                        ok = True
+        return ok, chunks
+
+    async def go() -> list[tuple[bool, int]]:
+        async with httpx.AsyncClient(base_url=gw.base_url, timeout=120) as c:
+            tasks = [asyncio.create_task(one(c, i)) for i in range(6)]
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(victim.close)           # the replica's server stops mid-run
+            during = list(await asyncio.gather(*tasks))
+            after = list(await asyncio.gather(*(one(c, i) for i in range(4))))
+            return during + after
+
+    results = asyncio.run(go())
+    assert all(ok or chunks > 0 for ok, chunks in results), results   # only a started stream may fail
+    assert all(ok for ok, _ in results[6:]), results                 # after the kill every request is served
+    assert pool.replicas[0].name == victim_name and pool.replicas[0].failed >= 1
