@@ -257,6 +257,22 @@ class CacheSettings(_Strict):
         return self
 
 
+class LimitsSettings(_Strict):
+    """Where rate limits and budget spend are counted: `local` (this process) or a Redis that every gateway
+    replica shares. What happens while Redis does not answer: `open` admits unchecked, `closed` refuses (503)."""
+
+    store: str = "local"                         # local | redis://host:port/db
+    rates_on_store_down: Literal["open", "closed"] = "open"
+    budgets_on_store_down: Literal["open", "closed"] = "closed"
+    timeout_s: float = Field(0.25, gt=0, description="Redis socket timeout")
+
+    @model_validator(mode="after")
+    def _store(self) -> LimitsSettings:
+        if self.store != "local" and not self.store.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("limits.store must be 'local' or a redis:// URL")
+        return self
+
+
 class EnergySettings(_Strict):
     source: Literal["auto", "nvml", "rapl", "estimate"] = "auto"
     watts_per_core: float = Field(15.0, gt=0, description="CPU estimate: watts per busy core")
@@ -309,6 +325,7 @@ class Config(_Strict):
     # in that window loses them; true: the answer's last byte waits for its row's commit
     ledger_durable: bool = False
     energy: EnergySettings = EnergySettings()
+    limits: LimitsSettings = LimitsSettings()
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
 
     @field_validator("ledger", mode="before")

@@ -18,6 +18,7 @@ from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
+from tokenomy.meter.shared import SharedCounters
 from tokenomy.meter.sink import MeterSink
 from tokenomy.models import resolve_gguf
 from tokenomy.pipeline.admit import Admit, Keyring, hash_key
@@ -82,8 +83,12 @@ class Gateway:
             self.metrics.watch_ledger(self.ledger)
         for _, engine in self.engines():
             engine.stats.on_step_seqs.append(self.energy.on_step)
+        lim = config.limits
+        self.shared = SharedCounters(lim.store, timeout_s=lim.timeout_s) if lim.store != "local" else None
+        if self.shared is not None:
+            self.metrics.watch_limits(self.shared)
         self.budgets = self._budgets(config)
-        admit = Admit(self.keyring, self.budgets)
+        admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open")
         self.meter = MeterSink(self.ledger, {m.name: m.price for m in config.models}, self.metrics,
                                self.budgets, self.energy, {m.name: m.backend for m in config.models},
                                store_prompts=led.stores_prompts if led is not None and led.store_prompts else None)
@@ -109,7 +114,8 @@ class Gateway:
         keys = {(k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or ""))[:12]: k.budget
                 for k in config.keys if k.budget}
         b = Budgets(keys=keys, tenants={t: s.budget for t, s in config.tenants.items() if s.budget},
-                    key_names={i.key_id: i.name for i in self.keyring.by_hash.values()}, metrics=self.metrics)
+                    key_names={i.key_id: i.name for i in self.keyring.by_hash.values()}, metrics=self.metrics,
+                    shared=self.shared, fail_open=config.limits.budgets_on_store_down == "open")
         if self.ledger is not None:
             b.seed(self.ledger)
         return b

@@ -92,6 +92,20 @@ class PoolCollector:
         yield from (outstanding, up, waiting, kv, requests, failures)
 
 
+class LimitsCollector:
+    """The shared rate-limit and budget store (meter/shared.py): whether it answers, and failed calls."""
+
+    def __init__(self, shared: Any) -> None:
+        self.shared = shared
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily("tokenomy_limits_store_up", "1 while the shared limits store answers",
+                                value=1.0 if self.shared.healthy else 0.0)
+        errors = CounterMetricFamily("tokenomy_limits_store_errors", "Failed calls to the shared limits store")
+        errors.add_metric([], self.shared.errors)
+        yield errors
+
+
 class HardwareCollector:
     """Hardware layer, read at scrape time from an EnergyMeter: energy (labelled by source: nvml | rapl |
     estimate), power (the source's own reading, else mean power since the previous scrape), memory."""
@@ -203,6 +217,9 @@ class Metrics:
     def watch_pools(self, pools: Callable[[], Iterable[Any]]) -> None:
         """Per-replica figures of pooled models (backends/pool.py)."""
         self.registry.register(PoolCollector(pools))
+
+    def watch_limits(self, shared: Any) -> None:
+        self.registry.register(LimitsCollector(shared))
 
     def watch_hardware(self, meter: Any) -> None:
         """Export the hardware layer from an energy.EnergyMeter."""
