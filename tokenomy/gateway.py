@@ -85,9 +85,10 @@ class Gateway:
             engine.stats.on_step_seqs.append(self.energy.on_step)
         lim = config.limits
         self.shared = SharedCounters(lim.store, timeout_s=lim.timeout_s) if lim.store != "local" else None
+        self.budgets = self._budgets(config)
         if self.shared is not None:
             self.metrics.watch_limits(self.shared)
-        self.budgets = self._budgets(config)
+            self.shared.on_recover.append(lambda: self.budgets.reseed())   # the budgets of the latest reload
         admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open")
         self.meter = MeterSink(self.ledger, {m.name: m.price for m in config.models}, self.metrics,
                                self.budgets, self.energy, {m.name: m.backend for m in config.models},

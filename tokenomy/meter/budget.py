@@ -102,8 +102,6 @@ class Budgets:
         self._lock = threading.Lock()
         self.shared, self.fail_open = shared, fail_open
         self._ledger: Any = None
-        if shared is not None:
-            shared.on_recover.append(self._reseed)
 
     @property
     def enabled(self) -> bool:
@@ -136,7 +134,8 @@ class Budgets:
                         log.warning("budgets not seeded into the shared store (%s); they will be when it answers", e)
                         return
 
-    def _reseed(self) -> None:
+    def reseed(self) -> None:
+        """Seed again from the ledger that `seed` was given (the shared store answers again after an outage)."""
         if self._ledger is not None:
             self.seed(self._ledger)
 
