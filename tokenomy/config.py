@@ -60,11 +60,29 @@ class StructuredSettings(_Strict):
     max_array_items: int | None = Field(None, ge=1, description="default maxItems of unbounded arrays")
 
 
+class BalanceSettings(_Strict):
+    """How a model with several `replicas` picks one (tokenomy/backends/pool.py)."""
+
+    policy: Literal["least_outstanding", "prefix", "session", "round_robin"] = "least_outstanding"
+    margin: int = Field(4, ge=0, description="prefix: send to the replica holding the longest prompt prefix "
+                        "unless its load exceeds the least-loaded replica's by more than this many requests")
+    affinity_header: str = Field("x-session-id", description="session: the request header that names a session "
+                                 "(else the request's `user` field)")
+    block_chars: int = Field(256, ge=16, description="prefix: characters per hashed block of the rendered prompt")
+    max_blocks: int = Field(200_000, ge=1, description="prefix: block hashes remembered, all replicas together")
+    eject_after: int = Field(3, ge=1, description="consecutive failures that eject a replica")
+    eject_s: float = Field(2.0, gt=0, description="first ejection's length; doubles with each ejection in a row")
+    max_eject_s: float = Field(60.0, gt=0)
+    check_interval_s: float = Field(5.0, ge=0, description="active health checks and load-signal scrapes (0: off)")
+
+
 class ModelSpec(_Strict):
     name: str
     backend: Literal["embedded", "openai"] = "embedded"
     gguf: str | None = None                      # embedded: packaged name or path
     base_url: str | None = None                  # openai: http://host:port/v1
+    replicas: list[str] | None = None            # openai: several OpenAI-compatible servers of the same model
+    balance: BalanceSettings = BalanceSettings()  # how a request picks one of the replicas
     model: str | None = None                     # openai: the upstream's model name
     api_key_env: str | None = None               # openai: env var holding the upstream key (never the key)
     tokenizer: str | None = None                 # a tiktoken encoding or a packaged model name to count with
@@ -94,9 +112,22 @@ class ModelSpec(_Strict):
             if self.gguf in PACKAGED:
                 chosen = self.structured.model_dump(exclude_unset=True)
                 self.structured = StructuredSettings(**{**PACKAGED[self.gguf].structured, **chosen})
+            if self.replicas is not None:
+                raise ValueError(f"model {self.name!r}: `replicas` are OpenAI-compatible servers; run more "
+                                 "tokenomy engines and list their URLs under an `openai` model")
         else:
-            if not self.base_url:
-                raise ValueError(f"model {self.name!r}: openai backends need `base_url`")
+            if self.replicas is not None:
+                if not self.replicas:
+                    raise ValueError(f"model {self.name!r}: `replicas` is empty; list at least one URL")
+                urls = [u.rstrip("/") for u in self.replicas]
+                if len(set(urls)) != len(urls):
+                    raise ValueError(f"model {self.name!r}: a replica is listed twice in `replicas`")
+                if self.base_url and [self.base_url.rstrip("/")] != urls:
+                    raise ValueError(f"model {self.name!r}: give `base_url` (one server) or `replicas` (several), "
+                                     "not both")
+                self.replicas = urls
+            elif not self.base_url:
+                raise ValueError(f"model {self.name!r}: openai backends need `base_url` (or `replicas`)")
             self.model = self.model or self.name
         self.price = self.price or Price()
         return self
@@ -282,6 +313,22 @@ class CacheSettings(_Strict):
         return self
 
 
+class LimitsSettings(_Strict):
+    """Where rate limits and budget spend are counted: `local` (this process) or a Redis that every gateway
+    replica shares. What happens while Redis does not answer: `open` admits unchecked, `closed` refuses (503)."""
+
+    store: str = "local"                         # local | redis://host:port/db
+    rates_on_store_down: Literal["open", "closed"] = "open"
+    budgets_on_store_down: Literal["open", "closed"] = "closed"
+    timeout_s: float = Field(0.25, gt=0, description="Redis socket timeout")
+
+    @model_validator(mode="after")
+    def _store(self) -> LimitsSettings:
+        if self.store != "local" and not self.store.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("limits.store must be 'local' or a redis:// URL")
+        return self
+
+
 class EnergySettings(_Strict):
     source: Literal["auto", "nvml", "rapl", "estimate"] = "auto"
     watts_per_core: float = Field(15.0, gt=0, description="CPU estimate: watts per busy core")
@@ -348,6 +395,7 @@ class Config(_Strict):
     ledger_durable: bool = False
     energy: EnergySettings = EnergySettings()
     batch: BatchSettings = BatchSettings()
+    limits: LimitsSettings = LimitsSettings()
     tenants: dict[str, TenantSpec] = Field(default_factory=dict)
 
     @field_validator("ledger", mode="before")

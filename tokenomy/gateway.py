@@ -18,6 +18,7 @@ from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
+from tokenomy.meter.shared import SharedCounters
 from tokenomy.meter.sink import MeterSink
 from tokenomy.models import resolve_gguf
 from tokenomy.pipeline.admit import Admit, Keyring, hash_key
@@ -48,6 +49,10 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
                         "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
                         "engine.n_threads to %d.", spec.name, cores, cores - 1)
         return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured)
+    if spec.replicas:
+        from tokenomy.backends.pool import Pool
+
+        return Pool(spec, metrics=metrics)
     from tokenomy.backends.openai import OpenAIBackend
 
     return OpenAIBackend(spec, metrics=metrics)
@@ -63,6 +68,7 @@ class Gateway:
         for spec in config.models:
             self.registry.add(build_backend(spec, config, metrics=self.metrics))
         self.metrics.watch_engines(self.engines)
+        self.metrics.watch_pools(self.pools)
         for name, engine in self.engines():
             self._watch_engine(name, engine)
         self.keyring = Keyring(config.keys, config.tenants)
@@ -77,8 +83,13 @@ class Gateway:
             self.metrics.watch_ledger(self.ledger)
         for _, engine in self.engines():
             engine.stats.on_step_seqs.append(self.energy.on_step)
+        lim = config.limits
+        self.shared = SharedCounters(lim.store, timeout_s=lim.timeout_s) if lim.store != "local" else None
         self.budgets = self._budgets(config)
-        admit = Admit(self.keyring, self.budgets)
+        if self.shared is not None:
+            self.metrics.watch_limits(self.shared)
+            self.shared.on_recover.append(lambda: self.budgets.reseed())   # the budgets of the latest reload
+        admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open")
         self.meter = MeterSink(self.ledger, {m.name: m.price for m in config.models}, self.metrics,
                                self.budgets, self.energy, {m.name: m.backend for m in config.models},
                                store_prompts=led.stores_prompts if led is not None and led.store_prompts else None)
@@ -128,7 +139,8 @@ class Gateway:
         keys = {(k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or ""))[:12]: k.budget
                 for k in config.keys if k.budget}
         b = Budgets(keys=keys, tenants={t: s.budget for t, s in config.tenants.items() if s.budget},
-                    key_names={i.key_id: i.name for i in self.keyring.by_hash.values()}, metrics=self.metrics)
+                    key_names={i.key_id: i.name for i in self.keyring.by_hash.values()}, metrics=self.metrics,
+                    shared=self.shared, fail_open=config.limits.budgets_on_store_down == "open")
         if self.ledger is not None:
             b.seed(self.ledger)
         return b
@@ -183,6 +195,11 @@ class Gateway:
 
     def engines(self) -> list[tuple[str, Any]]:
         return [(n, b.engine) for n, b in self.registry.backends.items() if isinstance(b, EmbeddedBackend)]
+
+    def pools(self) -> list[Any]:
+        from tokenomy.backends.pool import Pool
+
+        return [b for b in self.registry.backends.values() if isinstance(b, Pool)]
 
     def _watch_engine(self, name: str, engine: Any) -> None:
         m = self.metrics

@@ -72,7 +72,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         assert isinstance(body, ChatCompletionRequest)
         gen = GenRequest(model=body.model, kind="chat", messages=[m.plain() for m in body.messages],
                          params=body.sampling(), tools=body.tools, tool_choice=body.tool_choice,
-                         response_format=body.response_format)
+                         response_format=body.response_format, user=body.user)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await _serve(request, gateway, gen, body.stream, include_usage)
 
@@ -82,7 +82,8 @@ def create_app(gateway: Gateway) -> FastAPI:
         assert isinstance(body, CompletionRequest)
         if body.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
-        gen = GenRequest(model=body.model, kind="completion", prompt=body.text, params=body.sampling())
+        gen = GenRequest(model=body.model, kind="completion", prompt=body.text, params=body.sampling(),
+                         user=body.user)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await _serve(request, gateway, gen, body.stream, include_usage,
                             echo=body.text if body.echo else "")

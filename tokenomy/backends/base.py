@@ -23,6 +23,9 @@ class GenRequest:
     response_format: dict[str, Any] | None = None
     request_id: str = ""
     priority: str = "interactive"   # batch: served only in capacity interactive requests leave (docs/batch.md)
+    user: str | None = None                             # the client's `user` field (session affinity)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)   # the client's, lower-cased (a pool's
+    #                                                     session-affinity header)
     stream: bool = True     # False: the caller only wants the whole answer, which a backend may deliver in one piece
     # A backend's count_tokens leaves its work here: (backend name, kind, messages, tools, prompt, token ids).
     # Generating on the same backend from the very same inputs (identical objects, as dataclasses.replace keeps
@@ -55,6 +58,7 @@ class Usage:
     e2e_s: float = 0.0
     mean_logprob: float | None = None
     min_logprob: float | None = None
+    replica: str | None = None   # which replica of a pooled model served (backends/pool.py); None: not pooled
 
 
 class BackendError(Exception):

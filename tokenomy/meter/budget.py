@@ -7,7 +7,13 @@ row (`record`), so checking costs no database query. What counts, as in the ledg
 `check(key_id, tenant)` refuses a request once any budget that applies is spent (used >= limit), with a 429
 that names the budget and when it resets. A request admitted under its budget may finish above it: its cost
 is only known at the end. Crossing `warn_at` x limit logs a warning and counts tokenomy_budget_warnings_total,
-once per budget and period. With several gateway processes each keeps its own total since its start.
+once per budget and period.
+
+With several gateway processes, `shared` (meter/shared.py) keeps the totals in Redis instead of in memory, so all
+of them count one spend; each raises Redis's totals to at least the ledger's at start and after an outage. When
+Redis does not answer, `check` refuses with a 503 (`fail_open` False, the default) or admits unchecked; spend
+recorded meanwhile is in the ledger and comes back with the next seed. A budget holds to within the cost of the
+requests admitted while it still had room: one at a time, at most one request's cost over.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 from tokenomy.config import BudgetLimits
 from tokenomy.errors import APIError
 from tokenomy.meter.row import LedgerRow
+from tokenomy.meter.shared import SharedCounters, StoreDown
 
 log = logging.getLogger("tokenomy.budget")
 
@@ -76,9 +83,11 @@ class _Subject:
 class Budgets:
     def __init__(self, keys: dict[str, BudgetLimits] | None = None, tenants: dict[str, BudgetLimits] | None = None,
                  key_names: dict[str, str] | None = None, metrics: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, shared: SharedCounters | None = None,
+                 fail_open: bool = False) -> None:
         """`keys`: key_id -> limits; `tenants`: tenant -> limits; `key_names`: key_id -> name for messages;
-        `metrics`: a Metrics (budget_used_ratio, budget_warnings)."""
+        `metrics`: a Metrics (budget_used_ratio, budget_warnings); `shared`: totals in Redis, shared by gateways;
+        `fail_open`: admit (True) or refuse (False) while `shared` does not answer."""
         names = key_names or {}
         self.subjects: dict[tuple[str, str], _Subject] = {}
         for kid, lim in (keys or {}).items():
@@ -91,6 +100,8 @@ class Budgets:
         self._used: dict[tuple[str, str, str, float], list[float]] = {}
         self._warned: set[tuple[str, str, str, str, float]] = set()
         self._lock = threading.Lock()
+        self.shared, self.fail_open = shared, fail_open
+        self._ledger: Any = None
 
     @property
     def enabled(self) -> bool:
@@ -103,20 +114,36 @@ class Budgets:
 
     def seed(self, ledger: Any) -> None:
         """Load this month's (and so today's) spend from the ledger; call once at start."""
+        self._ledger = ledger
         if not self.enabled:
             return
         now = self.clock()
         for period in PERIODS:
-            start, _ = period_bounds(period, now)
+            start, end = period_bounds(period, now)
             for scope, by in (("key", "key_id"), ("tenant", "tenant")):
                 for ident, (usd, tokens) in ledger.totals(start, by=by).items():
-                    if ident is not None and (scope, ident) in self.subjects:
-                        self._used[(scope, ident, period, start.timestamp())] = [usd, float(tokens)]
+                    if ident is None or (scope, ident) not in self.subjects:
+                        continue
+                    slot = (scope, ident, period, start.timestamp())
+                    if self.shared is None:
+                        self._used[slot] = [usd, float(tokens)]
+                        continue
+                    try:
+                        self.shared.budget_raise(slot, usd, float(tokens), end.timestamp() + 86400)
+                    except StoreDown as e:
+                        log.warning("budgets not seeded into the shared store (%s); they will be when it answers", e)
+                        return
+
+    def reseed(self) -> None:
+        """Seed again from the ledger that `seed` was given (the shared store answers again after an outage)."""
+        if self._ledger is not None:
+            self.seed(self._ledger)
 
     def used(self, scope: str, ident: str, period: str) -> tuple[float, int]:
         """(USD, tokens) spent by a key or tenant in the current day or month."""
         start, _ = period_bounds(period, self.clock())
-        usd, tokens = self._used.get((scope, ident, period, start.timestamp()), (0.0, 0.0))
+        slot = (scope, ident, period, start.timestamp())
+        usd, tokens = self.shared.budget_get([slot])[0] if self.shared is not None else self._used.get(slot, (0.0, 0.0))
         return usd, int(tokens)
 
     def record(self, row: LedgerRow) -> None:
@@ -127,6 +154,9 @@ class Budgets:
         if usd == 0 and tokens == 0:
             return
         now = self.clock()
+        if self.shared is not None:
+            self._record_shared(row, usd, tokens, now)
+            return
         with self._lock:
             for s in self._applicable(row.key_id, row.tenant):
                 for period in PERIODS:
@@ -136,6 +166,20 @@ class Budgets:
                     slot[1] += tokens
                     self._observe(s, period, start, slot)
             self._prune(now)
+
+    def _record_shared(self, row: LedgerRow, usd: float, tokens: float, now: float) -> None:
+        assert self.shared is not None
+        slots = [(s, period, *period_bounds(period, now)) for s in self._applicable(row.key_id, row.tenant)
+                 for period in PERIODS]
+        try:
+            totals = self.shared.budget_add([((s.scope, s.ident, period, start.timestamp()), end.timestamp() + 86400)
+                                             for s, period, start, end in slots], usd, tokens)
+        except StoreDown as e:      # the ledger has the row; the next seed (on recovery) counts it
+            log.warning("spend of %s not counted in the shared store: %s", row.request_id, e)
+            return
+        with self._lock:
+            for (s, period, start, _), total in zip(slots, totals, strict=True):
+                self._observe(s, period, start, list(total))
 
     def _observe(self, s: _Subject, period: str, start: dt.datetime, slot: list[float]) -> None:
         for i, unit in enumerate(UNITS):
@@ -165,11 +209,24 @@ class Budgets:
         if not self.enabled:
             return
         now = self.clock()
-        for s in self._applicable(key_id, tenant):
-            for period in PERIODS:
-                start, end = period_bounds(period, now)
-                usd, tokens = self._used.get((s.scope, s.ident, period, start.timestamp()), (0.0, 0.0))
-                for unit, used in (("usd", usd), ("tokens", tokens)):
-                    limit = s.limits.limit(unit, period)
-                    if limit is not None and used >= limit:
-                        raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, limit, used, end, now)
+        checks = [(s, period, *period_bounds(period, now)) for s in self._applicable(key_id, tenant)
+                  for period in PERIODS]
+        slots = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
+        if not slots:
+            return
+        if self.shared is None:
+            totals = [tuple(self._used.get(slot, (0.0, 0.0))) for slot in slots]
+        else:
+            try:
+                totals = self.shared.budget_get(slots)
+            except StoreDown as e:
+                if self.fail_open:
+                    return
+                raise APIError(503, "Budgets cannot be checked: their shared store does not answer. Retry later.",
+                               code="limits_unavailable", type_="server_error",
+                               headers={"retry-after": "1"}) from e
+        for (s, period, _, end), (usd, tokens) in zip(checks, totals, strict=True):
+            for unit, used in (("usd", usd), ("tokens", tokens)):
+                limit = s.limits.limit(unit, period)
+                if limit is not None and used >= limit:
+                    raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, limit, used, end, now)

@@ -3,6 +3,7 @@ business (deploy/grafana/tokenomy.json has a row for each). One registry per app
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -54,6 +55,55 @@ class CacheCollector:
             up.add_metric([name], 1.0 if getattr(store, "healthy", True) else 0.0)
         yield errors
         yield up
+
+
+class PoolCollector:
+    """Replicas of pooled models, read at scrape time: load, health, what each served and why it was chosen."""
+
+    def __init__(self, pools: Callable[[], Iterable[Any]]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["model", "replica"]
+        outstanding = GaugeMetricFamily("tokenomy_replica_outstanding", "Requests this gateway has at the replica",
+                                        labels=labels)
+        up = GaugeMetricFamily("tokenomy_replica_up", "1 while the replica is eligible (answers its health check, "
+                               "not ejected)", labels=labels)
+        waiting = GaugeMetricFamily("tokenomy_replica_waiting", "Requests queued at the replica, from its own "
+                                    "metrics (scraped)", labels=labels)
+        kv = GaugeMetricFamily("tokenomy_replica_kv_usage_ratio", "The replica's KV cache in use (scraped)",
+                               labels=labels)
+        requests = CounterMetricFamily("tokenomy_replica_requests", "Requests a replica served, by what chose it "
+                                       "(prefix | load | session | turn | failover)", labels=labels + ["by"])
+        failures = CounterMetricFamily("tokenomy_replica_failures", "Requests a replica failed before its first "
+                                       "byte (each went to another replica)", labels=labels)
+        now = time.monotonic()
+        for pool in self._pools():
+            for r in pool.replicas:
+                outstanding.add_metric([pool.name, r.name], r.outstanding)
+                up.add_metric([pool.name, r.name], 1.0 if r.eligible(now) else 0.0)
+                if r.signal.waiting is not None:
+                    waiting.add_metric([pool.name, r.name], r.signal.waiting)
+                if r.signal.kv_usage is not None:
+                    kv.add_metric([pool.name, r.name], r.signal.kv_usage)
+                failures.add_metric([pool.name, r.name], r.failed)
+            for (name, by), n in sorted(pool.routed.items()):
+                requests.add_metric([pool.name, name, by], n)
+        yield from (outstanding, up, waiting, kv, requests, failures)
+
+
+class LimitsCollector:
+    """The shared rate-limit and budget store (meter/shared.py): whether it answers, and failed calls."""
+
+    def __init__(self, shared: Any) -> None:
+        self.shared = shared
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        yield GaugeMetricFamily("tokenomy_limits_store_up", "1 while the shared limits store answers",
+                                value=1.0 if self.shared.healthy else 0.0)
+        errors = CounterMetricFamily("tokenomy_limits_store_errors", "Failed calls to the shared limits store")
+        errors.add_metric([], self.shared.errors)
+        yield errors
 
 
 class HardwareCollector:
@@ -170,6 +220,13 @@ class Metrics:
     def watch_caches(self, stores: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         """Response-cache store health: errors and whether each store answers (a dead Redis is never silent)."""
         self.registry.register(CacheCollector(stores))
+
+    def watch_pools(self, pools: Callable[[], Iterable[Any]]) -> None:
+        """Per-replica figures of pooled models (backends/pool.py)."""
+        self.registry.register(PoolCollector(pools))
+
+    def watch_limits(self, shared: Any) -> None:
+        self.registry.register(LimitsCollector(shared))
 
     def watch_hardware(self, meter: Any) -> None:
         """Export the hardware layer from an energy.EnergyMeter."""

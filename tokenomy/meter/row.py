@@ -134,6 +134,7 @@ class LedgerRow:
     lint_prefix: int | None = None
     lint_potential: int | None = None
     lint_breaks: list[dict[str, Any]] | None = None
+    replica: str | None = None          # the replica of a pooled model that served (host:port); None: not pooled
 
     @property
     def cache_hit(self) -> bool:
@@ -234,7 +235,7 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
         model=ctx.model, backend=backend, prompt_tokens=prompt, cached_tokens=cached,
         cache="bypass" if ctx.cache == "miss" and ctx.cache_bypass else ctx.cache,
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
-        over_budget=bool(ctx.over_budget), batch=ctx.batch_id,
+        over_budget=bool(ctx.over_budget), batch=ctx.batch_id, replica=u.replica,
     )
     if ctx.error is not None:
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]

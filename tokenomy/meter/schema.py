@@ -69,6 +69,11 @@ def _v4_columns() -> list[sa.Column]:
             sa.Column("lint_potential", sa.Integer), sa.Column("lint_breaks", sa.Text)]
 
 
+def _v5_columns() -> list[sa.Column]:
+    """Which replica of a pooled model served (backends/pool.py); NULL for a model that is not pooled."""
+    return [sa.Column("replica", sa.String(256))]
+
+
 def _prompt_columns() -> list[sa.Column]:
     """Stored request bodies and answers (ledger.store_prompts), one per request id, pruned by age."""
     return [sa.Column("request_id", sa.String(64), primary_key=True), sa.Column("ts", DOUBLE, nullable=False),
@@ -82,7 +87,8 @@ def _v6_columns() -> list[sa.Column]:
 
 
 # The current shape, for queries and inserts.
-ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v6_columns())
+ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
+                  *_v6_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
@@ -117,8 +123,9 @@ def _m4_context(conn: Connection) -> None:
         add_column(conn, "ledger", column)
 
 
-def _m5_reserved(conn: Connection) -> None:
-    """Reserved for branch `scale`'s step 5; replaced by it at merge."""
+def _m5_replica(conn: Connection) -> None:
+    for column in _v5_columns():
+        add_column(conn, "ledger", column)
 
 
 def _m6_batch(conn: Connection) -> None:
@@ -128,7 +135,7 @@ def _m6_batch(conn: Connection) -> None:
 
 
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
-                                                  _m5_reserved, _m6_batch]
+                                                  _m5_replica, _m6_batch]
 
 
 class LedgerSchemaError(RuntimeError):

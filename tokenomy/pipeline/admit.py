@@ -1,7 +1,10 @@
 """Admit stage: API keys (stored hashed), tenants, and per-key requests- and tokens-per-minute limits.
 
 With no keys configured, every request is admitted as tenant "default". Limits are sliding 60-second windows
-kept in memory (one gateway process); the 429 carries Retry-After = seconds until the window frees enough room.
+kept in memory (one gateway process), or in Redis (`limits.store`, meter/shared.py) so that every gateway process
+counts one window; the 429 carries Retry-After = seconds until the window frees enough room. While Redis does not
+answer, rate limits are not applied (`limits.rates_on_store_down: open`, the default) or every limited key is
+refused with a 503 (`closed`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from tokenomy.config import KeySpec, TenantSpec
 from tokenomy.errors import APIError
+from tokenomy.meter.shared import SharedCounters, StoreDown
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 
@@ -81,9 +85,11 @@ class Keyring:
 class Admit:
     name = "admit"
 
-    def __init__(self, keyring: Keyring, budgets: Any = None) -> None:
+    def __init__(self, keyring: Keyring, budgets: Any = None, shared: SharedCounters | None = None,
+                 fail_open: bool = True) -> None:
         self.keyring = keyring
         self.budgets = budgets
+        self.shared, self.fail_open = shared, fail_open
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         if self.keyring.enabled:
@@ -107,9 +113,19 @@ class Admit:
             return
         for info in self.keyring.by_hash.values():
             if info.key_id == ctx.key_id:
-                self.spend(info, ctx.usage.prompt_tokens + ctx.usage.completion_tokens)
+                tokens = ctx.usage.prompt_tokens + ctx.usage.completion_tokens
+                if self.shared is None:
+                    self.spend(info, tokens)
+                elif info.tpm is not None:
+                    try:
+                        self.shared.spend_tokens(info.key_id, ctx.request_id, tokens, WINDOW_S)
+                    except StoreDown:
+                        pass                 # logged by the store; the window forgets within a minute anyway
 
     def _check_limits(self, info: KeyInfo, ctx: RequestContext) -> None:
+        if self.shared is not None:
+            self._check_shared(info, ctx)
+            return
         now = time.monotonic()
         while info.requests and now - info.requests[0] >= WINDOW_S:
             info.requests.popleft()
@@ -128,6 +144,24 @@ class Admit:
                                f"({used} used). Retry in {wait:.1f}s.", code="rate_limit_exceeded",
                                headers={"retry-after": str(max(1, int(wait + 0.999)))})
         info.requests.append(now)
+
+    def _check_shared(self, info: KeyInfo, ctx: RequestContext) -> None:
+        assert self.shared is not None
+        if info.rpm is None and info.tpm is None:
+            return
+        try:
+            full, used, wait = self.shared.take_request(info.key_id, ctx.request_id, info.rpm, info.tpm, WINDOW_S)
+        except StoreDown as e:
+            if self.fail_open:
+                return
+            raise APIError(503, "Rate limits cannot be checked: their shared store does not answer. Retry later.",
+                           code="limits_unavailable", type_="server_error", headers={"retry-after": "1"}) from e
+        if full is None:
+            return
+        what = f"{info.rpm} requests per minute" if full == "rpm" else \
+            f"{info.tpm} tokens per minute ({int(used)} used)"
+        raise APIError(429, f"Rate limit reached for key {info.name}: {what}. Retry in {wait:.1f}s.",
+                       code="rate_limit_exceeded", headers={"retry-after": str(max(1, int(wait + 0.999)))})
 
     @staticmethod
     def spend(info: KeyInfo, tokens: int) -> None:

@@ -40,7 +40,8 @@ class Generate:
                 ctx.attempts.append({"model": name, "outcome": "cooling"})
                 continue
             backend = self.registry.get(name)
-            req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream)
+            req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream,
+                                      headers=ctx.headers)
             ctx.serving = name
             stream = backend.stream(req)
             try:
