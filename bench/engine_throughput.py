@@ -27,6 +27,7 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from servers import wait_up  # noqa: E402  (bench/servers.py, beside this script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -100,29 +101,14 @@ def start_llama_server(port: int, slots: int, threads: int) -> subprocess.Popen:
     proc = subprocess.Popen([str(binary), "-m", str(resolve_gguf(MODEL)), "--port", str(port), "-np", str(slots),
                              "-c", str(2048 * slots), "-t", str(threads), "-tb", str(threads), "--cont-batching",
                              "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_healthy(proc, port, "llama-server")
+    wait_up(f"http://127.0.0.1:{port}/health", [proc], 180)
     return proc
-
-
-def wait_healthy(proc: subprocess.Popen, port: int, what: str) -> None:
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{what} did not start")
 
 
 def start_server(port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_healthy(proc, port, "tokenomy serve")
+    wait_up(f"http://127.0.0.1:{port}/health", [proc], 180)
     return proc
 
 

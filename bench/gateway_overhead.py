@@ -19,28 +19,9 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside this script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(url: str) -> None:
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 async def measure(url: str, concurrency: int, n: int) -> list[float]:
@@ -83,8 +64,8 @@ def main() -> None:
                                cfg.name], cwd=ROOT, stderr=subprocess.DEVNULL)]
     rows = []
     try:
-        wait(f"http://127.0.0.1:{stub_port}/v1/models")
-        wait(f"http://127.0.0.1:{gw_port}/health")
+        wait_up(f"http://127.0.0.1:{stub_port}/v1/models")
+        wait_up(f"http://127.0.0.1:{gw_port}/health")
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("measuring", total=None)
             for c in [int(x) for x in args.levels.split(",")]:

@@ -25,12 +25,11 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
+from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside this script)
 
 from tokenomy.bench.loadgen import Load, Options, Target, run
 from tokenomy.bench.metrics import summarize
@@ -39,28 +38,6 @@ from tokenomy.meter.ledger import Ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICIES = (("prefix-aware", "prefix"), ("round-robin", "round_robin"), ("least-load", "least_outstanding"))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(url: str, procs: list[subprocess.Popen[bytes]]) -> None:
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if any(p.poll() is not None for p in procs):
-            raise RuntimeError("a server exited before it came up")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def serve(config: dict[str, Any], port: int, workdir: Path, name: str) -> subprocess.Popen[bytes]:
@@ -98,9 +75,9 @@ def one_policy(policy: str, args: argparse.Namespace, requests: list[Any], workd
                           "balance": {"policy": policy, "margin": args.margin}}]}
     try:
         for p in ports:
-            wait(f"http://127.0.0.1:{p}/health", procs)
+            wait_up(f"http://127.0.0.1:{p}/health", procs)
         procs.append(serve(gw_cfg, gw_port, workdir, f"gateway-{policy}"))
-        wait(f"http://127.0.0.1:{gw_port}/health", procs)
+        wait_up(f"http://127.0.0.1:{gw_port}/health", procs)
         target = Target(f"http://127.0.0.1:{gw_port}/v1", "pooled")
         records, duration = asyncio.run(run(target, requests, Load("open", args.rate),
                                             Options(max_tokens=args.max_tokens), n_requests=len(requests),
