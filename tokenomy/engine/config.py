@@ -13,8 +13,9 @@ class EngineConfig(BaseModel):
     max_model_len: int = Field(8192, ge=64)
     max_running: int = Field(16, ge=1, le=128)
     max_retired: int = Field(32, ge=0, le=128, description="finished sequences kept as reusable prefixes")
-    max_retired_cells: int = Field(2048, ge=0, description="KV cells held by finished sequences alone; more slows "
-                                   "every decode step (docs/engine.md)")
+    max_retired_cells: int | None = Field(None, ge=0, description="KV cells held by finished sequences alone "
+                                          "(None: a quarter of n_ctx); more slows every decode step, fewer makes "
+                                          "prompts that share a long prefix recompute it (docs/engine.md)")
     retire_outputs: bool = Field(False, description="keep a finished answer's own tokens as a prefix too, for the "
                                  "next turn of a conversation; off: only its prompt stays cached")
     max_batch_tokens: int = Field(512, ge=1, description="tokens per llama_decode step (chunked prefill)")

@@ -34,10 +34,13 @@ class KVOps(Protocol):
 class Scheduler:
     def __init__(self, cfg: EngineConfig, kv: KVOps, n_ctx: int) -> None:
         """`n_ctx`: the KV cells the runner's context really has (llama.cpp may round cfg.n_ctx).
-        Cells held only by retired prefixes are capped at cfg.max_retired_cells: every query row's attention
-        scans the whole used range of the unified KV buffer, so cached cells slow every decode step."""
+        Cells held only by retired prefixes are capped at cfg.max_retired_cells (default a quarter of n_ctx):
+        every query row's attention scans the whole used range of the unified KV buffer, so cached cells slow every
+        decode step; too few, and prompts sharing long prefixes (several tenants' system prompts) evict each other
+        and recompute them."""
         self.cfg = cfg
         self.n_ctx = n_ctx
+        self.retired_cap = cfg.max_retired_cells if cfg.max_retired_cells is not None else n_ctx // 4
         self.kv = kv
         self.prefix = PrefixCache()
         self.waiting: deque[Sequence] = deque()
@@ -185,7 +188,7 @@ class Scheduler:
                     self.kv.remove(seq.slot, len(seq.prompt))
                     self.prefix.truncate(seq.slot, len(seq.prompt))
                 self.prefix.retire(seq.slot)
-                self._evict_until(lambda: self.retired_cells() <= self.cfg.max_retired_cells)
+                self._evict_until(lambda: self.retired_cells() <= self.retired_cap)
             else:
                 self._drop_slot(seq.slot)
         seq.slot = None
