@@ -22,6 +22,7 @@ class Stub:
         self.no_usage, self.stall_after = no_usage, stall_after
         self.json_for_stream = json_for_stream   # answer a streamed request with one JSON body, as some servers do
         self.hits = 0
+        self.bodies: list[dict[str, Any]] = []       # every request body, in order
         self.peers: set[tuple[str, int]] = set()   # client (host, port) of each connection that sent a request
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -53,6 +54,7 @@ class Stub:
         if self.delay:
             await asyncio.sleep(self.delay)
         req = json.loads(body or b"{}")
+        self.bodies.append(req)
         chat = path.endswith("/chat/completions")
         usage = {"prompt_tokens": 7, "completion_tokens": len(WORDS), "total_tokens": 7 + len(WORDS)}
         if not req.get("stream") or self.json_for_stream:

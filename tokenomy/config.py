@@ -172,6 +172,20 @@ class CascadeSettings(_Strict):
     stream_buffer_tokens: int = Field(24, ge=1, description="streams: tokens judged before the first byte is sent")
 
 
+class TokenRouteSettings(_Strict):
+    """Token-level routing (router/token.py): the route's first model writes, its second takes over where the first
+    is unsure. `threshold` is on the `signal` (lower is less sure; `tokenomy router calibrate --token` picks one
+    for a target share of large-model tokens)."""
+
+    signal: Literal["top1", "margin", "entropy"] = "top1"
+    threshold: float = Field(0.3, description="hand over when the small model's signal is below this")
+    segment: Literal["word", "token"] = "word"
+    max_segment_tokens: int = Field(4, ge=1, le=64, description="segment word: the most the large model writes")
+    template: str | None = Field(
+        None, description="an upstream large model's chat template: a packaged model name or GGUF path whose "
+                          "template renders its prompt (default: the small model's)")
+
+
 class ClassifierSettings(_Strict):
     path: str                                    # a router file from `tokenomy router train`
     threshold: float | None = Field(None, ge=0, le=1)   # None: the calibrated threshold stored in the file
@@ -228,11 +242,12 @@ class ContextSettings(_Strict):
     rewrite: bool = False           # lint's safe fix: move date/time lines of the system prompt to the end
 
 
-Strategy = Literal["fixed", "rules", "classifier", "load", "cascade"]
+Strategy = Literal["fixed", "rules", "classifier", "load", "cascade", "token"]
 
 
 class RouteSpec(_Strict):
-    """Candidate models cheapest first. Strategies compose in this order: rules, classifier, load, cascade."""
+    """Candidate models cheapest first. Strategies compose in this order: rules, classifier, load, cascade;
+    `token` (token-level routing) stands alone."""
 
     strategy: Strategy | list[Strategy] = "fixed"
     models: list[str] = Field(min_length=1)
@@ -243,6 +258,7 @@ class RouteSpec(_Strict):
     classifier: ClassifierSettings | None = None
     load: LoadSettings = LoadSettings()
     cascade: CascadeSettings = CascadeSettings()
+    token: TokenRouteSettings = TokenRouteSettings()
 
     @property
     def strategies(self) -> list[str]:
@@ -254,6 +270,8 @@ class RouteSpec(_Strict):
             raise ValueError("strategy classifier needs `classifier: {path: ...}`")
         if "rules" in self.strategies and not self.rules:
             raise ValueError("strategy rules needs at least one rule")
+        if "token" in self.strategies and (self.strategies != ["token"] or len(self.models) != 2):
+            raise ValueError("strategy token stands alone, with two models: [small, large]")
         return self
 
 
@@ -417,6 +435,9 @@ class Config(_Strict):
             missing = [m for m in r.models + [rule.model for rule in r.rules] if m not in names]
             if missing:
                 raise ValueError(f"routes.{rname}.models: unknown models {missing}; known: {names}")
+            if "token" in r.strategies and self.model(r.models[0]).backend != "embedded":
+                raise ValueError(f"routes.{rname}: strategy token needs an embedded small model (its engine "
+                                 f"judges every step); {r.models[0]} is an upstream")
             c = r.context.compaction
             if c is not None and c.summary_model is not None and c.summary_model not in names:
                 raise ValueError(f"routes.{rname}.context.compaction.summary_model: unknown model "

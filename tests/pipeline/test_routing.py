@@ -37,6 +37,11 @@ ROUTES = {
                      "cascade": {"min_mean_logprob": -100, "min_token_logprob": -100,
                                  "escalate_on_truncated": False}},
     "shed": {"strategy": "load", "models": ["small", "big"], "load": {"slo_queue_s": 0.05}},
+    # top1 is a probability: below 0 never happens, below 1.01 always does
+    "token_never": {"strategy": "token", "models": ["small", "big"], "token": {"threshold": 0.0}},
+    "token_always": {"strategy": "token", "models": ["small", "big"], "token": {"threshold": 1.01}},
+    "token_some": {"strategy": "token", "models": ["small", "big"],
+                   "token": {"signal": "margin", "threshold": 0.5, "segment": "token"}},
 }
 
 
@@ -118,3 +123,74 @@ def test_cascade_to_an_upstream():
             assert r.json()["model"] == "remote" and r.json()["choices"][0]["message"]["content"] == \
                 "Hello from the stub."
             assert s.stub.hits == 1
+
+
+def _usage_models(r):
+    return r.json()["usage"].get("models", {})
+
+
+def test_token_route_without_handovers_is_the_small_models_own_answer(gw):
+    plain = ask(gw, "small", "Name a colour.", max_tokens=12).json()
+    r = ask(gw, "token_never", "Name a colour.", max_tokens=12)
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
+    assert body["model"] == "small" and body["usage"]["handovers"] == 0
+    assert set(_usage_models(r)) == {"small"}
+    assert body["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+
+
+def test_token_route_hands_unsure_tokens_to_the_large_model_and_bills_both(gw):
+    r = ask(gw, "token_always", "Name a colour.", max_tokens=12)
+    body, models = r.json(), _usage_models(r)
+    assert body["choices"][0]["message"]["content"]
+    assert body["usage"]["handovers"] >= 1 and set(models) == {"small", "big"}
+    assert models["big"]["completion_tokens"] >= body["usage"]["handovers"]
+    # each handover re-reads the text so far on the large model: its prompt tokens grow with the handovers
+    assert models["big"]["prompt_tokens"] > body["usage"]["handovers"] * 5
+    u = body["usage"]
+    assert u["completion_tokens"] == sum(m["completion_tokens"] for m in models.values())
+    assert u["prompt_tokens"] == sum(m["prompt_tokens"] for m in models.values())
+    assert float(r.headers["x-tokenomy-cost-usd"]) > 0
+    metrics = httpx.get(gw.root + "/metrics").text
+    assert 'tokenomy_token_route_tokens_total{model="big",route="token_always"}' in metrics
+    assert 'tokenomy_token_route_handovers_count{route="token_always"}' in metrics
+
+
+def test_token_route_streams_the_same_answer_as_one_stream(gw):
+    whole = ask(gw, "token_some", "Name two animals.", max_tokens=16).json()
+    body = {"model": "token_some", "messages": [{"role": "user", "content": "Name two animals."}],
+            "max_tokens": 16, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=120) as r:
+        chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] in ("stop", "length")
+    assert chunks[-1]["usage"]["handovers"] == whole["usage"]["handovers"]
+
+
+def test_token_route_sends_structured_output_to_the_large_model_whole(gw):
+    r = ask(gw, "token_always", "A JSON object with a name.", max_tokens=24, response_format={"type": "json_object"})
+    assert r.json()["model"] == "big" and "structured output" in r.headers["x-tokenomy-route"]
+    assert "models" not in r.json()["usage"]
+
+
+def test_token_route_to_an_upstream_large_model_and_its_outage():
+    with StubServer(Stub()) as s:
+        remote = {"name": "remote", "backend": "openai", "base_url": f"http://127.0.0.1:{s.port}/v1",
+                  "model": "stub", "tokenizer": "cl100k_base", "max_retries": 0, "timeout_s": 5}
+        routes = {"tok": {"strategy": "token", "models": ["small", "remote"], "token": {"threshold": 1.01}}}
+        with live_server(config([remote], **routes)) as g:
+            r = ask(g, "tok", max_tokens=6)
+            text = r.json()["choices"][0]["message"]["content"]
+            assert text.startswith("Hello")                    # the stub's first word, kept to its word boundary
+            first, second = s.stub.bodies[0], s.stub.bodies[1]
+            # the large model gets the small model's chat template (no BOS) and the answer so far
+            assert first["prompt"].startswith("<|im_start|>") and first["prompt"].endswith("assistant\n")
+            assert second["prompt"] == first["prompt"] + "Hello"
+            assert set(_usage_models(r)) >= {"remote"}
+            s.stub.fail_status, s.stub.fail_times = 500, 10**6   # the upstream goes down
+            r = ask(g, "tok", max_tokens=6)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+            assert r.json()["usage"]["handovers"] == 0 and r.json()["model"] == "small"
+            metrics = httpx.get(g.root + "/metrics").text
+            assert 'tokenomy_token_route_large_failures_total{route="tok"} 1.0' in metrics

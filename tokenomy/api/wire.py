@@ -10,14 +10,22 @@ from tokenomy.pipeline.request import RequestContext
 
 
 def usage_body(u: Usage | None) -> dict[str, Any]:
+    """OpenAI's usage object; an answer several models wrote (token-level routing) adds `models`, each model's
+    own tokens (the top-level counts are their sums), and `handovers`."""
     u = u or Usage()
-    return {
+    body: dict[str, Any] = {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": 0},
     }
+    if u.parts:
+        body["models"] = {name: {"prompt_tokens": p.prompt_tokens, "completion_tokens": p.completion_tokens,
+                                 "prompt_tokens_details": {"cached_tokens": p.cached_tokens}}
+                          for name, p in u.parts}
+        body["handovers"] = u.handovers or 0
+    return body
 
 
 def response_id(ctx: RequestContext) -> str:

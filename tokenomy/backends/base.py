@@ -27,6 +27,13 @@ class GenRequest:
     headers: dict[str, str] = field(default_factory=dict, repr=False)   # the client's, lower-cased (a pool's
     #                                                     session-affinity header)
     stream: bool = True     # False: the caller only wants the whole answer, which a backend may deliver in one piece
+    # Token-level routing (router/token.py), embedded backends only: `prompt_ids` are the prompt's exact tokens (no
+    # template is rendered); `signal` asks for each token's confidence, `handover_below` ends the answer with
+    # finish_reason "handover" where it falls below (engine/sampling_params.py).
+    prompt_ids: list[int] | None = field(default=None, repr=False)
+    signal: str | None = None
+    handover_below: float | None = None
+    handover_after: int = 0
     # A backend's count_tokens leaves its work here: (backend name, kind, messages, tools, prompt, token ids).
     # Generating on the same backend from the very same inputs (identical objects, as dataclasses.replace keeps
     # them) reuses the ids instead of rendering the template and tokenizing a second time; any new messages,
@@ -45,6 +52,8 @@ class Delta:
     usage: Usage | None = None
     error: str | None = None
     confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when the backend knows them
+    token_ids: list[int] = field(default_factory=list)      # the tokens of `text`, from an embedded backend
+    signals: list[float] = field(default_factory=list)      # each token's confidence, when GenRequest.signal asked
 
 
 @dataclass
@@ -59,6 +68,12 @@ class Usage:
     mean_logprob: float | None = None
     min_logprob: float | None = None
     replica: str | None = None   # which replica of a pooled model served (backends/pool.py); None: not pooled
+    draft_tokens: int | None = None     # speculative draft tokens the engine fed for this answer (None: unknown)
+    draft_accepted: int | None = None   # ... and how many of them it accepted
+    handovers: int | None = None        # token-level routing: times the large model took over (None: not routed)
+    # an answer several models wrote (token-level routing): each model's own usage, in the order first used;
+    # the fields above are their sums, and each part is priced at its own model's price
+    parts: list[tuple[str, Usage]] = field(default_factory=list)
 
 
 class BackendError(Exception):

@@ -93,6 +93,8 @@ class EmbeddedBackend:
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
+        if req.prompt_ids is not None:
+            return list(req.prompt_ids)
         memo = req.counted
         if (memo is not None and memo[0] == self.name and memo[1] == req.kind and memo[2] is req.messages
                 and memo[3] is req.tools and memo[4] is req.prompt):
@@ -143,6 +145,8 @@ class EmbeddedBackend:
         try:
             sp = sampling_params(req.params, default_max=room, n_vocab=self.engine.vocab.n_vocab,
                                  priority=req.priority)
+            sp = dataclasses.replace(sp, signal=req.signal, handover_below=req.handover_below,
+                                     handover_after=req.handover_after)
         except ValueError as e:
             param = next((f for f in ("logit_bias", "repetition_penalty", "temperature", "top_p", "max_tokens")
                           if f in str(e)), None)
@@ -165,9 +169,9 @@ class EmbeddedBackend:
                 ev = await queue.get()
                 text, tool_deltas = calls.feed(ev.text) if calls is not None else (ev.text, [])
                 if ev.finish_reason is None:
-                    if text or tool_deltas or ev.logprobs:
+                    if text or tool_deltas or ev.logprobs or ev.token_ids:
                         yield Delta(text=text, logprobs=self._wire(ev.logprobs), confidence=ev.token_logprobs,
-                                    tool_calls=tool_deltas or None)
+                                    tool_calls=tool_deltas or None, token_ids=ev.token_ids, signals=ev.signals)
                     continue
                 finished = True
                 if ev.finish_reason == "error":
@@ -180,6 +184,7 @@ class EmbeddedBackend:
                     ttft_s=(ev.first_token_at - arrival) if ev.first_token_at else None,
                     e2e_s=time.perf_counter() - t0,
                     mean_logprob=ev.mean_logprob, min_logprob=ev.min_logprob,
+                    draft_tokens=ev.draft_tokens, draft_accepted=ev.draft_accepted,
                 )
                 self._wait_ewma = 0.8 * self._wait_ewma + 0.2 * max(usage.queue_s, 0.0)
                 finish = ev.finish_reason
@@ -189,7 +194,8 @@ class EmbeddedBackend:
                     if calls.calls and finish == "stop":
                         finish = "tool_calls"
                 yield Delta(text=text, logprobs=self._wire(ev.logprobs), finish_reason=finish, usage=usage,
-                            confidence=ev.token_logprobs, tool_calls=tool_deltas or None)
+                            confidence=ev.token_logprobs, tool_calls=tool_deltas or None, token_ids=ev.token_ids,
+                            signals=ev.signals)
                 return
         finally:
             if not finished:       # the consumer went away (client disconnect): free the sequence

@@ -91,7 +91,8 @@ def merged(events: list[TokenEvent], last: TokenEvent) -> TokenEvent:
     return dataclasses.replace(
         last, text="".join(e.text for e in every), token_ids=[t for e in every for t in e.token_ids],
         logprobs=[lp for e in every for lp in e.logprobs],
-        token_logprobs=[lp for e in every for lp in e.token_logprobs])
+        token_logprobs=[lp for e in every for lp in e.token_logprobs],
+        signals=[c for e in every for c in e.signals])
 
 
 class Core:

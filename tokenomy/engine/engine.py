@@ -265,12 +265,12 @@ class Engine:
         if seq.first_token is None:
             seq.first_token = time.perf_counter()
         self.stats.generated_tokens += len(e.tokens)
+        ev = TokenEvent(text=e.text, token_ids=e.tokens, logprobs=e.logprobs, token_logprobs=e.token_logprobs,
+                        signals=e.signals)
         if e.finish_reason:
-            self._finish(seq, e.finish_reason, TokenEvent(text=e.text, token_ids=e.tokens, logprobs=e.logprobs,
-                                                          token_logprobs=e.token_logprobs))
+            self._finish(seq, e.finish_reason, ev)
         else:
-            seq.on_event(TokenEvent(text=e.text, token_ids=e.tokens, logprobs=e.logprobs,
-                                    token_logprobs=e.token_logprobs))
+            seq.on_event(ev)
 
     def _reap_cancelled(self) -> None:
         for seq in [s for s in self.scheduler.waiting if s.cancelled]:
@@ -292,6 +292,7 @@ class Engine:
         out = seq.out
         ev.finish_reason, ev.error, ev.error_code = reason, error, error_code
         ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens = len(seq.prompt), seq.cached_tokens, len(seq.output)
+        ev.draft_tokens, ev.draft_accepted = seq.spec_drafted, seq.spec_accepted
         ev.scheduled_at, ev.first_token_at = seq.first_scheduled, seq.first_token
         ev.mean_logprob = out.mean_logprob if out else 0.0
         ev.min_logprob = out.min_logprob if out else 0.0

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenomy.engine.sampler import Sampler, chosen_logprob, token_logprobs
+from tokenomy.engine.sampler import Sampler, chosen_logprob, confidence, token_logprobs
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.tokenizer import IncrementalDetokenizer
 from tokenomy.engine.vocab import Vocab
@@ -37,8 +37,9 @@ class Emitted:
     tokens: list[int]               # appended to the output this step
     token_logprobs: list[float]     # one per token in `tokens`
     logprobs: list[TokenLogprob]    # one per token in `tokens` when the request asked for logprobs
-    finish_reason: str | None       # stop | length, or None while the sequence goes on
+    finish_reason: str | None       # stop | length | handover, or None while the sequence goes on
     accepted: int = 0               # draft tokens accepted (the first `accepted` of `tokens`)
+    signals: list[float] = field(default_factory=list)   # the confidence before each token, when asked (params.signal)
 
 
 class SequenceOutput:
@@ -72,9 +73,16 @@ class SequenceOutput:
         new: list[int] = []
         chosen: list[float] = []
         lps: list[TokenLogprob] = []
+        signals: list[float] = []
         for i in range(len(draft) + 1):
             row = rows[i]
             d = draft[i] if i < len(draft) else None
+            if p.signal is not None:
+                c = confidence(row, p.signal)
+                if (p.handover_below is not None and c < p.handover_below and constraint is None
+                        and len(self.tokens) >= p.handover_after):
+                    return self._handover(signals)
+                signals.append(c)
             token = self.sampler.sample(row, constraint.allowed() if constraint is not None else None, draft=d)
             self.sampler.accept(token)
             new.append(token)
@@ -121,7 +129,17 @@ class SequenceOutput:
         self.text += text
         out, stop_hit = self._release(final=finish is not None)
         return Emitted(text=out, tokens=emitted, token_logprobs=chosen[:len(emitted)], logprobs=lps[:len(emitted)],
-                       finish_reason="stop" if stop_hit else finish, accepted=min(accepted, len(emitted)))
+                       finish_reason="stop" if stop_hit else finish, accepted=min(accepted, len(emitted)),
+                       signals=signals[:len(emitted)])
+
+    def _handover(self, signals: list[float]) -> Emitted:
+        """The model is unsure of its next token: end here without sampling it, releasing all text so far (a
+        held-back stop-string start included: whoever continues sees the whole text)."""
+        self.text += self.detok.flush()
+        out = self.text[self.released:]
+        self.released = len(self.text)
+        return Emitted(text=out, tokens=[], token_logprobs=[], logprobs=[], finish_reason="handover",
+                       signals=signals)
 
     def _release(self, final: bool) -> tuple[str, bool]:
         """Text that can be sent now. Holds back a tail that could start a stop string; cuts at a stop string."""

@@ -93,6 +93,24 @@ class Sampler:
         return idx, probs / probs.sum()
 
 
+def confidence(raw: np.ndarray, signal: str) -> float:
+    """How sure the model is of its next token, from the raw row: `top1` the most likely token's probability,
+    `margin` that minus the second's, `entropy` the negated entropy in nats (so for every signal, lower is less
+    sure)."""
+    x = raw.astype(np.float32, copy=False)
+    m = float(x.max())
+    e = np.exp(x - m)
+    z = float(e.sum())
+    if signal == "top1":
+        return 1.0 / z
+    if signal == "margin":
+        top2 = np.partition(e, -2)[-2:]
+        return float(top2[1] - top2[0]) / z
+    p = e / z
+    nz = p[p > 0]
+    return float((nz * np.log(nz)).sum())
+
+
 def token_logprobs(raw: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
     """Logprob of `token` and the `top` most likely tokens under the raw distribution."""
     lp = log_softmax(raw.astype(np.float32, copy=False))

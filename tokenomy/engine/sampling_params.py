@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 GREEDY_BELOW = 1e-5
+SIGNALS = ("top1", "margin", "entropy")     # confidence signals a step can report (sampler.confidence)
 
 
 @dataclass
@@ -27,6 +28,11 @@ class SamplingParams:
     speculative: bool = True            # false: never draft for this request (the engine's setting still applies)
     # batch: scheduled only into capacity interactive sequences leave, and preempted before them
     priority: Literal["interactive", "batch"] = "interactive"
+    # token-level routing (router/token.py): report each step's confidence under `signal`; with `handover_below`,
+    # end the sequence with finish_reason "handover" (the unsure token not sampled) when it falls below
+    signal: str | None = None
+    handover_below: float | None = None
+    handover_after: int = 0             # no handover before this many output tokens
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -47,14 +53,19 @@ class SamplingParams:
             raise ValueError("top_logprobs must be between 0 and 20")
         if self.priority not in ("interactive", "batch"):
             raise ValueError("priority must be interactive or batch")
+        if self.signal is not None and self.signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(SIGNALS)}")
+        if self.handover_below is not None and self.signal is None:
+            raise ValueError("handover_below needs a signal")
         if len(self.stop) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
 
     @property
     def may_speculate(self) -> bool:
         """Drafts keep the output distribution but change how a seeded generator is drawn from, so a seeded
-        sampled request is never speculated (the same seed gives the same answer)."""
-        return self.speculative and (self.greedy or self.seed is None)
+        sampled request is never speculated (the same seed gives the same answer). A sequence that may hand
+        over is judged on every step's own row, so it is never speculated either."""
+        return self.speculative and (self.greedy or self.seed is None) and self.handover_below is None
 
     @property
     def greedy(self) -> bool:

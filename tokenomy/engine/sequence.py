@@ -27,15 +27,18 @@ class TokenEvent:
     text: str                               # newly released text (stop strings held back until resolved)
     token_ids: list[int]
     logprobs: list[TokenLogprob]            # one per token when the request asked for logprobs
-    finish_reason: str | None = None        # stop | length | cancelled | error
+    finish_reason: str | None = None        # stop | length | handover | cancelled | error
     error: str | None = None
     token_logprobs: list[float] = field(default_factory=list)   # always: the chosen tokens' logprobs
+    signals: list[float] = field(default_factory=list)   # each token's confidence, when params.signal asked
     error_code: str | None = None           # with finish_reason "error": queue_full | invalid_request | ...
     error_param: str | None = None
     # on the final event only: counts, and times on the monotonic perf_counter clock (shared by processes)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    draft_tokens: int = 0                   # speculative draft tokens fed, and accepted
+    draft_accepted: int = 0
     scheduled_at: float | None = None
     first_token_at: float | None = None
     mean_logprob: float | None = None

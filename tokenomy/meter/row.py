@@ -135,6 +135,10 @@ class LedgerRow:
     lint_potential: int | None = None
     lint_breaks: list[dict[str, Any]] | None = None
     replica: str | None = None          # the replica of a pooled model that served (host:port); None: not pooled
+    draft_tokens: int | None = None     # speculative draft tokens fed (embedded engine; NULL: not reported)
+    draft_accepted: int | None = None   # ... and accepted
+    handovers: int | None = None        # token-level routing: times the large model took over (NULL: not routed)
+    parts: list[dict[str, Any]] | None = None   # an answer several models wrote: each one's usage and cost
 
     @property
     def cache_hit(self) -> bool:
@@ -167,6 +171,8 @@ class LedgerRow:
         d["saved_by"] = json.dumps(self.saved_by, sort_keys=True, separators=(",", ":"))
         if self.lint_breaks is not None:
             d["lint_breaks"] = json.dumps(self.lint_breaks, separators=(",", ":"))
+        if self.parts is not None:
+            d["parts"] = json.dumps(self.parts, separators=(",", ":"))
         return d
 
     @classmethod
@@ -178,6 +184,8 @@ class LedgerRow:
         d["over_budget"] = bool(d.get("over_budget"))
         raw = d.get("lint_breaks")
         d["lint_breaks"] = json.loads(raw) if isinstance(raw, str) and raw else None
+        raw = d.get("parts")
+        d["parts"] = json.loads(raw) if isinstance(raw, str) and raw else None
         return cls(**d)
 
 
@@ -236,6 +244,7 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
         cache="bypass" if ctx.cache == "miss" and ctx.cache_bypass else ctx.cache,
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
         over_budget=bool(ctx.over_budget), batch=ctx.batch_id, replica=u.replica,
+        draft_tokens=u.draft_tokens, draft_accepted=u.draft_accepted, handovers=u.handovers,
     )
     if ctx.error is not None:
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]

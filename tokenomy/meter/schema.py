@@ -86,9 +86,17 @@ def _v6_columns() -> list[sa.Column]:
     return [sa.Column("batch", sa.String(64))]
 
 
+def _v7_columns() -> list[sa.Column]:
+    """What the engine and the router did inside one answer: speculative draft tokens fed and accepted
+    (engine/speculate.py), and for an answer several models wrote (token-level routing) the handovers and each
+    model's usage and cost (JSON: [{"model", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd"}])."""
+    return [sa.Column("draft_tokens", sa.Integer), sa.Column("draft_accepted", sa.Integer),
+            sa.Column("handovers", sa.Integer), sa.Column("parts", sa.Text)]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
-                  *_v6_columns())
+                  *_v6_columns(), *_v7_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
@@ -134,8 +142,13 @@ def _m6_batch(conn: Connection) -> None:
     conn.exec_driver_sql("CREATE INDEX ix_ledger_batch ON ledger (batch)")
 
 
+def _m7_inside(conn: Connection) -> None:
+    for column in _v7_columns():
+        add_column(conn, "ledger", column)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
-                                                  _m5_replica, _m6_batch]
+                                                  _m5_replica, _m6_batch, _m7_inside]
 
 
 class LedgerSchemaError(RuntimeError):

@@ -68,6 +68,38 @@ class MeterSink:
         usd = route_saving(top, served, max(u.prompt_tokens, 0), cached, max(u.completion_tokens, 0))
         return {"route": Saving(0, usd)} if usd > 0 else {}
 
+    def price_parts(self, ctx: Finished, row: LedgerRow) -> None:
+        """An answer several models wrote (token-level routing; Usage.parts) is priced part by part, each at its
+        own model's price; a route saving is then what the route's most capable model would have cost for the
+        same tokens, less that."""
+        u = ctx.usage
+        if u is None or not u.parts or ctx.cache in CACHE_HITS:
+            return
+        before = row.cost_usd
+        row.cost_input_usd = row.cost_cached_input_usd = row.cost_output_usd = 0.0
+        row.parts = []
+        for model, part in u.parts:
+            price = self.rate(model, ctx)
+            c = cost(price, part.prompt_tokens, min(part.cached_tokens, part.prompt_tokens),
+                     part.completion_tokens) if price is not None else None
+            row.parts.append({"model": model, "prompt_tokens": part.prompt_tokens,
+                              "cached_tokens": part.cached_tokens, "completion_tokens": part.completion_tokens,
+                              "cost_usd": c.total_usd if c is not None else 0.0})
+            if c is None:
+                continue
+            row.cost_input_usd += c.input_usd
+            row.cost_cached_input_usd += c.cached_input_usd
+            row.cost_output_usd += c.output_usd
+        row.cost_usd = row.cost_input_usd + row.cost_cached_input_usd + row.cost_output_usd
+        route = row.saved_by.pop("route", None)
+        if route is not None:
+            usd = route["usd"] + before - row.cost_usd
+            row.saved_usd -= route["usd"]
+            row.saved_tokens -= int(route["tokens"])
+            if usd > 0:
+                row.saved_by["route"] = {"tokens": 0, "usd": usd}
+                row.saved_usd += usd
+
     def add_escalations(self, ctx: Finished, row: LedgerRow) -> None:
         """A cascade's discarded cheaper answers were generated and are paid for: their cost joins the row
         (the token columns stay the usage the client received)."""
@@ -89,6 +121,7 @@ class MeterSink:
         model = ctx.model or ctx.asked_model
         row = row_from_context(ctx, self.price_for(ctx), energy, self.backends.get(model),
                                savings=self.route_saving(ctx))
+        self.price_parts(ctx, row)
         self.add_escalations(ctx, row)
         ctx.cost_usd = row.cost_usd
         if ctx.schema_problem and row.error_code is None:

@@ -89,9 +89,11 @@ class Record:
         m.requests.labels(status, model).inc()
         u = ctx.usage
         if u is not None:
-            m.tokens.labels("prompt", model).inc(u.prompt_tokens)
-            m.tokens.labels("cached", model).inc(u.cached_tokens)
-            m.tokens.labels("completion", model).inc(u.completion_tokens)
+            for name, part in u.parts or [(None, u)]:     # an answer several models wrote: each its own
+                by = model if name is None else m.label(name)
+                m.tokens.labels("prompt", by).inc(part.prompt_tokens)
+                m.tokens.labels("cached", by).inc(part.cached_tokens)
+                m.tokens.labels("completion", by).inc(part.completion_tokens)
             m.e2e.labels(model).observe(u.e2e_s)
             m.queue_wait.labels(model).observe(max(u.queue_s, 0.0))
             if u.ttft_s is not None:

@@ -95,6 +95,7 @@ class RequestContext:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     route_decision: RouteDecision | None = None
     escalations: list[tuple[str, Usage]] = field(default_factory=list)   # discarded (paid) answers: model, usage
+    token_route: Any = None                   # router.token.TokenSettings when a `token` route serves
     # generate
     result: Result | None = None
     deltas: AsyncIterator[Delta] | None = None

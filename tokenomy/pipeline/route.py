@@ -7,7 +7,10 @@ in this order:
 - `load`: when the preferred model's expected queue wait exceeds the route's SLO, the most capable cheaper model
   within the SLO serves (alone, `load` prefers the most capable model);
 - `cascade`: the chosen model answers first; the answer is escalated up the list when a confidence signal fails;
-- `fixed`: the first healthy model.
+- `fixed`: the first healthy model;
+- `token`: the first model writes and the second takes over for the tokens the first is unsure of
+  (router/token.py; the generate stage runs it). Tools and response_format need one model's grammar: those
+  requests are served whole by the second model.
 Failures of a model fall back to the next candidate in the generate stage.
 
 Cascade and streams: a streamed answer is judged on its first `stream_buffer_tokens` tokens (or all of it, if it
@@ -33,6 +36,7 @@ from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, RouteDecision
 from tokenomy.router.cascade import Verdict, judge
 from tokenomy.router.rules import first_match
+from tokenomy.router.token import TokenSettings
 
 log = logging.getLogger("tokenomy.route")
 
@@ -78,7 +82,10 @@ class Route:
         ctx.route_reason = f"route {asked}: {by}"
         if self.decisions is not None:
             self.decisions.labels(asked, ladder[0], by.split(" ")[0]).inc()
-        if "cascade" in spec.strategies and len(ladder) > 1:
+        if "token" in spec.strategies:
+            self._token(ctx, spec, decision)
+            await call_next(ctx)
+        elif "cascade" in spec.strategies and len(ladder) > 1:
             await self._cascade(ctx, call_next, spec, ladder, decision)
         else:
             ctx.candidates = ladder
@@ -121,9 +128,27 @@ class Route:
                 if cheaper:
                     by = f"load: {models[start]} wait {wait:.2f}s > SLO {spec.load.slo_queue_s}s"
                     start = cheaper[-1]
+        if "token" in s:
+            by = "token: small model writes"
         if "cascade" in s and by.startswith("fixed"):
             by = "cascade: cheapest first"
         return models[start:] + models[:start], by, signals
+
+    @staticmethod
+    def _token(ctx: RequestContext, spec: RouteSpec, decision: RouteDecision) -> None:
+        small, large = spec.models
+        gen = ctx.gen
+        if gen.tools or gen.response_format:
+            ctx.candidates = [large]
+            decision.chosen, decision.by = large, "token: structured output served by the large model"
+        else:
+            t = spec.token
+            ctx.candidates = [small, large]     # the small model failing: the large serves whole
+            ctx.token_route = TokenSettings(small=small, large=large, signal=t.signal, threshold=t.threshold,
+                                            segment=t.segment, max_segment_tokens=t.max_segment_tokens,
+                                            template=t.template)
+            decision.by = f"token: {t.signal} < {t.threshold:g} hands over to {large}"
+        ctx.route_reason = f"route {ctx.route}: {decision.by}"
 
     @staticmethod
     def _vector(ctx: RequestContext, classifier: Any, text: str) -> Any:

@@ -98,10 +98,15 @@ def calibrate(
         None, "--out", help="Router: write the calibrated router here instead. --cascade: write the YAML here too."
     ),
     cascade: bool = typer.Option(False, "--cascade", help="Calibrate a route's cascade floors instead."),
-    config: Path | None = typer.Option(None, "--config", help="--cascade: the tokenomy YAML config."),
-    route: str | None = typer.Option(None, "--route", help="--cascade: the route whose first model answers."),
+    token: bool = typer.Option(False, "--token", help="Calibrate a token route's threshold instead."),
+    large_share: float | None = typer.Option(
+        None, help="--token: target share of answer tokens written by the large model, e.g. 0.2."),
+    rounds: int = typer.Option(3, help="--token: token-routing runs to bisect the threshold with."),
+    config: Path | None = typer.Option(None, "--config", help="--cascade/--token: the tokenomy YAML config."),
+    route: str | None = typer.Option(None, "--route", help="--cascade/--token: the route to calibrate."),
     prompts: Path | None = typer.Option(
-        None, "--prompts", help="--cascade: JSONL of prompts like the route's traffic (string, prompt or messages)."
+        None, "--prompts", help="--cascade/--token: JSONL of prompts like the route's traffic (string, prompt or "
+        "messages)."
     ),
     escalation_share: float | None = typer.Option(None, help="--cascade: target share of escalated answers."),
     break_even: bool = typer.Option(
@@ -118,6 +123,11 @@ def calibrate(
     """Set the router's threshold from a target on DATA (ideally prompts it was not trained on), or with
     --cascade, choose a route's cascade floors from its first model's answers to PROMPTS (printed as YAML for the
     route's `cascade:` block; the config is not edited)."""
+    if token:
+        if cascade or router_path is not None or data is not None:
+            raise _UserError("--token takes --config, --route, --prompts and --large-share")
+        _calibrate_token(config, route, prompts, large_share, rounds, max_tokens, threads, out, as_json)
+        return
     if cascade:
         if router_path is not None or data is not None or strong_share is not None or quality_floor is not None:
             raise _UserError("--cascade takes --config, --route, --prompts and a target, not --router/--data/"
@@ -154,6 +164,60 @@ def calibrate(
         share, quality = operating_point(p_ok, result.threshold, rows.weak_ok, rows.strong_ok)
         line += (f", quality {quality:.1%} (weak {rows.weak_ok.mean():.1%}, strong {rows.strong_ok.mean():.1%})")
     typer.echo(f"{line}\nwrote {target}")
+
+
+def _calibrate_token(config: Path | None, route: str | None, prompts: Path | None, large_share: float | None,
+                     rounds: int, max_tokens: int, threads: int | None, out: Path | None, as_json: bool) -> None:
+    """Run the token route's models on the prompts and print its `token:` block (offline/router/token.py)."""
+    import asyncio
+
+    from tokenomy.config import load_config
+    from tokenomy.offline.router.floors import load_prompts
+    from tokenomy.offline.router.token import TokenCalibrationError, calibrate
+    from tokenomy.router.token import TokenSettings
+
+    if config is None or route is None or prompts is None or large_share is None:
+        raise _UserError("--token needs --config, --route, --prompts and --large-share")
+    if not 0.0 < large_share < 1.0:
+        raise _UserError(f"--large-share must be between 0 and 1, got {large_share}")
+    if rounds < 1 or max_tokens < 1:
+        raise _UserError("--rounds and --max-tokens must be at least 1")
+    if out is not None:
+        _check_writable(out)
+    cfg = load_config(config)
+    spec = cfg.routes.get(route)
+    if spec is None or "token" not in spec.strategies:
+        raise _UserError(f"route {route!r} is not a token route in {config}; routes: "
+                         f"{', '.join(n for n, r in cfg.routes.items() if 'token' in r.strategies) or 'none'}")
+    requests = load_prompts(prompts)
+    from tokenomy.gateway import build_backend
+
+    models = {m.name: m for m in cfg.models}
+    small = build_backend(models[spec.models[0]], cfg, n_threads=threads)
+    large = build_backend(models[spec.models[1]], cfg, n_threads=threads)
+    t = spec.token
+    base = TokenSettings(small=spec.models[0], large=spec.models[1], signal=t.signal, threshold=t.threshold,
+                         segment=t.segment, max_segment_tokens=t.max_segment_tokens, template=t.template)
+
+    def progress(i: int, trial) -> None:
+        typer.echo(f"round {i}/{rounds}: threshold {trial.threshold:.6g} -> large share {trial.large_share:.1%}, "
+                   f"{trial.handovers:.1f} handovers per answer", err=True)
+
+    async def run():
+        try:
+            return await calibrate(small, large, base, requests, large_share, max_tokens, rounds, progress)
+        finally:
+            await small.close()
+            await large.close()
+
+    try:
+        result = asyncio.run(run())
+    except TokenCalibrationError as e:
+        raise _UserError(str(e)) from None
+    text = json.dumps(result.to_dict(), indent=2) if as_json else result.snippet(route, t.segment)
+    if out is not None:
+        out.write_text(text + ("\n" if as_json else ""), encoding="utf-8")
+    typer.echo(text)
 
 
 def _calibrate_cascade(config: Path | None, route: str | None, prompts: Path | None, escalation_share: float | None,
