@@ -123,6 +123,17 @@ def test_parts_that_cost_more_than_the_top_model_would_record_no_route_saving():
     assert "route" not in row.saved_by and row.saved_usd == 0.0 and row.saved_tokens == 0
 
 
+def test_parts_cheaper_than_the_top_model_save_even_where_the_served_model_alone_would_not():
+    # The reverse: "s" is dearer on input, so for the summed usage it costs more than "l", but it wrote the long
+    # answer at its cheap output rate and "l" read its prompt at l's input rate: the answer cost less than l alone.
+    prices = {"s": Price(input=2.0, output=0.1), "l": Price(input=1.0, output=1.0)}
+    u = parts_usage((100, 0, 500), (2000, 0, 5))
+    assert whole(u, prices["s"]) > whole(u, prices["l"])
+    row = route_row(u, prices)
+    assert row.cost_usd < whole(u, prices["l"])
+    assert row.saved_by["route"]["usd"] == pytest.approx(whole(u, prices["l"]) - row.cost_usd)
+
+
 def test_a_part_of_an_unpriced_model_costs_nothing_and_the_rest_is_still_priced():
     row = route_row(parts_usage((100, 0, 50), (120, 0, 5)), {"s": CHEAP})
     assert [p["cost_usd"] for p in row.parts] == [pytest.approx(usd(CHEAP, 100, 0, 50)), 0.0]

@@ -52,16 +52,22 @@ class MeterSink:
         for_batch = getattr(price, "for_batch", None)
         return for_batch() if ctx.batch_id is not None and for_batch is not None else price
 
-    def route_saving(self, ctx: Finished) -> dict[str, Saving]:
-        """A route that served on a cheaper model than its most capable candidate (the last; routes list models
-        cheapest first) saved the difference in price for the same usage."""
+    def top_price(self, ctx: Finished) -> PriceLike | None:
+        """The price of the route's most capable candidate (the last; routes list models cheapest first) when a
+        cheaper model served the request; None when it was not routed, was a cache hit, or the top model served."""
         if ctx.route is None or ctx.cache in CACHE_HITS or ctx.usage is None:
-            return {}
+            return None
         candidates = ctx.route_candidates
         if not candidates or ctx.model is None or candidates[-1] == ctx.model:
-            return {}
-        top, served = self.rate(candidates[-1], ctx), self.rate(ctx.model, ctx)
-        if top is None or served is None:
+            return None
+        return self.rate(candidates[-1], ctx)
+
+    def route_saving(self, ctx: Finished) -> dict[str, Saving]:
+        """A route that served on a cheaper model than its most capable candidate saved the difference in price
+        for the same usage."""
+        top = self.top_price(ctx)
+        served = self.rate(ctx.model, ctx) if top is not None and ctx.model is not None else None
+        if top is None or served is None or ctx.usage is None:
             return {}
         u = ctx.usage
         cached = min(max(u.cached_tokens, 0), max(u.prompt_tokens, 0))
@@ -75,7 +81,6 @@ class MeterSink:
         u = ctx.usage
         if u is None or not u.parts or ctx.cache in CACHE_HITS:
             return
-        before = row.cost_usd
         row.cost_input_usd = row.cost_cached_input_usd = row.cost_output_usd = 0.0
         row.parts = []
         for model, part in u.parts:
@@ -91,11 +96,16 @@ class MeterSink:
             row.cost_cached_input_usd += c.cached_input_usd
             row.cost_output_usd += c.output_usd
         row.cost_usd = row.cost_input_usd + row.cost_cached_input_usd + row.cost_output_usd
+        # The single-price route saving (served model's rate for the whole usage) is replaced, not adjusted: it is
+        # absent whenever the served model alone would not have been cheaper, though its parts may well be.
         route = row.saved_by.pop("route", None)
         if route is not None:
-            usd = route["usd"] + before - row.cost_usd
             row.saved_usd -= route["usd"]
             row.saved_tokens -= int(route["tokens"])
+        top = self.top_price(ctx)
+        if top is not None:
+            cached = min(max(u.cached_tokens, 0), max(u.prompt_tokens, 0))
+            usd = cost(top, max(u.prompt_tokens, 0), cached, max(u.completion_tokens, 0)).total_usd - row.cost_usd
             if usd > 0:
                 row.saved_by["route"] = {"tokens": 0, "usd": usd}
                 row.saved_usd += usd
