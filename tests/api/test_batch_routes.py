@@ -1,0 +1,100 @@
+"""The Files and Batches routes alone, on a SQLite store, with no model and no runner: every lookup by another key
+(or of nothing) is the same 404 as a missing id, and the owner's lookups return OpenAI's objects. The whole
+flow through the official client and a real engine is tests/api/test_batch_api.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+
+from tokenomy.api.batches import batch_router
+from tokenomy.api.errors import api_error_handler
+from tokenomy.batch.store import BatchStore
+from tokenomy.errors import APIError
+
+LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                   "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}})
+
+
+@pytest.fixture
+def api(tmp_path):
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'batch.db'}")
+    store, woken = BatchStore(engine), []
+
+    def owner_of(request: Request) -> tuple[str, str]:
+        key = request.headers.get("authorization", "").removeprefix("Bearer ")
+        return key, f"tenant-{key}"
+
+    app = FastAPI()
+    app.add_exception_handler(APIError, api_error_handler)
+    app.include_router(batch_router(store, owner_of, max_file_bytes=1 << 20, wake=lambda: woken.append(1)))
+    with TestClient(app) as client:
+        yield client, store, woken
+    engine.dispose()
+
+
+def as_key(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def upload(client: TestClient, key: str, content: str = LINE + "\n", purpose: str = "batch") -> dict:
+    r = client.post("/v1/files", headers=as_key(key), data={"purpose": purpose},
+                    files={"file": ("in.jsonl", content.encode(), "application/jsonl")})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def not_found(r, what: str, ident: str) -> None:
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["code"] == "not_found" and r.json()["error"]["message"] == f"No such {what}: '{ident}'"
+
+
+def test_files_are_the_owners_and_a_404_to_anyone_else(api):
+    client, _, _ = api
+    f = upload(client, "a")
+    got = client.get(f"/v1/files/{f['id']}", headers=as_key("a"))
+    assert got.status_code == 200 and got.json() == f and f["object"] == "file" and f["bytes"] == len(LINE) + 1
+    content = client.get(f"/v1/files/{f['id']}/content", headers=as_key("a"))
+    assert content.status_code == 200 and content.text == LINE + "\n"
+    for path in (f"/v1/files/{f['id']}", f"/v1/files/{f['id']}/content"):
+        not_found(client.get(path, headers=as_key("b")), "file", f["id"])
+    not_found(client.get("/v1/files/file-nope", headers=as_key("a")), "file", "file-nope")
+    not_found(client.delete(f"/v1/files/{f['id']}", headers=as_key("b")), "file", f["id"])
+    assert client.delete(f"/v1/files/{f['id']}", headers=as_key("a")).json()["deleted"] is True
+    not_found(client.get(f"/v1/files/{f['id']}", headers=as_key("a")), "file", f["id"])
+
+
+def test_batches_are_the_owners_and_a_404_to_anyone_else(api):
+    client, store, woken = api
+    f = upload(client, "a")
+    body = {"input_file_id": f["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    not_found(client.post("/v1/batches", headers=as_key("b"), json=body), "file", f["id"])
+    not_found(client.post("/v1/batches", headers=as_key("a"), json={**body, "input_file_id": "file-nope"}),
+              "file", "file-nope")
+    assert woken == []
+    other = upload(client, "a")
+    with store.engine.begin() as conn:                        # a file of another purpose cannot be a batch input
+        conn.exec_driver_sql("UPDATE batch_files SET purpose = 'batch_output' WHERE id = ?", (other["id"],))
+    r = client.post("/v1/batches", headers=as_key("a"), json={**body, "input_file_id": other["id"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_file_id"
+    b = client.post("/v1/batches", headers=as_key("a"), json=body)
+    assert b.status_code == 200 and woken == [1]
+    b = b.json()
+    assert b["status"] == "validating" and b["request_counts"] == {"total": 1, "completed": 0, "failed": 0}
+    assert client.get(f"/v1/batches/{b['id']}", headers=as_key("a")).json() == b
+    not_found(client.get(f"/v1/batches/{b['id']}", headers=as_key("b")), "batch", b["id"])
+    not_found(client.post(f"/v1/batches/{b['id']}/cancel", headers=as_key("b")), "batch", b["id"])
+    assert store.get_batch(b["id"], None)["status"] == "validating" and woken == [1]   # another key changed nothing
+    not_found(client.post("/v1/batches/batch_nope/cancel", headers=as_key("a")), "batch", "batch_nope")
+    cancelled = client.post(f"/v1/batches/{b['id']}/cancel", headers=as_key("a"))
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling" and woken == [1, 1]
+    assert cancelled.json()["cancelling_at"] is not None
+    listed = client.get("/v1/batches", headers=as_key("a")).json()
+    assert [x["id"] for x in listed["data"]] == [b["id"]] and client.get(
+        "/v1/batches", headers=as_key("b")).json()["data"] == []
+    assert {x["id"] for x in client.get("/v1/files", headers=as_key("a")).json()["data"]} == {f["id"], other["id"]}
+    assert client.get("/v1/files", headers=as_key("b")).json()["data"] == []
