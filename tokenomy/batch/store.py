@@ -131,6 +131,11 @@ class BatchStore:
         self.engine = engine
         metadata.create_all(engine, checkfirst=True)
 
+    def _dicts(self, q: sa.Select) -> list[dict[str, Any]]:
+        """A query's rows as plain dicts, what file_object, batch_object and the runner read."""
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(q)]
+
     # ---- files -------------------------------------------------------------------------------------------
     def create_file(self, owner: str, purpose: str, filename: str, content: bytes) -> dict[str, Any]:
         row = {"id": new_id("file-"), "owner": owner, "purpose": purpose, "filename": filename[:256],
@@ -140,16 +145,14 @@ class BatchStore:
         return file_object(row)
 
     def get_file(self, file_id: str, owner: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            r = conn.execute(sa.select(files).where(files.c.id == file_id, files.c.owner == owner)).first()
-        return dict(r._mapping) if r is not None else None
+        found = self._dicts(sa.select(files).where(files.c.id == file_id, files.c.owner == owner))
+        return found[0] if found else None
 
     def list_files(self, owner: str, purpose: str | None = None) -> list[dict[str, Any]]:
         q = sa.select(*[c for c in files.c if c.name != "content"]).where(files.c.owner == owner)
         if purpose:
             q = q.where(files.c.purpose == purpose)
-        with self.engine.connect() as conn:
-            return [file_object(dict(r._mapping)) for r in conn.execute(q.order_by(files.c.created_at.desc()))]
+        return [file_object(r) for r in self._dicts(q.order_by(files.c.created_at.desc()))]
 
     def delete_file(self, file_id: str, owner: str) -> bool:
         with self.engine.begin() as conn:
@@ -179,25 +182,20 @@ class BatchStore:
         q = sa.select(batches).where(batches.c.id == batch_id)
         if owner is not None:
             q = q.where(batches.c.owner == owner)
-        with self.engine.connect() as conn:
-            r = conn.execute(q).first()
-        return self.batch_object(dict(r._mapping)) if r is not None else None
+        found = self._dicts(q)          # the primary key: one row or none
+        return self.batch_object(found[0]) if found else None
 
     def list_batches(self, owner: str, limit: int = 20, after: str | None = None) -> list[dict[str, Any]]:
         q = sa.select(batches).where(batches.c.owner == owner).order_by(batches.c.created_at.desc(),
                                                                           batches.c.id.desc())
-        with self.engine.connect() as conn:
-            rows = [dict(r._mapping) for r in conn.execute(q)]
+        rows = self._dicts(q)
         if after is not None:
             ids = [r["id"] for r in rows]
             rows = rows[ids.index(after) + 1:] if after in ids else []
         return [self.batch_object(r) for r in rows[:limit]]
 
     def active(self) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(batches).where(batches.c.status.in_(ACTIVE))
-                                .order_by(batches.c.created_at)).all()
-        return [dict(r._mapping) for r in rows]
+        return self._dicts(sa.select(batches).where(batches.c.status.in_(ACTIVE)).order_by(batches.c.created_at))
 
     def set_status(self, batch_id: str, status: str, only_from: tuple[str, ...] = ACTIVE) -> bool:
         """Move a batch to `status` (stamping its *_at time) if it is in one of `only_from`."""
