@@ -13,14 +13,16 @@ import json
 from collections.abc import Callable
 from email.parser import BytesParser
 from email.policy import HTTP
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from tokenomy.api.body import read_body
-from tokenomy.batch.store import ENDPOINTS, WINDOW_S, BatchStore
+from tokenomy.batch.store import ENDPOINTS, WINDOW_S, BatchStore, file_object
 from tokenomy.errors import APIError
+
+T = TypeVar("T")
 
 
 def parse_form(body: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:
@@ -46,6 +48,13 @@ def batch_router(store: BatchStore, owner_of: Callable[[Request], tuple[str, str
     def not_found(what: str, ident: str) -> APIError:
         return APIError(404, f"No such {what}: '{ident}'", code="not_found")
 
+    async def owned(get: Callable[[str, str], T | None], what: str, ident: str, owner: str) -> T:
+        """The owner's file or batch (`get` is the store's lookup); anyone else's, or none, is a 404."""
+        found = await asyncio.to_thread(get, ident, owner)
+        if found is None:
+            raise not_found(what, ident)
+        return found
+
     @r.post("/v1/files")
     async def create_file(request: Request) -> dict[str, Any]:
         owner, _ = owner_of(request)
@@ -67,20 +76,13 @@ def batch_router(store: BatchStore, owner_of: Callable[[Request], tuple[str, str
 
     @r.get("/v1/files/{file_id}")
     async def get_file(file_id: str, request: Request) -> dict[str, Any]:
-        from tokenomy.batch.store import file_object
-
         owner, _ = owner_of(request)
-        row = await asyncio.to_thread(store.get_file, file_id, owner)
-        if row is None:
-            raise not_found("file", file_id)
-        return file_object(row)
+        return file_object(await owned(store.get_file, "file", file_id, owner))
 
     @r.get("/v1/files/{file_id}/content")
     async def file_content(file_id: str, request: Request) -> Response:
         owner, _ = owner_of(request)
-        row = await asyncio.to_thread(store.get_file, file_id, owner)
-        if row is None:
-            raise not_found("file", file_id)
+        row = await owned(store.get_file, "file", file_id, owner)
         return Response(row["content"], media_type="application/jsonl")
 
     @r.delete("/v1/files/{file_id}")
@@ -110,9 +112,7 @@ def batch_router(store: BatchStore, owner_of: Callable[[Request], tuple[str, str
                                  or not all(isinstance(v, str) for v in meta.values())):
             raise APIError(400, "metadata must be at most 16 string pairs.", param="metadata", code="invalid_value")
         file_id = str(body.get("input_file_id", ""))
-        row = await asyncio.to_thread(store.get_file, file_id, owner)
-        if row is None:
-            raise not_found("file", file_id)
+        row = await owned(store.get_file, "file", file_id, owner)
         if row["purpose"] != "batch":
             raise APIError(400, "input_file_id must be a file uploaded with purpose 'batch'.",
                            param="input_file_id", code="invalid_value")
@@ -133,16 +133,12 @@ def batch_router(store: BatchStore, owner_of: Callable[[Request], tuple[str, str
     @r.get("/v1/batches/{batch_id}")
     async def get_batch(batch_id: str, request: Request) -> dict[str, Any]:
         owner, _ = owner_of(request)
-        batch = await asyncio.to_thread(store.get_batch, batch_id, owner)
-        if batch is None:
-            raise not_found("batch", batch_id)
-        return batch
+        return await owned(store.get_batch, "batch", batch_id, owner)
 
     @r.post("/v1/batches/{batch_id}/cancel")
     async def cancel_batch(batch_id: str, request: Request) -> dict[str, Any]:
         owner, _ = owner_of(request)
-        if await asyncio.to_thread(store.get_batch, batch_id, owner) is None:
-            raise not_found("batch", batch_id)
+        await owned(store.get_batch, "batch", batch_id, owner)
         await asyncio.to_thread(store.set_status, batch_id, "cancelling", ("validating", "in_progress"))
         wake()
         batch = await asyncio.to_thread(store.get_batch, batch_id, owner)
