@@ -125,3 +125,41 @@ def test_a_cached_prefix_does_not_change_a_greedy_answer(path):
             assert cold == warm == again
     finally:
         engine.stop()
+
+
+def submit_wait(engine: Engine, ids: list[int], params: SamplingParams) -> list:
+    events, done = [], threading.Event()
+
+    def on(ev):
+        events.append(ev)
+        if ev.finish_reason:
+            done.set()
+
+    engine.submit(ids, params, on)
+    assert done.wait(120)
+    return events
+
+
+def test_a_handover_ends_before_the_unsure_token_and_keeps_the_answer_cached(path):
+    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256)).start()
+    try:
+        prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about rain."}])
+        # top1 is below 0.999 on nearly every step: after its first 3 tokens the sequence hands over
+        evs = submit_wait(engine, prompt, SamplingParams(max_tokens=40, temperature=0, signal="top1",
+                                                         handover_below=0.999, handover_after=3))
+        last = evs[-1]
+        out = [t for e in evs for t in e.token_ids]
+        signals = [c for e in evs for c in e.signals]
+        assert last.finish_reason == "handover" and 3 <= len(out) < 40
+        assert len(signals) == len(out) and all(0.0 < c <= 1.0 for c in signals)
+        # the tokens so far, resumed: prompt and answer come from the cache, only the last token is computed
+        evs = submit_wait(engine, prompt + out, SamplingParams(max_tokens=4, temperature=0))
+        assert evs[-1].cached_tokens == len(prompt) + len(out) - 1
+        # an ordinary finish keeps only the prompt
+        other = engine.tokenizer.encode_chat([{"role": "user", "content": "Name three fruits."}])
+        evs = submit_wait(engine, other, SamplingParams(max_tokens=6, temperature=0))
+        ans = [t for e in evs for t in e.token_ids]
+        evs = submit_wait(engine, other + ans, SamplingParams(max_tokens=2, temperature=0))
+        assert evs[-1].cached_tokens == len(other)
+    finally:
+        engine.stop()

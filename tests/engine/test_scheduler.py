@@ -196,3 +196,32 @@ def test_kv_pressure_preempts_batch_before_interactive():
     i.output += [11]
     plan = s.schedule()                            # i needs a cell: the older batch sequence goes, not i
     assert plan == [(i, 1)] and b.status is Status.WAITING and b.preemptions == 1
+
+
+def test_prompts_coming_back_in_a_cycle_longer_than_the_cap_end_up_cached():
+    # three 150-token prompts in a cycle: 450 cells, over the 250-cell cap (n_ctx // 4), under n_ctx // 2.
+    # Plain LRU evicts each one just before it comes back and never hits; a prompt seen before (evicted
+    # recently, or served from the cache) is kept as protected, so from the third cycle on every one hits.
+    s = Scheduler(EngineConfig(max_running=4, max_retired=8, max_batch_tokens=512), KVLog(), n_ctx=1000)
+    prompts = [list(range(b, b + 150)) for b in (1000, 2000, 3000)]
+    hits = []
+    for _cycle in range(4):
+        for p in prompts:
+            q = seq(p)
+            s.waiting.append(q)
+            run_plan(s, s.schedule())
+            hits.append(q.cached_tokens)
+            s.finish(q)
+    assert hits[:3] == [0, 0, 0]
+    assert all(h == 149 for h in hits[6:])           # everything but the last token, which is always computed
+    assert s.retired_cells() <= 500
+
+
+def test_prompts_never_seen_again_stay_under_the_unprotected_cap():
+    s = Scheduler(EngineConfig(max_running=4, max_retired=8, max_batch_tokens=512), KVLog(), n_ctx=1000)
+    for b in range(10):
+        q = seq(range(10_000 * (b + 1), 10_000 * (b + 1) + 150))
+        s.waiting.append(q)
+        run_plan(s, s.schedule())
+        s.finish(q)
+        assert s.retired_cells() <= 250 and not s.prefix.protected

@@ -287,7 +287,8 @@ class Engine:
             return
         seq.finish_reason = reason
         seq.finished_at = time.perf_counter()
-        self.scheduler.finish(seq, keep_prefix=reason not in ("cancelled", "error"))
+        # a handover's answer goes on in a new sequence whose prompt is this one's tokens: keep them all
+        self.scheduler.finish(seq, keep_prefix=reason not in ("cancelled", "error"), keep_output=reason == "handover")
         ev = last or TokenEvent(text="", token_ids=[], logprobs=[])
         out = seq.out
         ev.finish_reason, ev.error, ev.error_code = reason, error, error_code

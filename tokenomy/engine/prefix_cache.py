@@ -8,13 +8,19 @@ when no slot's path passes through it, which is when llama.cpp frees the cells t
     used_cells = sum(len(node.tokens) for every live node)
 
 Slots that finished but still hold their KV are *retired*: they stay matchable until evicted, least recently used
-first, when cells or slot ids are needed.
+first, when cells or slot ids are needed. A retired slot is *protected* when its prompt was seen before; the
+fingerprints (first FINGERPRINT_TOKENS tokens) of recently evicted prefixes are remembered so that a prompt
+coming back after its eviction counts as seen.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+
+FINGERPRINT_TOKENS = 128    # a prompt's identity for "seen before": its first tokens (past any shared template)
+GHOSTS = 4096               # fingerprints of evicted prefixes remembered
 
 
 @dataclass(eq=False)
@@ -43,6 +49,8 @@ class PrefixCache:
         self.root = Node(tokens=[], parent=None, start=0)
         self.paths: dict[int, list[Node]] = {}   # slot -> nodes root..leaf (root excluded)
         self.retired: dict[int, float] = {}      # slot -> last use, for LRU eviction
+        self.protected: set[int] = set()          # retired slots whose prompt was seen before
+        self.ghosts: OrderedDict[int, None] = OrderedDict()   # fingerprints of evicted retired prefixes
         self.used_cells = 0
 
     # ---- lookup -------------------------------------------------------------------------------------
@@ -98,7 +106,17 @@ class PrefixCache:
 
     def release(self, slot: int) -> None:
         """The slot's KV was removed (llama_memory_seq_rm): free the cells no other slot shares."""
-        self.retired.pop(slot, None)
+        if self.retired.pop(slot, None) is not None:
+            self.protected.discard(slot)
+            held: list[int] = []
+            for node in self.paths.get(slot, []):
+                held += node.tokens[:FINGERPRINT_TOKENS - len(held)]
+                if len(held) >= FINGERPRINT_TOKENS:
+                    break
+            self.ghosts[_fingerprint(held)] = None
+            self.ghosts.move_to_end(_fingerprint(held))
+            while len(self.ghosts) > GHOSTS:
+                self.ghosts.popitem(last=False)
         for node in reversed(self.paths.pop(slot, [])):
             node.slots.discard(slot)
             if not node.slots:
@@ -122,29 +140,40 @@ class PrefixCache:
                 node.parent.children.remove(node)
         self.paths[slot] = keep
 
-    def retire(self, slot: int) -> None:
+    def retire(self, slot: int, protected: bool = False) -> None:
         self.retired[slot] = time.monotonic()
+        if protected:
+            self.protected.add(slot)
+
+    def evicted_recently(self, tokens: list[int]) -> bool:
+        """Whether a prefix starting like `tokens` was retired here and evicted since (among the last GHOSTS)."""
+        return _fingerprint(tokens[:FINGERPRINT_TOKENS]) in self.ghosts
 
     def touch(self, slot: int) -> None:
         if slot in self.retired:
             self.retired[slot] = time.monotonic()
 
-    def lru_retired(self, exclude: int | None = None) -> int | None:
-        """The least recently used retired slot other than `exclude`, or None."""
-        candidates = [s for s in self.retired if s != exclude]
-        return min(candidates, key=self.retired.__getitem__) if candidates else None
+    def lru_retired(self, exclude: int | None = None, protected: bool | None = None) -> int | None:
+        """The least recently used retired slot other than `exclude`, unprotected ones first (only those of
+        `protected`'s kind when it is set), or None."""
+        candidates = [s for s in self.retired if s != exclude
+                      and (protected is None or (s in self.protected) == protected)]
+        return min(candidates, key=lambda s: (s in self.protected, self.retired[s])) if candidates else None
 
     def exclusive_cells(self, slot: int) -> int:
         """Cells freed if this slot were released now."""
         return sum(len(n.tokens) for n in self.paths.get(slot, []) if n.slots == {slot})
 
-    def retired_exclusive_cells(self) -> int:
-        """Cells on paths that only retired slots use."""
+    def retired_exclusive_cells(self, protected: bool | None = None) -> int:
+        """Cells on paths that only retired slots use (only protected or only unprotected ones when `protected`
+        is set)."""
+        kind = self.retired.keys() if protected is None else {
+            s for s in self.retired if (s in self.protected) == protected}
         seen: set[int] = set()
         total = 0
-        for slot in self.retired:
+        for slot in kind:
             for node in self.paths.get(slot, []):
-                if id(node) not in seen and node.slots <= self.retired.keys():
+                if id(node) not in seen and node.slots <= kind:
                     seen.add(id(node))
                     total += len(node.tokens)
         return total
@@ -168,3 +197,7 @@ class PrefixCache:
             p = self.paths[s]
             p.insert(p.index(node), upper)
         return upper
+
+
+def _fingerprint(tokens: list[int]) -> int:
+    return hash(tuple(tokens))

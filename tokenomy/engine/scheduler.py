@@ -16,7 +16,7 @@ from collections import deque
 from typing import Protocol
 
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.prefix_cache import PrefixCache
+from tokenomy.engine.prefix_cache import FINGERPRINT_TOKENS, PrefixCache
 from tokenomy.engine.sequence import Sequence, Status
 
 
@@ -41,6 +41,7 @@ class Scheduler:
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.retired_cap = cfg.max_retired_cells if cfg.max_retired_cells is not None else n_ctx // 4
+        self.protected_cap = max(self.retired_cap, n_ctx // 2)
         self.kv = kv
         self.prefix = PrefixCache()
         self.waiting: deque[Sequence] = deque()
@@ -128,16 +129,19 @@ class Scheduler:
         seq.slot, seq.n_kv, seq.status = slot, length, Status.RUNNING
         if seq.preemptions == 0:
             seq.cached_tokens = length
+            seq.reused = length >= FINGERPRINT_TOKENS or self.prefix.evicted_recently(tokens)
         self.prefix_hit_tokens += length
         self.running.append(seq)
         self._reserved += n
         return n
 
-    def _evict_until(self, ok, keep: int | None = None, bump_batch: bool = False) -> bool:  # noqa: ANN001
-        """Evict retired prefixes (least recently used first) until `ok()`; with `bump_batch`, then preempt
-        running batch sequences (newest first)."""
+    def _evict_until(self, ok, keep: int | None = None, bump_batch: bool = False,  # noqa: ANN001
+                     protected: bool | None = None) -> bool:
+        """Evict retired prefixes (unprotected before protected, least recently used first; only those of
+        `protected`'s kind when it is set) until `ok()`; with `bump_batch`, then preempt running batch sequences
+        (newest first)."""
         while not ok():
-            slot = self.prefix.lru_retired(exclude=keep)
+            slot = self.prefix.lru_retired(exclude=keep, protected=protected)
             if slot is not None:
                 self._drop_slot(slot)
                 continue
@@ -177,26 +181,35 @@ class Scheduler:
         self.prefix.extend(seq.slot, tokens)
         seq.n_kv += len(tokens)
 
-    def finish(self, seq: Sequence, keep_prefix: bool = True) -> None:
+    def finish(self, seq: Sequence, keep_prefix: bool = True, keep_output: bool = False) -> None:
+        """End the sequence. With `keep_prefix` its prompt's KV stays as a retired prefix (and its answer's too with
+        `keep_output` or cfg.retire_outputs). A prompt seen before (its KV came from the cache, or its fingerprint
+        is among recently evicted prefixes) is retired as *protected*: it counts against the larger
+        protected cap rather than retired_cap, so prompts that come back in a cycle longer than retired_cap holds
+        are not each evicted just before their next use."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.slot is not None:
             if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
-                if not self.cfg.retire_outputs and self.prefix.resident(seq.slot) > len(seq.prompt):
+                keep = keep_output or self.cfg.retire_outputs
+                if not keep and self.prefix.resident(seq.slot) > len(seq.prompt):
                     self.kv.remove(seq.slot, len(seq.prompt))
                     self.prefix.truncate(seq.slot, len(seq.prompt))
-                self.prefix.retire(seq.slot)
-                self._evict_until(lambda: self.retired_cells() <= self.retired_cap)
+                self.prefix.retire(seq.slot, protected=seq.reused)
+                self._evict_until(lambda: self.retired_cells(protected=False) <= self.retired_cap,
+                                  protected=False)
+                self._evict_until(lambda: self.retired_cells() <= self.protected_cap)
             else:
                 self._drop_slot(seq.slot)
         seq.slot = None
         seq.status = Status.FINISHED
 
-    def retired_cells(self) -> int:
-        """Cells that only retired prefixes hold (freed if every retired slot were evicted)."""
-        return self.prefix.retired_exclusive_cells()
+    def retired_cells(self, protected: bool | None = None) -> int:
+        """Cells that only retired prefixes hold (freed if every retired slot were evicted); `protected` True or
+        False counts only the protected or only the unprotected ones."""
+        return self.prefix.retired_exclusive_cells(protected)
 
     def _drop_slot(self, slot: int | None) -> None:
         if slot is None:

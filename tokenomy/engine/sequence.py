@@ -61,6 +61,7 @@ class Sequence:
     slot: int | None = None                 # llama.cpp seq_id holding this sequence's KV
     n_kv: int = 0                           # tokens[:n_kv] have KV in the slot
     cached_tokens: int = 0                  # prompt tokens reused from the prefix cache (first admission)
+    reused: bool = False                    # its prompt was seen before (scheduler: retired as protected)
     preemptions: int = 0
     cancelled: bool = False
     arrival: float = field(default_factory=time.perf_counter)
