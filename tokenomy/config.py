@@ -177,8 +177,10 @@ class TokenRouteSettings(_Strict):
     is unsure. `threshold` is on the `signal` (lower is less sure; `tokenomy router calibrate --token` picks one
     for a target share of large-model tokens)."""
 
-    signal: Literal["top1", "margin", "entropy"] = "top1"
-    threshold: float = Field(0.3, description="hand over when the small model's signal is below this")
+    signal: Literal["top1", "margin", "entropy"] = "entropy"
+    threshold: float = Field(-3.2, description="hand over when the small model's signal is below this (entropy: "
+                             "the negated entropy in nats; -3.2 gave SmolLM2 about 20% large-model tokens on "
+                             "docs/token_routing.md's prompts)")
     segment: Literal["word", "token"] = "word"
     max_segment_tokens: int = Field(4, ge=1, le=64, description="segment word: the most the large model writes")
     template: str | None = Field(

@@ -38,8 +38,9 @@ ROUTES = {
                                  "escalate_on_truncated": False}},
     "shed": {"strategy": "load", "models": ["small", "big"], "load": {"slo_queue_s": 0.05}},
     # top1 is a probability: below 0 never happens, below 1.01 always does
-    "token_never": {"strategy": "token", "models": ["small", "big"], "token": {"threshold": 0.0}},
-    "token_always": {"strategy": "token", "models": ["small", "big"], "token": {"threshold": 1.01}},
+    "token_never": {"strategy": "token", "models": ["small", "big"], "token": {"signal": "top1", "threshold": 0.0}},
+    "token_always": {"strategy": "token", "models": ["small", "big"],
+                     "token": {"signal": "top1", "threshold": 1.01}},
     "token_some": {"strategy": "token", "models": ["small", "big"],
                    "token": {"signal": "margin", "threshold": 0.5, "segment": "token"}},
 }
@@ -178,7 +179,7 @@ def test_token_route_to_an_upstream_large_model_and_its_outage():
     with StubServer(Stub()) as s:
         remote = {"name": "remote", "backend": "openai", "base_url": f"http://127.0.0.1:{s.port}/v1",
                   "model": "stub", "tokenizer": "cl100k_base", "max_retries": 0, "timeout_s": 5}
-        routes = {"tok": {"strategy": "token", "models": ["small", "remote"], "token": {"threshold": 1.01}}}
+        routes = {"tok": {"strategy": "token", "models": ["small", "remote"], "token": {"signal": "top1", "threshold": 1.01}}}
         with live_server(config([remote], **routes)) as g:
             r = ask(g, "tok", max_tokens=6)
             text = r.json()["choices"][0]["message"]["content"]

@@ -38,8 +38,8 @@ class TokenSettings:
 
     small: str
     large: str
-    signal: str = "top1"
-    threshold: float = 0.5
+    signal: str = "entropy"
+    threshold: float = -3.2
     segment: str = "word"           # word | token
     max_segment_tokens: int = 4
     template: str | None = None     # an upstream large model's chat template (packaged name or GGUF path)
