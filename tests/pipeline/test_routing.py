@@ -179,7 +179,8 @@ def test_token_route_to_an_upstream_large_model_and_its_outage():
     with StubServer(Stub()) as s:
         remote = {"name": "remote", "backend": "openai", "base_url": f"http://127.0.0.1:{s.port}/v1",
                   "model": "stub", "tokenizer": "cl100k_base", "max_retries": 0, "timeout_s": 5}
-        routes = {"tok": {"strategy": "token", "models": ["small", "remote"], "token": {"signal": "top1", "threshold": 1.01}}}
+        routes = {"tok": {"strategy": "token", "models": ["small", "remote"],
+                          "token": {"signal": "top1", "threshold": 1.01}}}
         with live_server(config([remote], **routes)) as g:
             r = ask(g, "tok", max_tokens=6)
             text = r.json()["choices"][0]["message"]["content"]
