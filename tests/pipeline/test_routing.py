@@ -190,6 +190,10 @@ def test_token_route_to_an_upstream_large_model_and_its_outage():
             assert first["prompt"].startswith("<|im_start|>") and first["prompt"].endswith("assistant\n")
             assert second["prompt"] == first["prompt"] + "Hello"
             assert set(_usage_models(r)) >= {"remote"}
+            # a stop string across two segments ("Hello" + "Hello") cuts the answer before it
+            r = ask(g, "tok", max_tokens=6, stop=["oH"])
+            assert r.json()["choices"][0]["message"]["content"] == "Hell"
+            assert r.json()["choices"][0]["finish_reason"] == "stop"
             s.stub.fail_status, s.stub.fail_times = 500, 10**6   # the upstream goes down
             r = ask(g, "tok", max_tokens=6)
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]

@@ -167,8 +167,11 @@ class TokenRouter:
                     signal=s.signal, handover_below=None if tally.large_failed else s.threshold,
                     handover_after=after, counted=None)
                 end = None
-                async for d in small.stream(sreq):
+                fed, wrote = len(ids), 0
+                part = small.stream(sreq)
+                async for d in part:
                     ids += d.token_ids
+                    wrote += len(d.token_ids)
                     tally.small_tokens += len(d.token_ids)
                     answer += d.text
                     out, hit = scan.feed(d.text)
@@ -176,7 +179,9 @@ class TokenRouter:
                         if first_at is None:
                             first_at = time.perf_counter()
                         yield Delta(text=out, logprobs=d.logprobs, confidence=d.confidence)
-                    if hit:
+                    if hit:                     # a stop string across pieces: end this part, bill what it did
+                        await part.aclose()
+                        tally.add(small.name, Usage(prompt_tokens=fed, completion_tokens=wrote, counted=True))
                         end = "stop"
                         break
                     if d.finish_reason is not None:
