@@ -42,6 +42,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from agreement import lcs_f1  # noqa: E402  (bench/agreement.py, beside this script)
+
 from tokenomy.config import CompactionSettings  # noqa: E402
 from tokenomy.context.compaction import SummaryCache, compact, render, split_turns  # noqa: E402
 from tokenomy.context.compress import Costs, Scorer, compress_messages, decide  # noqa: E402
@@ -56,20 +58,7 @@ def rows() -> list[dict[str, Any]]:
 
 
 def rouge_l(a: str, b: str) -> float:
-    x, y = a.lower().split(), b.lower().split()
-    if not x or not y:
-        return 0.0
-    prev = [0] * (len(y) + 1)
-    for tx in x:
-        cur = [0]
-        for j, ty in enumerate(y):
-            cur.append(prev[j] + 1 if tx == ty else max(prev[j + 1], cur[j]))
-        prev = cur
-    n = prev[-1]
-    if n == 0:
-        return 0.0
-    p, r = n / len(x), n / len(y)
-    return 2 * p * r / (p + r)
+    return lcs_f1(a.lower().split(), b.lower().split())
 
 
 # ---- compression ---------------------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from agreement import lcs_f1  # noqa: E402  (bench/agreement.py, beside this script)
+
 from tokenomy.backends.base import GenRequest, Usage  # noqa: E402
 from tokenomy.backends.embedded import EmbeddedBackend  # noqa: E402
 from tokenomy.config import Price  # noqa: E402
@@ -79,16 +81,6 @@ def last_number(text: str) -> str | None:
     return nums[-1].replace(",", "").rstrip(".") if nums else None
 
 
-def lcs(a: list[int], b: list[int]) -> int:
-    prev = [0] * (len(b) + 1)
-    for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    return prev[-1]
-
-
 def agreement(kind: str, text: str, ref: str, tok: Any) -> dict[str, float]:
     if kind == "mmlu":
         return {"q": float(letter(text) == letter(ref))}
@@ -97,8 +89,7 @@ def agreement(kind: str, text: str, ref: str, tok: Any) -> dict[str, float]:
     a, b = tok.encode(text, add_special=False), tok.encode(ref, add_special=False)
     if not a or not b:
         return {"q": float(a == b), "exact": float(a == b)}
-    n = lcs(a, b)
-    f1 = 2 * n / (len(a) + len(b))
+    f1 = lcs_f1(a, b)
     exact = sum(x == y for x, y in zip(a, b, strict=False)) / len(b)
     return {"q": f1, "exact": exact}
 
@@ -110,21 +101,27 @@ def price_of(usage: Usage, model: str) -> float:
                 usage.completion_tokens).total_usd
 
 
-async def alone(backend: EmbeddedBackend, requests: list[dict[str, Any]]) -> tuple[list[str], float, float]:
-    """Greedy answers of one model alone: (texts, cost per answer, seconds per answer)."""
-    texts, usd = [], 0.0
+async def answers(stream: Any, requests: list[dict[str, Any]], model: str) -> tuple[list[str], list[Usage], float]:
+    """Greedy answers to `requests` from `stream` (a backend's or a router's): texts, final usages, seconds per
+    answer."""
+    texts, usages = [], []
     t0 = time.perf_counter()
     for r in requests:
-        req = GenRequest(model=backend.name, kind="chat", messages=r["messages"],
+        req = GenRequest(model=model, kind="chat", messages=r["messages"],
                          params={"max_tokens": r["max_tokens"], "temperature": 0.0})
         text = ""
-        async for d in backend.stream(req):
+        async for d in stream(req):
             text += d.text
             if d.usage is not None:
-                usd += price_of(d.usage, backend.name)
+                usages.append(d.usage)
         texts.append(text)
-    n = len(requests)
-    return texts, usd / n, (time.perf_counter() - t0) / n
+    return texts, usages, (time.perf_counter() - t0) / len(requests)
+
+
+async def alone(backend: EmbeddedBackend, requests: list[dict[str, Any]]) -> tuple[list[str], float, float]:
+    """Greedy answers of one model alone: (texts, cost per answer, seconds per answer)."""
+    texts, usages, seconds = await answers(backend.stream, requests, backend.name)
+    return texts, sum(price_of(u, backend.name) for u in usages) / len(requests), seconds
 
 
 async def routed(small: EmbeddedBackend, large: EmbeddedBackend, settings: TokenSettings,
@@ -133,23 +130,13 @@ async def routed(small: EmbeddedBackend, large: EmbeddedBackend, settings: Token
     tallies: list[Any] = []
     router = TokenRouter(small, large, settings, large_prefix(large, None, small),
                          on_done=lambda t, _: tallies.append(t))
-    texts, usd = [], 0.0
-    t0 = time.perf_counter()
-    for r in requests:
-        req = GenRequest(model=small.name, kind="chat", messages=r["messages"],
-                         params={"max_tokens": r["max_tokens"], "temperature": 0.0})
-        text = ""
-        async for d in router.stream(req):
-            text += d.text
-            if d.usage is not None:
-                usd += sum(price_of(u, name) for name, u in d.usage.parts)
-        texts.append(text)
+    texts, usages, seconds = await answers(router.stream, requests, small.name)
     n = len(requests)
     s_tok = sum(t.small_tokens for t in tallies)
     l_tok = sum(t.large_tokens for t in tallies)
+    usd = sum(price_of(u, name) for usage in usages for name, u in usage.parts)
     return {"texts": texts, "large_share": l_tok / max(s_tok + l_tok, 1),
-            "handovers": sum(t.handovers for t in tallies) / n, "usd": usd / n,
-            "seconds": (time.perf_counter() - t0) / n}
+            "handovers": sum(t.handovers for t in tallies) / n, "usd": usd / n, "seconds": seconds}
 
 
 def score(sets: dict[str, list[int]], texts: list[str], refs: list[str], tok: Any) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -10,6 +11,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_bench(filename: str) -> ModuleType:
+    """Scripts import their helpers beside them (bench/servers.py, bench/agreement.py), as `python bench/x.py`
+    lets them: bench/ goes on sys.path as it does for a script."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location(Path(filename).stem, ROOT / "bench" / filename)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
