@@ -101,7 +101,7 @@ def calibrate(
     token: bool = typer.Option(False, "--token", help="Calibrate a token route's threshold instead."),
     large_share: float | None = typer.Option(
         None, help="--token: target share of answer tokens written by the large model, e.g. 0.2."),
-    rounds: int = typer.Option(3, help="--token: token-routing runs to bisect the threshold with."),
+    rounds: int = typer.Option(3, help="--token: token-routing runs that move the threshold towards the target."),
     config: Path | None = typer.Option(None, "--config", help="--cascade/--token: the tokenomy YAML config."),
     route: str | None = typer.Option(None, "--route", help="--cascade/--token: the route to calibrate."),
     prompts: Path | None = typer.Option(

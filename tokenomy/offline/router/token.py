@@ -6,9 +6,10 @@ about `tokens_per_handover` large-model tokens in the answer (1 for `segment: to
 word is 1.3 SmolLM2 tokens on English text). So the first threshold is the quantile at target / that.
 
 Then the real thing: token routing runs on the same prompts with the two models, the realised share of
-large-model tokens is measured, and the threshold is bisected between quantiles (`rounds` times) towards the
-target, since handovers change what the small model writes next. The result is the threshold whose realised
-share was closest to the target, with that share and what it cost.
+large-model tokens is measured, and the quantile is moved (`rounds` times) towards the target, since handovers
+change what the small model writes next: in proportion to the share's miss (the share grows about linearly with
+the quantile), inside the bracket of quantiles already known to be too low and too high, else to its middle.
+The result is the threshold whose realised share was closest to the target, with that share and what it cost.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ async def calibrate(small: Any, large: Any, base: TokenSettings, requests: Seque
             lo_q = q
         else:
             hi_q = q
-        q = (lo_q + hi_q) / 2
+        # the share grows about in proportion to q: step there, unless that leaves the bracket (then halve it)
+        step = q * target / t.large_share if t.large_share > 0 else hi_q
+        q = step if lo_q < step < hi_q else (lo_q + hi_q) / 2
     best = min(trials, key=lambda t: abs(t.large_share - target))
     return TokenCalibration(base.signal, target, best.threshold, best.large_share, trials)
