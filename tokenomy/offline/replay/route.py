@@ -6,7 +6,9 @@ The route stage's own `choose` decides, so rules, the classifier and fixed route
 it cannot know offline is said in `notes`:
 - rules and the classifier read the prompt: a routed row without a stored body is not evaluated;
 - cascade: the cheap model's answer decides escalation; the share is of the first model asked;
-- load: the queue at the time is not recorded; no model is taken to be over its SLO.
+- load: the queue at the time is not recorded; no model is taken to be over its SLO;
+- token: handovers need the small model's confidence at each step; rows are priced as the small model alone, a
+  lower bound (docs/token_routing.md measures what handovers add).
 The cost of the routed traffic is each row's recorded usage at the chosen model's price (an estimate: another
 model's tokenizer and answer lengths differ).
 """
@@ -66,6 +68,9 @@ def replay_routes(trace: Trace, config: Config) -> dict[str, Any]:
                 notes.add("cascade: escalations need the cheap model's answer; shares are of the first model asked")
             if "load" in spec.strategies:
                 notes.add("load: queue waits are not recorded; no model is taken to be over its SLO")
+            if "token" in spec.strategies:
+                notes.add("token: handovers need the small model's per-step confidence; priced as the small "
+                          "model alone, a lower bound")
         assert model is not None
         evaluated += 1
         chosen[model] += 1
