@@ -4,7 +4,8 @@ The model is described in classifier.py. Here: the group priors (prior.GroupPrio
 of its own group), the text features and the embedding's first 16 principal components are standardised, and a
 multinomial logistic regression is fitted on the four joint outcomes. Its regularisation strength C is chosen by
 5-fold log loss inside the training data only. The threshold is then set on the training rows for a share of
-strong calls (recalibrate it on held-out prompts with calibrate.py).
+strong calls (recalibrate it on held-out prompts with calibrate.py). train_router fits one such head per
+embedding (by default both, static and contextual) into one Router.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import time
 import numpy as np
 
 from tokenomy.offline.router.dataset import RoutingData
-from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier
+from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, Router
 from tokenomy.router.features import EMBEDDINGS, embed_prompts, text_feature_matrix
 from tokenomy.router.prior import GroupPrior, outcome_matrix
 
 PCA_COMPONENTS = 16
 C_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MIN_ROWS = 20
+HEADS = ("minilm-static", "minilm")  # what `tokenomy router train` fits by default
 
 
 class RouterTrainingError(ValueError):
@@ -82,6 +84,18 @@ def train_classifier(
     classifier.threshold = calibration.threshold
     classifier.meta["target"] = {"strong_share": strong_share, "set_by": "train (on its own training rows)"}
     return classifier
+
+
+def train_router(
+    data: RoutingData, embeddings: dict[str, np.ndarray] | None = None, strong_share: float = 0.5,
+    heads: tuple[str, ...] | list[str] = HEADS,
+) -> Router:
+    """One head per embedding kind in `heads`, each fitted by train_classifier on all of `data` (with the
+    embeddings of its prompts from `embeddings`, where given) and thresholded for `strong_share` on it."""
+    if not heads or len(set(heads)) != len(heads):
+        raise RouterTrainingError(f"name each embedding once, got {list(heads)}")
+    vectors = embeddings or {}
+    return Router([train_classifier(data, vectors.get(kind), strong_share, kind) for kind in heads])
 
 
 def logistic(c: float):
