@@ -34,6 +34,7 @@ def test_train_router_fits_a_head_per_embedding(two_heads: Router, tiny: Routing
     assert two_heads.embeddings == ["minilm-static", "minilm"]
     static, contextual = two_heads.heads
     assert (two_heads.weak, two_heads.strong) == ("weak", "strong")
+    assert contextual.word_problem and not static.word_problem  # word-problem features: the contextual head's
     for head in two_heads.heads:  # each thresholded for half strong on the training rows
         assert (head.p_weak_ok_many(tiny.prompts) < head.threshold).mean() == pytest.approx(0.5, abs=0.03)
     # the heads really are different models: their probabilities differ
@@ -56,6 +57,7 @@ def test_two_head_file_round_trips(two_heads: Router, tiny: RoutingData, tmp_pat
     prompts = [r["prompt"] for r in synthetic_rows(10, seed=5)]
     for saved, read in zip(two_heads.heads, loaded.heads, strict=True):
         assert read.threshold == saved.threshold and read.meta == saved.meta
+        assert read.word_problem == saved.word_problem
         assert np.array_equal(read.class_probabilities(prompts), saved.class_probabilities(prompts))
     with pytest.raises(RouterFileError, match="2 heads"):
         RouteClassifier.load(path)  # a one-head reader must not silently drop a head
@@ -68,6 +70,7 @@ def test_a_version_1_file_still_loads_and_predicts_what_it_did() -> None:
     assert json.loads((DATA / "router-v1.json").read_text())["version"] == 1
     router = Router.load(DATA / "router-v1.json")
     assert router.embeddings == ["minilm-static"] and router.head_for(True) is router.heads[0]
+    assert not router.heads[0].word_problem
     head = RouteClassifier.load(DATA / "router-v1.json")
     assert head.threshold == expected["threshold"]
     np.testing.assert_allclose(head.p_weak_ok_many(expected["prompts"]), expected["p_weak_ok"], rtol=0, atol=1e-9)

@@ -1,8 +1,9 @@
 """The learned route classifier: prompt -> calibrated chance that the weak model's answer is good enough -> weak or
 strong. (It advises; the route stage, pipeline/route.py, routes.)
 
-Model. Features are [group priors (4), text features (14)] standardised, plus the prompt embedding projected
-on its first 16 principal components (each scaled to unit variance). A multinomial logistic regression
+Model. Features are [group priors (4), text features (14), optionally word-problem features (20, zero for a
+multiple-choice prompt; dense_features)] standardised, plus the prompt embedding projected on its first 16
+principal components (each scaled to unit variance). A multinomial logistic regression
 predicts the joint outcome (weak right?, strong right?) in four classes; from them
 
     p_weak_ok        = P(weak only right) + 1/2 P(both or neither right)
@@ -38,7 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenomy.router.features import EMBEDDINGS, TEXT_FEATURES, embed_prompts, text_feature_matrix
+from tokenomy.router.features import (
+    EMBEDDINGS,
+    TEXT_FEATURES,
+    WORD_PROBLEM_FEATURES,
+    embed_prompts,
+    text_feature_matrix,
+    word_problem_matrix,
+)
 from tokenomy.router.prior import OUTCOMES, GroupPrior
 
 FORMAT = "tokenomy-router"
@@ -85,6 +93,7 @@ class RouteClassifier:
     prior: GroupPrior | None = None
     embedding: str = DEFAULT_EMBEDDING
     meta: dict = field(default_factory=dict)
+    word_problem: bool = False  # dense features also hold WORD_PROBLEM_FEATURES (see dense_features)
 
     def __post_init__(self) -> None:
         # Hold every parameter exactly as save() writes it and load() reads it back: C-ordered float64. Fitted
@@ -104,7 +113,7 @@ class RouteClassifier:
         x = self.embed(prompts) if embeddings is None else np.asarray(embeddings, dtype=np.float32).reshape(
             len(prompts), -1)
         prior = self.prior.transform(x) if self.prior is not None else np.zeros((len(prompts), 0))
-        dense = np.c_[prior, text_feature_matrix(prompts)]
+        dense = np.c_[prior, dense_features(prompts, self.word_problem)]
         projected = (x - self.pca_mean) @ self.pca_components.T
         return np.c_[(dense - self.scaler_mean) / self.scaler_scale, projected / self.pca_scale]
 
@@ -170,6 +179,7 @@ class RouteClassifier:
                 "embedding": self.embedding,
                 "pca_components": int(self.pca_components.shape[0]),
                 "text": list(TEXT_FEATURES),
+                "word_problem": list(WORD_PROBLEM_FEATURES) if self.word_problem else None,
                 "prior": None if self.prior is None else {**self.prior.to_dict(), "outcomes": list(OUTCOMES)},
             },
             "model": {"kind": "multinomial logistic regression", "classes": [CLASSES[k] for k in self.classes]},
@@ -197,6 +207,7 @@ class RouteClassifier:
                 pca_scale=arrays["pca_scale"], coef=arrays["coef"], intercept=arrays["intercept"],
                 classes=classes, prior=prior, embedding=str(document["features"]["embedding"]),
                 meta=dict(document.get("meta") or {}),
+                word_problem=bool(document["features"].get("word_problem")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RouterFileError(f"{path}: damaged router file ({exc!r})") from exc
@@ -209,7 +220,8 @@ class RouteClassifier:
         n_dense = len(self.scaler_mean)
         n_prior = 0 if self.prior is None else self.prior.rates.shape[1]
         ok = (
-            n_dense == len(self.scaler_scale) == n_prior + len(TEXT_FEATURES)
+            n_dense == len(self.scaler_scale) == n_prior + len(TEXT_FEATURES) + (
+                len(WORD_PROBLEM_FEATURES) if self.word_problem else 0)
             and self.pca_components.ndim == 2
             and self.pca_components.shape[1] == len(self.pca_mean)
             and len(self.pca_scale) == self.pca_components.shape[0]
@@ -308,6 +320,16 @@ class Router:
             return cls(heads)
         except ValueError as exc:
             raise RouterFileError(f"{path}: damaged router file ({exc})") from exc
+
+
+def dense_features(prompts: list[str], word_problem: bool = False) -> np.ndarray:
+    """TEXT_FEATURES of each prompt, then with `word_problem` its WORD_PROBLEM_FEATURES, set to zero for a
+    multiple-choice prompt (they describe free-answer word problems)."""
+    text = text_feature_matrix(prompts)
+    if not word_problem:
+        return text
+    free = 1.0 - text[:, TEXT_FEATURES.index("multiple_choice")]
+    return np.c_[text, word_problem_matrix(prompts) * free[:, None]]
 
 
 def weak_ok_probability(class_probabilities: np.ndarray) -> np.ndarray:

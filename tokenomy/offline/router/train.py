@@ -15,14 +15,17 @@ import time
 import numpy as np
 
 from tokenomy.offline.router.dataset import RoutingData
-from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, Router
-from tokenomy.router.features import EMBEDDINGS, embed_prompts, text_feature_matrix
+from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, Router, dense_features
+from tokenomy.router.features import EMBEDDINGS, embed_prompts
 from tokenomy.router.prior import GroupPrior, outcome_matrix
 
 PCA_COMPONENTS = 16
 C_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MIN_ROWS = 20
 HEADS = ("minilm-static", "minilm")  # what `tokenomy router train` fits by default
+# Heads that also get the word-problem features: they lift the contextual head on GSM8K in cross-validation
+# (docs/routing.md); not measured on the static head.
+WORD_PROBLEM_HEADS = ("minilm",)
 
 
 class RouterTrainingError(ValueError):
@@ -31,10 +34,11 @@ class RouterTrainingError(ValueError):
 
 def train_classifier(
     data: RoutingData, embeddings: np.ndarray | None = None, strong_share: float = 0.5,
-    embedding: str = DEFAULT_EMBEDDING,
+    embedding: str = DEFAULT_EMBEDDING, word_problem: bool = False,
 ) -> RouteClassifier:
     """Fit on `data` (with `embeddings` of its prompts, if already computed, of kind `embedding`); the
-    threshold is set so that `strong_share` of the training prompts go strong."""
+    threshold is set so that `strong_share` of the training prompts go strong. `word_problem` adds the
+    word-problem features (classifier.dense_features)."""
     from sklearn.decomposition import PCA
 
     if embedding not in EMBEDDINGS:
@@ -53,7 +57,7 @@ def train_classifier(
         prior, prior_train = None, np.zeros((len(data), 0))
         if len(set(groups)) >= 2 and all(groups):
             prior, prior_train = GroupPrior.fit(x, groups, outcome_matrix(data.weak_ok, data.strong_ok))
-        dense = np.c_[prior_train, text_feature_matrix(data.prompts)]
+        dense = np.c_[prior_train, dense_features(data.prompts, word_problem)]
         scaler_mean, scaler_scale = dense.mean(0), _safe_scale(dense.std(0))
         n_components = min(PCA_COMPONENTS, len(data) - 1, x.shape[1])
         pca = PCA(n_components=n_components, random_state=0).fit(x)
@@ -69,7 +73,7 @@ def train_classifier(
         scaler_mean=scaler_mean, scaler_scale=scaler_scale,
         pca_mean=pca.mean_, pca_components=pca.components_,
         pca_scale=pca_scale, coef=np.atleast_2d(model.coef_), intercept=np.atleast_1d(model.intercept_),
-        classes=[int(k) for k in model.classes_], prior=prior, embedding=embedding,
+        classes=[int(k) for k in model.classes_], prior=prior, embedding=embedding, word_problem=word_problem,
         meta={
             "C": c,
             "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -91,11 +95,13 @@ def train_router(
     heads: tuple[str, ...] | list[str] = HEADS,
 ) -> Router:
     """One head per embedding kind in `heads`, each fitted by train_classifier on all of `data` (with the
-    embeddings of its prompts from `embeddings`, where given) and thresholded for `strong_share` on it."""
+    embeddings of its prompts from `embeddings`, where given, and word-problem features for the kinds in
+    WORD_PROBLEM_HEADS) and thresholded for `strong_share` on it."""
     if not heads or len(set(heads)) != len(heads):
         raise RouterTrainingError(f"name each embedding once, got {list(heads)}")
     vectors = embeddings or {}
-    return Router([train_classifier(data, vectors.get(kind), strong_share, kind) for kind in heads])
+    return Router([train_classifier(data, vectors.get(kind), strong_share, kind, kind in WORD_PROBLEM_HEADS)
+                   for kind in heads])
 
 
 def logistic(c: float):
