@@ -1,7 +1,8 @@
 """Training a route classifier: labelled prompts in, a RouteClassifier (tokenomy/router/classifier.py) out.
 
 The model is described in classifier.py. Here: the group priors (prior.GroupPrior, fitted with each row left out
-of its own group), the text features and the embedding's first 16 principal components are standardised, and a
+of its own group), the text and word-problem features and the embedding's first 16 principal components are
+standardised, and a
 multinomial logistic regression is fitted on the four joint outcomes. Its regularisation strength C is chosen by
 5-fold log loss inside the training data only. The threshold is then set on the training rows for a share of
 strong calls (recalibrate it on held-out prompts with calibrate.py). train_router fits one such head per
@@ -23,9 +24,6 @@ PCA_COMPONENTS = 16
 C_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MIN_ROWS = 20
 HEADS = ("minilm-static", "minilm")  # what `tokenomy router train` fits by default
-# Heads that also get the word-problem features: they lift the contextual head on GSM8K in cross-validation
-# (docs/routing.md); not measured on the static head.
-WORD_PROBLEM_HEADS = ("minilm",)
 
 
 class RouterTrainingError(ValueError):
@@ -34,11 +32,12 @@ class RouterTrainingError(ValueError):
 
 def train_classifier(
     data: RoutingData, embeddings: np.ndarray | None = None, strong_share: float = 0.5,
-    embedding: str = DEFAULT_EMBEDDING, word_problem: bool = False,
+    embedding: str = DEFAULT_EMBEDDING, word_problem: bool = True,
 ) -> RouteClassifier:
     """Fit on `data` (with `embeddings` of its prompts, if already computed, of kind `embedding`); the
     threshold is set so that `strong_share` of the training prompts go strong. `word_problem` adds the
-    word-problem features (classifier.dense_features)."""
+    word-problem features (classifier.dense_features; in cross-validation they lift GSM8K on either embedding
+    and leave MMLU as it was, docs/routing.md)."""
     from sklearn.decomposition import PCA
 
     if embedding not in EMBEDDINGS:
@@ -95,13 +94,11 @@ def train_router(
     heads: tuple[str, ...] | list[str] = HEADS,
 ) -> Router:
     """One head per embedding kind in `heads`, each fitted by train_classifier on all of `data` (with the
-    embeddings of its prompts from `embeddings`, where given, and word-problem features for the kinds in
-    WORD_PROBLEM_HEADS) and thresholded for `strong_share` on it."""
+    embeddings of its prompts from `embeddings`, where given) and thresholded for `strong_share` on it."""
     if not heads or len(set(heads)) != len(heads):
         raise RouterTrainingError(f"name each embedding once, got {list(heads)}")
     vectors = embeddings or {}
-    return Router([train_classifier(data, vectors.get(kind), strong_share, kind, kind in WORD_PROBLEM_HEADS)
-                   for kind in heads])
+    return Router([train_classifier(data, vectors.get(kind), strong_share, kind) for kind in heads])
 
 
 def logistic(c: float):
