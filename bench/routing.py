@@ -14,6 +14,8 @@ embedding included, for both embeddings; and with the embedding handed in. Conte
 cached under /tmp/tokenomy-bench-cache (keyed by the file's SHA-256) so reruns skip the slow part.
 GSM8K-only study (`--salts N`, 0 skips it): a router trained on GSM8K rows alone with word-problem features and
 the contextual embedding, cross-validated over N fold assignments to show the spread (see gsm8k_study).
+Head study (`--head-salts N`, 0 skips it): the two heads `tokenomy router train` fits (train_router), static and
+contextual, cross-validated over N fold assignments; APGR and CPT(50%) per benchmark as mean ± sd over them.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from tokenomy.offline.router.calibrate import (  # noqa: E402
 from tokenomy.offline.router.dataset import RoutingData, RoutingDataError, load_routing_data  # noqa: E402
 from tokenomy.offline.router.evaluate import evaluate_scores  # noqa: E402
 from tokenomy.offline.router.report import score_slices  # noqa: E402
-from tokenomy.offline.router.train import choose_c, logistic, train_classifier  # noqa: E402
+from tokenomy.offline.router.train import HEADS, choose_c, logistic, train_classifier, train_router  # noqa: E402
 from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING  # noqa: E402
 from tokenomy.router.features import EMBEDDINGS, embed_prompts, word_problem_matrix  # noqa: E402
 
@@ -149,9 +151,7 @@ def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: in
     labels = (2 * rows.weak_ok + rows.strong_ok).astype(int)
     runs = []
     for salt in range(salts):
-        tag = b"" if salt == 0 else f"{salt}:".encode()
-        assignment = np.array([int(hashlib.sha256(b"fold:" + tag + p.encode("utf-8")).hexdigest(), 16) % folds
-                               for p in rows.prompts])
+        assignment = salted_folds(rows.prompts, folds, salt)
         p_ok = np.zeros(len(rows))
         for k in range(folds):
             train, test = assignment != k, assignment == k
@@ -172,6 +172,45 @@ def gsm8k_study(data: RoutingData, contextual: np.ndarray, folds: int, salts: in
     return {"rows": len(rows), "runs": runs,
             **{f"{m}_mean": statistics.mean(r[m] for r in runs) for m in ("apgr", "cpt50", "cpt80")},
             **{f"{m}_sd": statistics.pstdev(r[m] for r in runs) for m in ("apgr", "cpt50", "cpt80")}}
+
+
+def salted_folds(prompts: list[str], folds: int, salt: int) -> np.ndarray:
+    """Fold of each prompt under fold assignment `salt` (salt 0 is fold_of's)."""
+    tag = b"" if salt == 0 else f"{salt}:".encode()
+    return np.array([int(hashlib.sha256(b"fold:" + tag + p.encode("utf-8")).hexdigest(), 16) % folds for p in prompts])
+
+
+def head_study(data: RoutingData, x: dict[str, np.ndarray], folds: int, salts: int) -> dict:
+    """Both heads of train_router (the router `tokenomy router train` writes), each scoring every prompt from
+    the folds it was not trained on, under `salts` fold assignments: per head and benchmark, APGR and CPT(50%)
+    of the pooled held-out scores, as mean and sd over the assignments."""
+    runs: dict[str, list[dict]] = {head: [] for head in HEADS}
+    slices = [("all", np.ones(len(data), bool))] + [
+        (b, np.array([v == b for v in data.benchmarks])) for b in sorted(set(data.benchmarks))]
+    for salt in range(salts):
+        assignment = salted_folds(data.prompts, folds, salt)
+        p_ok = {head: np.zeros(len(data)) for head in HEADS}
+        for k in range(folds):
+            train, test = assignment != k, assignment == k
+            router = train_router(data.subset(train), {h: x[h][train] for h in HEADS})
+            for head in router.heads:
+                p_ok[head.embedding][test] = head.p_weak_ok_many(data.subset(test).prompts, x[head.embedding][test])
+        for head in HEADS:
+            entry = {"salt": salt}
+            for name, mask in slices:
+                weak_ok, strong_ok = data.weak_ok[mask], data.strong_ok[mask]
+                if weak_ok.mean() != strong_ok.mean():
+                    r = evaluate_scores(head, 1 - p_ok[head][mask], weak_ok, strong_ok)
+                    entry[name] = {"apgr": r.apgr, "cpt50": r.cpt50}
+            runs[head].append(entry)
+    summary: dict[str, dict] = {}
+    for head, entries in runs.items():
+        for name, _ in slices:
+            if name in entries[0]:
+                summary.setdefault(head, {})[name] = {
+                    f"{m}_{stat}": fn([e[name][m] for e in entries])
+                    for m in ("apgr", "cpt50") for stat, fn in (("mean", statistics.mean), ("sd", statistics.pstdev))}
+    return {"salts": salts, "summary": summary, "runs": runs}
 
 
 def decision_latency(data: RoutingData, x: np.ndarray, kind: str, n: int) -> dict:
@@ -268,6 +307,12 @@ def print_tables(out: dict) -> None:
             f"CPT(50%) {study['cpt50_mean']:.1%}±{study['cpt50_sd']:.1%}, CPT(80%) {study['cpt80_mean']:.1%}; "
             f"per assignment APGR {per_run}"
         )
+    heads = out.get("head_study")
+    if heads:
+        for head, slices in heads["summary"].items():
+            console.print(f"{head} head ({heads['salts']} fold assignments, mean±sd): " + "; ".join(
+                f"{name} APGR {v['apgr_mean']:.3f}±{v['apgr_sd']:.3f} "
+                f"CPT(50%) {v['cpt50_mean']:.1%}±{v['cpt50_sd']:.1%}" for name, v in slices.items()))
     console.print(f"chosen C per fold: {out['cv']['chosen_C']}; total {out['seconds']:.0f}s")
 
 
@@ -277,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--latency-samples", type=int, default=200, help="0 to skip the latency measurement")
     parser.add_argument("--salts", type=int, default=5, help="fold assignments of the GSM8K-only study (0: skip)")
+    parser.add_argument("--head-salts", type=int, default=3, help="fold assignments of the head study (0: skip)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = parser.parse_args(argv)
     if args.folds < 2:
@@ -295,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "default_embedding": DEFAULT_EMBEDDING,
         "cv": cross_validate(data, x, args.folds),
         "gsm8k_study": gsm8k_study(data, x["minilm"], args.folds, args.salts) if args.salts > 0 else {},
+        "head_study": head_study(data, x, args.folds, args.head_salts) if args.head_salts > 0 else {},
         "latency": [decision_latency(data, x[kind], kind, args.latency_samples) for kind in EMBEDDINGS]
         if args.latency_samples > 0 else [],
         "targets": TARGETS,

@@ -190,7 +190,7 @@ class TokenRouteSettings(_Strict):
 
 class ClassifierSettings(_Strict):
     path: str                                    # a router file from `tokenomy router train`
-    threshold: float | None = Field(None, ge=0, le=1)   # None: the calibrated threshold stored in the file
+    threshold: float | None = Field(None, ge=0, le=1)   # None: the calibrated threshold of the head that decides
 
 
 class LoadSettings(_Strict):

@@ -88,3 +88,52 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     planted, ctx = choose(gsm, {gsm: other})
     assert planted == round(router.p_weak_ok(gsm, other), 4) and planted != p
     assert ctx.vectors[gsm] is other
+
+
+def test_a_two_head_router_uses_the_contextual_head_only_when_the_memo_holds_the_vector(tmp_path):
+    """The route stage decides with the contextual head when the prompt's contextual vector is already in the
+    request's memo (the semantic cache's lookup put it there), and with the static head otherwise, without
+    embedding the prompt contextually; the signals and the reason say which head decided."""
+    from tests.routing_fixtures import synthetic_rows
+    from tokenomy.backends.base import GenRequest
+    from tokenomy.config import RouteSpec
+    from tokenomy.offline.router.dataset import load_routing_data
+    from tokenomy.offline.router.train import train_router
+    from tokenomy.pipeline.request import RequestContext
+    from tokenomy.pipeline.route import Route
+
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(48)))
+    router = train_router(load_routing_data(data))
+    router.save(tmp_path / "router.json")
+    static, contextual = router.head("minilm-static"), router.head("minilm")
+    spec = RouteSpec.model_validate({"strategy": "classifier", "models": ["weak", "strong"],
+                                     "classifier": {"path": str(tmp_path / "router.json")}})
+    route = Route(["weak", "strong"], {"smart": spec})
+
+    def choose(text: str, vectors: dict) -> tuple[list[str], str, dict, RequestContext]:
+        ctx = RequestContext(gen=GenRequest(model="smart", messages=[{"role": "user", "content": text}]))
+        ctx.vectors.update(vectors)
+        return *route.choose(spec, ctx), ctx
+
+    text = "Ann has 4 coins and buys 1250 more each day for 9 days, then gives away half. How many are left?"
+    ladder, by, signals, ctx = choose(text, {})
+    assert signals["head"] == "minilm-static" and "(minilm-static head)" in by
+    assert signals["p_cheap_ok"] == round(static.p_weak_ok(text), 4)
+    assert signals["threshold"] == round(static.threshold, 4)
+    assert ladder[0] == ("weak" if static.p_weak_ok(text) >= static.threshold else "strong")
+    assert ctx.vectors == {}                                  # nothing embedded contextually for the route
+    vector = contextual.embed([text])[0]                      # what the semantic cache's lookup leaves in the memo
+    ladder, by, signals, ctx = choose(text, {text: vector})
+    assert signals["head"] == "minilm" and "(minilm head)" in by
+    assert signals["p_cheap_ok"] == round(contextual.p_weak_ok(text, vector), 4)
+    assert signals["threshold"] == round(contextual.threshold, 4)
+    assert ladder[0] == ("weak" if contextual.p_weak_ok(text, vector) >= contextual.threshold else "strong")
+    # The memo's vector is what decides: another prompt's vector under this text gives that vector's probability.
+    other = contextual.embed(["What is the capital of Peru?\nA. Lima\nB. Oslo\nAnswer:"])[0]
+    _, _, planted, _ = choose(text, {text: other})
+    assert planted["head"] == "minilm" and planted["p_cheap_ok"] == round(contextual.p_weak_ok(text, other), 4)
+    assert planted["p_cheap_ok"] != signals["p_cheap_ok"]
+    # A vector memoised for another text does not count.
+    _, _, signals, _ = choose(text, {"something else": vector})
+    assert signals["head"] == "minilm-static"

@@ -37,7 +37,8 @@ def test_save_load_round_trip(trained: RouteClassifier, held_out: RoutingData, t
     trained.save(path)
     header = json.loads(path.read_text())
     assert header["format"] == "tokenomy-router" and header["weak"] == "weak" and header["strong"] == "strong"
-    assert header["threshold"] == trained.threshold and header["features"]["embedding"] == trained.embedding
+    (head,) = header["heads"]  # a one-head file
+    assert head["threshold"] == trained.threshold and head["features"]["embedding"] == trained.embedding
     loaded = RouteClassifier.load(path)
     prompts = held_out.prompts[:40]
     # Bit for bit on every CPU: a trained router holds its parameters as the file does (C-ordered float64), so
@@ -75,11 +76,11 @@ def test_damaged_files_are_refused(trained: RouteClassifier, tmp_path) -> None:
     with pytest.raises(RouterFileError, match="version 99"):
         RouteClassifier.load(path)
     broken = json.loads(json.dumps(good))
-    broken["arrays"]["coef"]["shape"] = [1, -1]
+    broken["heads"][0]["arrays"]["coef"]["shape"] = [1, -1]
     path.write_text(json.dumps(broken))
     with pytest.raises(RouterFileError, match="damaged"):
         RouteClassifier.load(path)
-    del broken["arrays"]["coef"]
+    del broken["heads"][0]["arrays"]["coef"]
     path.write_text(json.dumps(broken))
     with pytest.raises(RouterFileError, match="damaged"):
         RouteClassifier.load(path)

@@ -3,7 +3,9 @@
 A request names a model (pinned) or a route. A route lists candidate models cheapest first; its strategies compose
 in this order:
 - `rules`: the first matching rule picks the model;
-- `classifier`: a learned probability that the cheaper model is good enough, against a calibrated threshold;
+- `classifier`: a learned probability that the cheaper model is good enough, against a calibrated threshold; a
+  router file with two heads decides with its contextual-embedding head when the semantic cache has already
+  embedded the prompt (the vector is in the request's memo), else with its static-embedding head;
 - `load`: when the preferred model's expected queue wait exceeds the route's SLO, the most capable cheaper model
   within the SLO serves (alone, `load` prefers the most capable model);
 - `cascade`: the chosen model answers first; the answer is escalated up the list when a confidence signal fails;
@@ -111,12 +113,14 @@ class Route:
                 ladder = [model] + [m for m in models if m != model]
                 return ladder, f"rules: rule {i} matched", signals
         if "classifier" in s and spec.classifier is not None:
-            classifier = self._classifier(spec.classifier.path)
-            p = float(classifier.p_weak_ok(text, self._vector(ctx, classifier, text)))
-            threshold = spec.classifier.threshold if spec.classifier.threshold is not None else classifier.threshold
-            signals.update(p_cheap_ok=round(p, 4), threshold=round(float(threshold), 4))
+            # The contextual head when the prompt's contextual vector is already at hand (the semantic cache's
+            # lookup computed it), else the static one: the better head wherever its cost is already paid.
+            head = self._classifier(spec.classifier.path).head_for(text in ctx.vectors)
+            p = float(head.p_weak_ok(text, self._vector(ctx, head, text)))
+            threshold = spec.classifier.threshold if spec.classifier.threshold is not None else head.threshold
+            signals.update(p_cheap_ok=round(p, 4), threshold=round(float(threshold), 4), head=head.embedding)
             start = 0 if p >= threshold else len(models) - 1
-            by = f"classifier: p={p:.4f} {'>=' if start == 0 else '<'} {threshold:.4f}"
+            by = f"classifier: p={p:.4f} {'>=' if start == 0 else '<'} {threshold:.4f} ({head.embedding} head)"
         if "load" in s:
             if not {"rules", "classifier"} & set(s):
                 start = len(models) - 1           # load alone: prefer the most capable, shed to cheaper ones
@@ -162,10 +166,11 @@ class Route:
         return ctx.vectors[text]
 
     def _classifier(self, path: str) -> Any:
+        """The router file at `path` (tokenomy.router.classifier.Router: one head or two), loaded once."""
         if path not in self._classifiers:
-            from tokenomy.router.classifier import RouteClassifier
+            from tokenomy.router.classifier import Router
 
-            self._classifiers[path] = RouteClassifier.load(path)
+            self._classifiers[path] = Router.load(path)
         return self._classifiers[path]
 
     # ---- cascade ------------------------------------------------------------------------------------------

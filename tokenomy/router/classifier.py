@@ -1,8 +1,9 @@
 """The learned route classifier: prompt -> calibrated chance that the weak model's answer is good enough -> weak or
 strong. (It advises; the route stage, pipeline/route.py, routes.)
 
-Model. Features are [group priors (4), text features (14)] standardised, plus the prompt embedding projected
-on its first 16 principal components (each scaled to unit variance). A multinomial logistic regression
+Model. Features are [group priors (4), text features (14), optionally word-problem features (20, zero for a
+multiple-choice prompt; dense_features)] standardised, plus the prompt embedding projected on its first 16
+principal components (each scaled to unit variance). A multinomial logistic regression
 predicts the joint outcome (weak right?, strong right?) in four classes; from them
 
     p_weak_ok        = P(weak only right) + 1/2 P(both or neither right)
@@ -18,9 +19,15 @@ Prediction: the weak model when p_weak_ok >= threshold, else the strong one. Tra
 offline (tokenomy/offline/router/train.py, calibrate.py); this module holds the classifier, applies it, and
 reads and writes its file.
 
-File. One JSON document: a readable header (format, version, models, threshold and the target it came from,
-feature configuration, training summary) and the arrays as base64 float64. Loading never executes code,
-unlike a pickle, and does not depend on the scikit-learn version that trained it.
+Heads. A router file (Router) holds one or two such classifiers ("heads"), each on its own embedding with its
+own threshold: "minilm-static" (about 1 ms) and "minilm" (the contextual vector, better but 8-50 ms unless the
+semantic cache computed it already). Router.head_for picks the contextual head when the prompt's contextual
+vector is at hand and the static head otherwise; a file with one head always uses it.
+
+File. One JSON document: a readable header (format, version, models, the decision rule) and per head its
+threshold and the target it came from, feature configuration, training summary and arrays as base64 float64.
+Version 2 lists the heads under "heads"; version 1 (one head, its fields at the top level) still loads. Loading
+never executes code, unlike a pickle, and does not depend on the scikit-learn version that trained it.
 """
 
 from __future__ import annotations
@@ -32,12 +39,21 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenomy.router.features import EMBEDDINGS, TEXT_FEATURES, embed_prompts, text_feature_matrix
+from tokenomy.router.features import (
+    EMBEDDINGS,
+    TEXT_FEATURES,
+    WORD_PROBLEM_FEATURES,
+    embed_prompts,
+    text_feature_matrix,
+    word_problem_matrix,
+)
 from tokenomy.router.prior import OUTCOMES, GroupPrior
 
 FORMAT = "tokenomy-router"
-VERSION = 1
+VERSION = 2  # the version save() writes
+READABLE_VERSIONS = (1, 2)  # 1: a single head, its fields at the top level
 DEFAULT_EMBEDDING = "minilm-static"  # fits the 15 ms decision budget on a 2-core CPU; see features.py
+CONTEXTUAL, STATIC = "minilm", "minilm-static"
 CLASSES = ("neither", "strong_only", "weak_only", "both")  # index = 2 * weak_ok + strong_ok
 # The parameter arrays a router file stores (besides the prior's), in the file's order.
 _ARRAYS = ("scaler_mean", "scaler_scale", "pca_mean", "pca_components", "pca_scale", "coef", "intercept")
@@ -77,6 +93,7 @@ class RouteClassifier:
     prior: GroupPrior | None = None
     embedding: str = DEFAULT_EMBEDDING
     meta: dict = field(default_factory=dict)
+    word_problem: bool = False  # dense features also hold WORD_PROBLEM_FEATURES (see dense_features)
 
     def __post_init__(self) -> None:
         # Hold every parameter exactly as save() writes it and load() reads it back: C-ordered float64. Fitted
@@ -96,7 +113,7 @@ class RouteClassifier:
         x = self.embed(prompts) if embeddings is None else np.asarray(embeddings, dtype=np.float32).reshape(
             len(prompts), -1)
         prior = self.prior.transform(x) if self.prior is not None else np.zeros((len(prompts), 0))
-        dense = np.c_[prior, text_feature_matrix(prompts)]
+        dense = np.c_[prior, dense_features(prompts, self.word_problem)]
         projected = (x - self.pca_mean) @ self.pca_components.T
         return np.c_[(dense - self.scaler_mean) / self.scaler_scale, projected / self.pca_scale]
 
@@ -138,46 +155,41 @@ class RouteClassifier:
     # ---- file --------------------------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
-        """Write the router as one JSON file (see module docstring); replaces the file atomically."""
+        """Write this classifier as a router file with one head (Router.save)."""
+        Router([self]).save(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RouteClassifier:
+        """The head of a one-head router file; RouterFileError for a bad file or one with several heads
+        (read those with Router.load)."""
+        router = Router.load(path)
+        if len(router.heads) != 1:
+            raise RouterFileError(f"{path}: holds {len(router.heads)} heads "
+                                  f"({', '.join(router.embeddings)}); read it with Router.load")
+        return router.heads[0]
+
+    def to_document(self) -> dict:
+        """This head's part of a router file: threshold, features, model, meta and arrays (JSON-ready)."""
         arrays = {name: getattr(self, name) for name in _ARRAYS}
         if self.prior is not None:
             arrays |= {"prior_centroids": self.prior.centroids, "prior_rates": self.prior.rates}
-        document = {
-            "format": FORMAT,
-            "version": VERSION,
-            "weak": self.weak,
-            "strong": self.strong,
+        return {
             "threshold": self.threshold,
-            "decision": "weak if p_weak_ok >= threshold else strong",
             "features": {
                 "embedding": self.embedding,
                 "pca_components": int(self.pca_components.shape[0]),
                 "text": list(TEXT_FEATURES),
+                "word_problem": list(WORD_PROBLEM_FEATURES) if self.word_problem else None,
                 "prior": None if self.prior is None else {**self.prior.to_dict(), "outcomes": list(OUTCOMES)},
             },
             "model": {"kind": "multinomial logistic regression", "classes": [CLASSES[k] for k in self.classes]},
             "meta": self.meta,
             "arrays": {name: _encode(a) for name, a in arrays.items()},
         }
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(document, indent=1), encoding="utf-8")
-        tmp.replace(path)
 
     @classmethod
-    def load(cls, path: str | Path) -> RouteClassifier:
-        """Read a router file written by save(); RouterFileError says what is wrong with a bad one."""
-        path = Path(path)
-        if not path.is_file():
-            raise RouterFileError(f"{path}: no such router file")
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RouterFileError(f"{path}: not a tokenomy router file ({exc})") from exc
-        if not isinstance(document, dict) or document.get("format") != FORMAT:
-            raise RouterFileError(f"{path}: not a tokenomy router file (format is not {FORMAT!r})")
-        if document.get("version") != VERSION:
-            raise RouterFileError(f"{path}: router file version {document.get('version')!r}, this reads {VERSION}")
+    def from_document(cls, document: dict, weak: str, strong: str, path: Path) -> RouteClassifier:
+        """A head from its part of a router file (to_document's output, or a version-1 file's top level)."""
         try:
             arrays = {name: _decode(a) for name, a in document["arrays"].items()}
             classes = [CLASSES.index(c) for c in document["model"]["classes"]]
@@ -189,15 +201,15 @@ class RouteClassifier:
                     float(prior_doc["tau"]),
                 )
             router = cls(
-                weak=str(document["weak"]), strong=str(document["strong"]),
-                threshold=float(document["threshold"]),
+                weak=weak, strong=strong, threshold=float(document["threshold"]),
                 scaler_mean=arrays["scaler_mean"], scaler_scale=arrays["scaler_scale"],
                 pca_mean=arrays["pca_mean"], pca_components=arrays["pca_components"],
                 pca_scale=arrays["pca_scale"], coef=arrays["coef"], intercept=arrays["intercept"],
                 classes=classes, prior=prior, embedding=str(document["features"]["embedding"]),
                 meta=dict(document.get("meta") or {}),
+                word_problem=bool(document["features"].get("word_problem")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RouterFileError(f"{path}: damaged router file ({exc!r})") from exc
         if router.embedding not in EMBEDDINGS:
             raise RouterFileError(f"{path}: unknown embedding {router.embedding!r}; this reads {', '.join(EMBEDDINGS)}")
@@ -208,7 +220,8 @@ class RouteClassifier:
         n_dense = len(self.scaler_mean)
         n_prior = 0 if self.prior is None else self.prior.rates.shape[1]
         ok = (
-            n_dense == len(self.scaler_scale) == n_prior + len(TEXT_FEATURES)
+            n_dense == len(self.scaler_scale) == n_prior + len(TEXT_FEATURES) + (
+                len(WORD_PROBLEM_FEATURES) if self.word_problem else 0)
             and self.pca_components.ndim == 2
             and self.pca_components.shape[1] == len(self.pca_mean)
             and len(self.pca_scale) == self.pca_components.shape[0]
@@ -219,6 +232,104 @@ class RouteClassifier:
         )
         if not ok:
             raise RouterFileError(f"{path}: damaged router file (array shapes do not fit together)")
+
+
+@dataclass
+class Router:
+    """What a router file holds: one head, or two on different embeddings, for the same weak and strong models.
+
+    Invariants (checked on construction): at least one head, all heads name the same weak and strong models, and
+    no two heads share an embedding. Heads are kept static first."""
+
+    heads: list[RouteClassifier]
+
+    def __post_init__(self) -> None:
+        if not self.heads:
+            raise ValueError("a router needs at least one head")
+        if len({(h.weak, h.strong) for h in self.heads}) != 1:
+            raise ValueError("every head of a router must route between the same weak and strong models")
+        if len({h.embedding for h in self.heads}) != len(self.heads):
+            raise ValueError("two heads of a router share an embedding")
+        self.heads = sorted(self.heads, key=lambda h: h.embedding != STATIC)
+
+    @property
+    def weak(self) -> str:
+        return self.heads[0].weak
+
+    @property
+    def strong(self) -> str:
+        return self.heads[0].strong
+
+    @property
+    def embeddings(self) -> list[str]:
+        return [h.embedding for h in self.heads]
+
+    def head(self, embedding: str) -> RouteClassifier | None:
+        """The head on `embedding`, or None."""
+        return next((h for h in self.heads if h.embedding == embedding), None)
+
+    def head_for(self, contextual_vector_at_hand: bool) -> RouteClassifier:
+        """The head that decides a prompt: the contextual ("minilm") head when the prompt's contextual vector is
+        already computed (its cost paid, e.g. by the semantic cache's lookup), else the static head; a router
+        with one head always uses it (a lone contextual head embeds the prompt itself)."""
+        contextual, static = self.head(CONTEXTUAL), self.head(STATIC)
+        if contextual is not None and (contextual_vector_at_hand or static is None):
+            return contextual
+        return static if static is not None else self.heads[0]
+
+    def save(self, path: str | Path) -> None:
+        """Write the router as one JSON file (version VERSION, see module docstring); replaces it atomically."""
+        document = {
+            "format": FORMAT,
+            "version": VERSION,
+            "weak": self.weak,
+            "strong": self.strong,
+            "decision": "weak if p_weak_ok >= threshold else strong; with two heads, the minilm head decides when "
+                        "the prompt's contextual vector is already computed, else the minilm-static head",
+            "heads": [h.to_document() for h in self.heads],
+        }
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(document, indent=1), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Router:
+        """Read a router file of any version in READABLE_VERSIONS; RouterFileError says what is wrong with a bad
+        one."""
+        path = Path(path)
+        if not path.is_file():
+            raise RouterFileError(f"{path}: no such router file")
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RouterFileError(f"{path}: not a tokenomy router file ({exc})") from exc
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise RouterFileError(f"{path}: not a tokenomy router file (format is not {FORMAT!r})")
+        version = document.get("version")
+        if version not in READABLE_VERSIONS:
+            raise RouterFileError(f"{path}: router file version {version!r}, this reads "
+                                  f"{', '.join(map(str, READABLE_VERSIONS))}")
+        try:
+            weak, strong = str(document["weak"]), str(document["strong"])
+            parts = [document] if version == 1 else list(document["heads"])
+        except (KeyError, TypeError) as exc:
+            raise RouterFileError(f"{path}: damaged router file ({exc!r})") from exc
+        heads = [RouteClassifier.from_document(part, weak, strong, path) for part in parts]
+        try:
+            return cls(heads)
+        except ValueError as exc:
+            raise RouterFileError(f"{path}: damaged router file ({exc})") from exc
+
+
+def dense_features(prompts: list[str], word_problem: bool = False) -> np.ndarray:
+    """TEXT_FEATURES of each prompt, then with `word_problem` its WORD_PROBLEM_FEATURES, set to zero for a
+    multiple-choice prompt (they describe free-answer word problems)."""
+    text = text_feature_matrix(prompts)
+    if not word_problem:
+        return text
+    free = 1.0 - text[:, TEXT_FEATURES.index("multiple_choice")]
+    return np.c_[text, word_problem_matrix(prompts) * free[:, None]]
 
 
 def weak_ok_probability(class_probabilities: np.ndarray) -> np.ndarray:

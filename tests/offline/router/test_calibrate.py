@@ -49,3 +49,52 @@ def test_bad_targets_are_refused() -> None:
         threshold_for_strong_share(scores, 1.5)
     with pytest.raises(CalibrationError, match="out of reach"):
         threshold_for_quality_floor(scores, np.zeros(10), ok * 0.5 + 0.5 * (np.arange(10) % 2), 1.2)
+
+
+@pytest.fixture(scope="module")
+def two_heads(tmp_path_factory):
+    """A two-head router (static and contextual MiniLM) trained on a few dozen synthetic rows, and 40 others."""
+    import json
+
+    from tests.routing_fixtures import synthetic_rows
+    from tokenomy.offline.router.dataset import load_routing_data
+    from tokenomy.offline.router.train import train_router
+
+    folder = tmp_path_factory.mktemp("heads")
+    for name, seed in (("train", 0), ("held", 7)):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(48, seed)))
+    return train_router(load_routing_data(folder / "train.jsonl")), load_routing_data(folder / "held.jsonl")
+
+
+def test_calibrate_router_sets_every_head_to_the_same_target(two_heads) -> None:
+    from tokenomy.offline.router.calibrate import calibrate_router
+
+    router, held = two_heads
+    before = [h.threshold for h in router.heads]
+    results = calibrate_router(router, held, strong_share=0.25, source="held.jsonl")
+    assert set(results) == {"minilm-static", "minilm"}
+    for head in router.heads:
+        share = (head.p_weak_ok_many(held.prompts) < head.threshold).mean()
+        assert share == pytest.approx(0.25, abs=0.03) and share == results[head.embedding].strong_share
+        assert head.threshold == results[head.embedding].threshold
+        assert head.meta["target"] == {"strong_share": 0.25, "set_by": "calibrate on held.jsonl (48 prompts)"}
+    assert [h.threshold for h in router.heads] != before
+
+    results = calibrate_router(router, held, quality_floor=0.9)
+    for head in router.heads:
+        share, quality = operating_point(head.p_weak_ok_many(held.prompts), head.threshold, held.weak_ok,
+                                         held.strong_ok)
+        assert quality >= 0.9 * held.strong_ok.mean() and share == results[head.embedding].strong_share
+        assert head.meta["target"]["quality_floor"] == 0.9
+
+
+def test_calibrate_router_changes_nothing_when_a_target_is_out_of_reach(two_heads) -> None:
+    from tokenomy.offline.router.calibrate import calibrate_router
+
+    router, held = two_heads
+    before = [(h.threshold, dict(h.meta)) for h in router.heads]
+    with pytest.raises(CalibrationError, match="out of reach"):
+        calibrate_router(router, held, quality_floor=1.5)
+    with pytest.raises(CalibrationError, match="exactly one"):
+        calibrate_router(router, held, strong_share=0.3, quality_floor=0.9)
+    assert [(h.threshold, h.meta) for h in router.heads] == before

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tokenomy.offline.router.command import app
 from tokenomy.offline.router.dataset import load_routing_data
-from tokenomy.router.classifier import RouteClassifier
+from tokenomy.router.classifier import Router
 
 runner = CliRunner()
 
@@ -29,41 +29,64 @@ def router_file(train_file, tmp_path_factory) -> Path:
     return out
 
 
+def test_train_writes_both_heads_by_default(router_file) -> None:
+    router = Router.load(router_file)
+    assert router.embeddings == ["minilm-static", "minilm"]
+    assert all(h.meta["target"]["strong_share"] == 0.5 for h in router.heads)
+
+
+def test_train_one_head_with_embedding(tmp_path) -> None:
+    from tests.routing_fixtures import synthetic_rows
+
+    data = write(tmp_path / "tiny.jsonl", "".join(json.dumps(r) + "\n" for r in synthetic_rows(40)))
+    result = run("train", "--data", data, "--out", tmp_path / "r.json", "--embedding", "minilm-static")
+    assert result.exit_code == 0, result.output
+    assert "minilm-static head" in result.output and "minilm head" not in result.output
+    assert Router.load(tmp_path / "r.json").embeddings == ["minilm-static"]
+
+
 def test_calibrate_hits_the_requested_strong_share(router_file, test_file, tmp_path) -> None:
     out = tmp_path / "calibrated.json"
     result = run("calibrate", "--router", router_file, "--data", test_file, "--strong-share", "0.3", "--out", out)
     assert result.exit_code == 0, result.output
-    router, data = RouteClassifier.load(out), load_routing_data(test_file)
-    share = (router.p_weak_ok_many(data.prompts) < router.threshold).mean()
-    assert share == pytest.approx(0.3, abs=0.005)
-    assert router.meta["target"]["strong_share"] == 0.3
-    assert RouteClassifier.load(router_file).threshold != router.threshold
+    assert "minilm-static head: threshold" in result.output and "minilm head: threshold" in result.output
+    router, data = Router.load(out), load_routing_data(test_file)
+    before = Router.load(router_file)
+    for head in router.heads:  # each head calibrated to the same target
+        share = (head.p_weak_ok_many(data.prompts) < head.threshold).mean()
+        assert share == pytest.approx(0.3, abs=0.005)
+        assert head.meta["target"]["strong_share"] == 0.3
+        assert before.head(head.embedding).threshold != head.threshold
 
 
 def test_calibrate_quality_floor_keeps_the_quality(router_file, test_file, tmp_path) -> None:
     out = tmp_path / "floor.json"
     result = run("calibrate", "--router", router_file, "--data", test_file, "--quality-floor", "0.95", "--out", out)
     assert result.exit_code == 0, result.output
-    router, data = RouteClassifier.load(out), load_routing_data(test_file)
-    strong = router.p_weak_ok_many(data.prompts) < router.threshold
-    quality = np.where(strong, data.strong_ok, data.weak_ok).mean()
-    assert quality >= 0.95 * data.strong_ok.mean() and strong.mean() < 1.0
+    router, data = Router.load(out), load_routing_data(test_file)
+    for head in router.heads:
+        strong = head.p_weak_ok_many(data.prompts) < head.threshold
+        quality = np.where(strong, data.strong_ok, data.weak_ok).mean()
+        assert quality >= 0.95 * data.strong_ok.mean() and strong.mean() < 1.0
 
 
 def test_eval_json_against_random_and_oracle(router_file, test_file) -> None:
     result = run("eval", "--router", router_file, "--data", test_file, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    names = [s["name"] for s in report["slices"]]
-    assert names == ["all", "gsm8k", "mmlu"]
-    overall = report["slices"][0]
-    routers = overall["routers"]
-    assert routers["random"]["apgr"] == pytest.approx(0.5, abs=0.05)
-    assert routers["oracle"]["apgr"] > 1.0 and routers["oracle"]["cpt50"] < 0.15
-    assert routers["learned"]["apgr"] > routers["random"]["apgr"]
-    assert len(routers["learned"]["curve"]) == 11
-    assert 0 <= overall["operating_point"]["strong_share"] <= 1
-    assert set(report["calibration"]) == {"p_weak_ok", "p_weak_correct", "p_strong_correct"}
+    assert [h["embedding"] for h in report["heads"]] == ["minilm-static", "minilm"]
+    assert report["rows"] == len(load_routing_data(test_file))
+    for head in report["heads"]:
+        names = [s["name"] for s in head["slices"]]
+        assert names == ["all", "gsm8k", "mmlu"]
+        overall = head["slices"][0]
+        routers = overall["routers"]
+        assert routers["random"]["apgr"] == pytest.approx(0.5, abs=0.05)
+        assert routers["oracle"]["apgr"] > 1.0 and routers["oracle"]["cpt50"] < 0.15
+        assert routers["learned"]["apgr"] > routers["random"]["apgr"]
+        assert len(routers["learned"]["curve"]) == 11
+        assert 0 <= overall["operating_point"]["strong_share"] <= 1
+        assert set(head["calibration"]) == {"p_weak_ok", "p_weak_correct", "p_strong_correct"}
 
 
 def test_eval_tables_and_plots(router_file, test_file, tmp_path) -> None:
@@ -71,6 +94,7 @@ def test_eval_tables_and_plots(router_file, test_file, tmp_path) -> None:
     result = run("eval", "--router", router_file, "--data", test_file, "--plot", png)
     assert result.exit_code == 0, result.output
     assert "APGR" in result.output and "oracle" in result.output and "quality-cost curve" in result.output
+    assert "minilm-static head" in result.output and "minilm head" in result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     result = run("eval", "--router", router_file, "--data", test_file, "--plot", html, "--json")
     assert result.exit_code == 0 and "plotly" in html.read_text()[:100_000].lower()
@@ -88,6 +112,7 @@ def write(path: Path, text: str) -> Path:
         (["train", "--data", "{bad_json}", "--out", "{tmp}/r.json"], "bad.jsonl:2: not valid JSON"),
         (["train", "--data", "{no_columns}", "--out", "{tmp}/r.json"], "missing weak_correct, strong_correct"),
         (["train", "--data", "{train}", "--out", "{tmp}/no/such/dir/r.json"], "no such directory"),
+        (["train", "--data", "{train}", "--out", "{tmp}/r.json", "--embedding", "bert"], "--embedding must be"),
         (["eval", "--router", "{tmp}/absent.json", "--data", "{train}"], "no such router file"),
         (["eval", "--router", "{bad_json}", "--data", "{train}"], "not a tokenomy router file"),
         (["eval", "--router", "{router}", "--data", "{train}", "--plot", "{tmp}/x.svg"], "must end in .png or .html"),

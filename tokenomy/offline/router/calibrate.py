@@ -10,13 +10,21 @@ Quality floor f: the t with the least share(t) such that quality(t) >= f * mean(
                  cheapest setting that keeps f of the always-strong quality (RouteLLM's "95% of GPT-4").
 Only thresholds between distinct values of p are considered, so every candidate is realisable; each lies in
 [0, 1] when the p_i do (the all-strong threshold is just above the largest p, at most 1).
+
+A router with two heads (static and contextual embedding) is calibrated head by head to the same target
+(calibrate_router): whichever head decides a request, the router aims at the same strong share or floor.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tokenomy.offline.router.dataset import RoutingData
+    from tokenomy.router.classifier import Router
 
 
 class CalibrationError(ValueError):
@@ -88,3 +96,26 @@ def operating_point(
     """(strong share, quality) of routing at `threshold`: strong where p_weak_ok < threshold."""
     strong = np.asarray(p_weak_ok) < threshold
     return float(strong.mean()), float(np.where(strong, strong_ok, weak_ok).mean())
+
+
+def calibrate_router(
+    router: Router, data: RoutingData, strong_share: float | None = None, quality_floor: float | None = None,
+    source: str = "",
+) -> dict[str, Calibration]:
+    """Set every head's threshold from the same target (exactly one of `strong_share` and `quality_floor`) on
+    `data`, record the target in each head's meta (with `source`, where the data came from), and return each
+    head's Calibration by embedding. Raises CalibrationError (and changes nothing) if any head cannot reach it."""
+    if (strong_share is None) == (quality_floor is None):
+        raise CalibrationError("give exactly one of a strong share and a quality floor")
+    results = {}
+    for head in router.heads:
+        p_ok = head.p_weak_ok_many(data.prompts)
+        if strong_share is not None:
+            results[head.embedding] = threshold_for_strong_share(p_ok, strong_share)
+        else:
+            results[head.embedding] = threshold_for_quality_floor(p_ok, data.weak_ok, data.strong_ok, quality_floor)
+    for head in router.heads:
+        result = results[head.embedding]
+        head.threshold = result.threshold
+        head.meta["target"] = {**result.target, "set_by": f"calibrate on {source} ({len(data)} prompts)"}
+    return results

@@ -57,30 +57,35 @@ def train(
     strong: str = typer.Option("strong", help="Strong model: its column is <strong>_correct."),
     strong_share: float = typer.Option(0.5, help="Initial threshold: this share of the training prompts go strong."),
     embedding: str = typer.Option(
-        "minilm-static", help="minilm-static (token vectors, ~1 ms) or minilm (contextual, tens of ms on CPU)."
+        "both", help="Heads to train: both (default: minilm-static, ~1 ms, and minilm, the contextual vector, used "
+        "when the semantic cache has computed it), or one of minilm-static and minilm."
     ),
 ) -> None:
     """Train a router on DATA and save it to OUT (recalibrate it on held-out data with `calibrate`)."""
     import time
 
     from tokenomy.offline.router.dataset import load_routing_data
-    from tokenomy.offline.router.train import train_classifier
+    from tokenomy.offline.router.train import HEADS, train_router
+    from tokenomy.router.features import EMBEDDINGS
 
     if not 0.0 <= strong_share <= 1.0:
         raise _UserError(f"--strong-share must be between 0 and 1, got {strong_share}")
+    if embedding != "both" and embedding not in EMBEDDINGS:
+        raise _UserError(f"--embedding must be both, {' or '.join(EMBEDDINGS)}; got {embedding!r}")
     rows = load_routing_data(data, weak, strong)
     _check_writable(out)
     started = time.perf_counter()
-    router = train_classifier(rows, strong_share=strong_share, embedding=embedding)
+    router = train_router(rows, strong_share=strong_share, heads=HEADS if embedding == "both" else (embedding,))
     router.save(out)
-    meta = router.meta
-    typer.echo(
-        f"trained on {meta['rows']} prompts in {time.perf_counter() - started:.1f}s: "
-        f"{weak} right {meta['weak_quality']:.1%}, {strong} right {meta['strong_quality']:.1%}; "
-        f"C={meta['C']:g}; {embedding} embedding; priors over {len(router.prior.groups) if router.prior else 0} "
-        f"groups\nthreshold {router.threshold:.4f} on p_weak_ok ({strong_share:.0%} strong on the training data)\n"
-        f"wrote {out}"
-    )
+    first = router.heads[0].meta
+    lines = [f"trained on {first['rows']} prompts in {time.perf_counter() - started:.1f}s: "
+             f"{weak} right {first['weak_quality']:.1%}, {strong} right {first['strong_quality']:.1%}"]
+    for head in router.heads:
+        lines.append(
+            f"{head.embedding} head: C={head.meta['C']:g}; priors over "
+            f"{len(head.prior.groups) if head.prior else 0} groups; threshold {head.threshold:.4f} on p_weak_ok "
+            f"({strong_share:.0%} strong on the training data)")
+    typer.echo("\n".join(lines) + f"\nwrote {out}")
 
 
 @app.command()
@@ -135,35 +140,31 @@ def calibrate(
         _calibrate_cascade(config, route, prompts, escalation_share, break_even, min_saving, max_tokens, signals,
                            stream, threads, out, as_json)
         return
-    from tokenomy.offline.router.calibrate import (
-        operating_point,
-        threshold_for_quality_floor,
-        threshold_for_strong_share,
-    )
+    from tokenomy.offline.router.calibrate import calibrate_router, operating_point
     from tokenomy.offline.router.dataset import load_routing_data
-    from tokenomy.router.classifier import RouteClassifier
+    from tokenomy.router.classifier import Router
 
     if router_path is None or data is None:
         raise _UserError("give --router and --data (or --cascade with --config, --route and --prompts)")
     if (strong_share is None) == (quality_floor is None):
         raise _UserError("give exactly one of --strong-share and --quality-floor")
     _check_writable(out or router_path)
-    router = RouteClassifier.load(router_path)
+    router = Router.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong, require_labels=quality_floor is not None)
-    p_ok = router.p_weak_ok_many(rows.prompts)
-    if strong_share is not None:
-        result = threshold_for_strong_share(p_ok, strong_share)
-    else:
-        result = threshold_for_quality_floor(p_ok, rows.weak_ok, rows.strong_ok, quality_floor)
-    router.threshold = result.threshold
-    router.meta["target"] = {**result.target, "set_by": f"calibrate on {data} ({len(rows)} prompts)"}
+    results = calibrate_router(router, rows, strong_share, quality_floor, source=str(data))
     target = out or router_path
     router.save(target)
-    line = f"threshold {result.threshold:.4f} on p_weak_ok: strong share {result.strong_share:.1%}"
-    if rows.labelled:
-        share, quality = operating_point(p_ok, result.threshold, rows.weak_ok, rows.strong_ok)
-        line += (f", quality {quality:.1%} (weak {rows.weak_ok.mean():.1%}, strong {rows.strong_ok.mean():.1%})")
-    typer.echo(f"{line}\nwrote {target}")
+    lines = []
+    for head in router.heads:
+        result = results[head.embedding]
+        line = (f"{head.embedding} head: threshold {result.threshold:.4f} on p_weak_ok: strong share "
+                f"{result.strong_share:.1%}")
+        if rows.labelled:
+            share, quality = operating_point(head.p_weak_ok_many(rows.prompts), result.threshold, rows.weak_ok,
+                                             rows.strong_ok)
+            line += f", quality {quality:.1%} (weak {rows.weak_ok.mean():.1%}, strong {rows.strong_ok.mean():.1%})"
+        lines.append(line)
+    typer.echo("\n".join(lines) + f"\nwrote {target}")
 
 
 def _calibrate_token(config: Path | None, route: str | None, prompts: Path | None, large_share: float | None,
@@ -297,10 +298,11 @@ def evaluate(
     points: int = typer.Option(10, help="Curve points (RouteLLM uses 10 quantile bins)."),
     seeds: int = typer.Option(20, help="Random-router draws to average."),
 ) -> None:
-    """Quality-cost curve, APGR, CPT(50%) and CPT(80%) of the router against random and oracle routers."""
+    """Quality-cost curve, APGR, CPT(50%) and CPT(80%) of each of the router's heads against random and oracle
+    routers."""
     from tokenomy.offline.router.dataset import load_routing_data
-    from tokenomy.offline.router.report import evaluate_router, print_report, write_plot
-    from tokenomy.router.classifier import RouteClassifier
+    from tokenomy.offline.router.report import evaluate_heads, print_report, write_plot
+    from tokenomy.router.classifier import Router
 
     if points < 1 or seeds < 1:
         raise _UserError("--points and --seeds must be at least 1")
@@ -308,9 +310,9 @@ def evaluate(
         raise _UserError(f"--plot must end in .png or .html, got {plot.name}")
     if plot is not None:
         _check_writable(plot)
-    router = RouteClassifier.load(router_path)
+    router = Router.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong)
-    report = evaluate_router(router, rows, points=points, seeds=seeds)
+    report = evaluate_heads(router, rows, points=points, seeds=seeds)
     if plot is not None:
         write_plot(report, plot)
     if as_json:

@@ -4,7 +4,8 @@ Slices: all rows, then each `benchmark` value when the data has more than one. I
 router, a random router (mean of several draws) and the oracle are scored with evaluate.py's RouteLLM
 metrics, and the router's own operating point (its threshold) is reported. Calibration of p_weak_ok (against
 its event, ties counted half), p_weak_correct and p_strong_correct is summarised by the Brier score and the
-expected calibration error (10 equal-width bins).
+expected calibration error (10 equal-width bins). A router file with two heads is evaluated head by head
+(evaluate_heads): each head on the same rows, with its own threshold.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from tokenomy.offline.router.calibrate import operating_point
 from tokenomy.offline.router.dataset import RoutingData
 from tokenomy.offline.router.evaluate import evaluate_baselines, evaluate_scores
-from tokenomy.router.classifier import RouteClassifier
+from tokenomy.router.classifier import RouteClassifier, Router
 
 
 def evaluate_router(
@@ -40,6 +41,17 @@ def evaluate_router(
             "p_weak_correct": calibration_summary(p_weak, data.weak_ok),
             "p_strong_correct": calibration_summary(p_strong, data.strong_ok),
         },
+    }
+
+
+def evaluate_heads(router: Router, data: RoutingData, points: int = 10, seeds: int = 20) -> dict:
+    """`tokenomy router eval`'s report: the models, the row count and evaluate_router's figures for every head
+    (static head first), under "heads"."""
+    return {
+        "weak": router.weak,
+        "strong": router.strong,
+        "rows": len(data),
+        "heads": [evaluate_router(head, data, points, seeds) for head in router.heads],
     }
 
 
@@ -98,19 +110,27 @@ def calibration_summary(probability: np.ndarray, outcome: np.ndarray, bins: int 
 
 
 def print_report(report: dict) -> None:
+    """Tables of evaluate_heads' report: per head its RouteLLM metrics, its curve and its calibration."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console(width=max(Console().width, 110))
+    for head in report["heads"]:
+        _print_head(console, head)
+
+
+def _print_head(console, report: dict) -> None:
+    from rich.table import Table
+
     target = report.get("target") or {}
     goal = ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in target.items()
                      if k in ("strong_share", "quality_floor"))
     console.print(
         f"[bold]{report['weak']}[/] vs [bold]{report['strong']}[/] on {report['rows']} prompts; "
-        f"{report['embedding']} embedding; threshold {report['threshold']:.4f} on p_weak_ok"
+        f"{report['embedding']} head; threshold {report['threshold']:.4f} on p_weak_ok"
         + (f" (target {goal}, set by {target.get('set_by', '?')})" if goal else "")
     )
-    summary = Table(title="RouteLLM metrics (APGR: higher is better; CPT: strong-call share, lower is better)")
+    summary = Table(title=f"{report['embedding']} head: RouteLLM metrics (APGR: higher is better; CPT: strong-call "
+                          "share, lower is better)")
     for column in ("slice", "rows", "weak", "strong", "router", "APGR", "CPT(50%)", "CPT(80%)",
                    "threshold: strong -> quality"):
         summary.add_column(column, justify="left" if column in ("slice", "router") else "right")
@@ -127,7 +147,7 @@ def print_report(report: dict) -> None:
     console.print(summary)
 
     entry = report["slices"][0]
-    curve = Table(title=f"quality-cost curve ({entry['name']}, learned router)")
+    curve = Table(title=f"quality-cost curve ({entry['name']}, {report['embedding']} head)")
     for column in ("strong calls", "quality", "PGR", "random quality"):
         curve.add_column(column, justify="right")
     gap = entry["strong_quality"] - entry["weak_quality"]
@@ -145,15 +165,22 @@ def print_report(report: dict) -> None:
 
 
 def write_plot(report: dict, path: Path) -> None:
-    """Quality against strong-call share, one panel per slice: .png (matplotlib) or .html (plotly, offline)."""
-    slices = report["slices"]
+    """Quality against strong-call share, one panel per slice, one learned curve per head (random and oracle
+    once): .png (matplotlib) or .html (plotly, offline). `report`: evaluate_heads' output."""
+    heads = report["heads"]
+    slices = heads[0]["slices"]
+
+    def curves(i: int) -> list[tuple[str, dict]]:
+        out = [(f"learned, {h['embedding']}", h["slices"][i]["routers"]["learned"]) for h in heads]
+        return out + [(n, r) for n, r in slices[i]["routers"].items() if n != "learned"]
+
     if path.suffix.lower() == ".html":
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
         figure = make_subplots(rows=1, cols=len(slices), subplot_titles=[s["name"] for s in slices])
-        for col, entry in enumerate(slices, start=1):
-            for name, r in entry["routers"].items():
+        for col, _entry in enumerate(slices, start=1):
+            for name, r in curves(col - 1):
                 figure.add_trace(go.Scatter(
                     x=[p["strong_share"] * 100 for p in r["curve"]], y=[p["quality"] * 100 for p in r["curve"]],
                     mode="lines+markers", name=f"{name} (APGR {r['apgr']:.3f})", legendgroup=name,
@@ -170,8 +197,8 @@ def write_plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(slices), figsize=(5.5 * len(slices), 4.5), squeeze=False)
-    for axis, entry in zip(axes[0], slices, strict=True):
-        for name, r in entry["routers"].items():
+    for i, (axis, entry) in enumerate(zip(axes[0], slices, strict=True)):
+        for name, r in curves(i):
             axis.plot([p["strong_share"] * 100 for p in r["curve"]], [p["quality"] * 100 for p in r["curve"]],
                       marker=".", label=f"{name} (APGR {r['apgr']:.3f})")
         axis.axhline(entry["weak_quality"] * 100, color="grey", linestyle="--", label=report["weak"])

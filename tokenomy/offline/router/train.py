@@ -1,10 +1,12 @@
 """Training a route classifier: labelled prompts in, a RouteClassifier (tokenomy/router/classifier.py) out.
 
 The model is described in classifier.py. Here: the group priors (prior.GroupPrior, fitted with each row left out
-of its own group), the text features and the embedding's first 16 principal components are standardised, and a
+of its own group), the text and word-problem features and the embedding's first 16 principal components are
+standardised, and a
 multinomial logistic regression is fitted on the four joint outcomes. Its regularisation strength C is chosen by
 5-fold log loss inside the training data only. The threshold is then set on the training rows for a share of
-strong calls (recalibrate it on held-out prompts with calibrate.py).
+strong calls (recalibrate it on held-out prompts with calibrate.py). train_router fits one such head per
+embedding (by default both, static and contextual) into one Router.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import time
 import numpy as np
 
 from tokenomy.offline.router.dataset import RoutingData
-from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier
-from tokenomy.router.features import EMBEDDINGS, embed_prompts, text_feature_matrix
+from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, Router, dense_features
+from tokenomy.router.features import EMBEDDINGS, embed_prompts
 from tokenomy.router.prior import GroupPrior, outcome_matrix
 
 PCA_COMPONENTS = 16
 C_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MIN_ROWS = 20
+HEADS = ("minilm-static", "minilm")  # what `tokenomy router train` fits by default
 
 
 class RouterTrainingError(ValueError):
@@ -29,10 +32,12 @@ class RouterTrainingError(ValueError):
 
 def train_classifier(
     data: RoutingData, embeddings: np.ndarray | None = None, strong_share: float = 0.5,
-    embedding: str = DEFAULT_EMBEDDING,
+    embedding: str = DEFAULT_EMBEDDING, word_problem: bool = True,
 ) -> RouteClassifier:
     """Fit on `data` (with `embeddings` of its prompts, if already computed, of kind `embedding`); the
-    threshold is set so that `strong_share` of the training prompts go strong."""
+    threshold is set so that `strong_share` of the training prompts go strong. `word_problem` adds the
+    word-problem features (classifier.dense_features; in cross-validation they lift GSM8K on either embedding
+    and leave MMLU as it was, docs/routing.md)."""
     from sklearn.decomposition import PCA
 
     if embedding not in EMBEDDINGS:
@@ -51,7 +56,7 @@ def train_classifier(
         prior, prior_train = None, np.zeros((len(data), 0))
         if len(set(groups)) >= 2 and all(groups):
             prior, prior_train = GroupPrior.fit(x, groups, outcome_matrix(data.weak_ok, data.strong_ok))
-        dense = np.c_[prior_train, text_feature_matrix(data.prompts)]
+        dense = np.c_[prior_train, dense_features(data.prompts, word_problem)]
         scaler_mean, scaler_scale = dense.mean(0), _safe_scale(dense.std(0))
         n_components = min(PCA_COMPONENTS, len(data) - 1, x.shape[1])
         pca = PCA(n_components=n_components, random_state=0).fit(x)
@@ -67,7 +72,7 @@ def train_classifier(
         scaler_mean=scaler_mean, scaler_scale=scaler_scale,
         pca_mean=pca.mean_, pca_components=pca.components_,
         pca_scale=pca_scale, coef=np.atleast_2d(model.coef_), intercept=np.atleast_1d(model.intercept_),
-        classes=[int(k) for k in model.classes_], prior=prior, embedding=embedding,
+        classes=[int(k) for k in model.classes_], prior=prior, embedding=embedding, word_problem=word_problem,
         meta={
             "C": c,
             "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -82,6 +87,18 @@ def train_classifier(
     classifier.threshold = calibration.threshold
     classifier.meta["target"] = {"strong_share": strong_share, "set_by": "train (on its own training rows)"}
     return classifier
+
+
+def train_router(
+    data: RoutingData, embeddings: dict[str, np.ndarray] | None = None, strong_share: float = 0.5,
+    heads: tuple[str, ...] | list[str] = HEADS,
+) -> Router:
+    """One head per embedding kind in `heads`, each fitted by train_classifier on all of `data` (with the
+    embeddings of its prompts from `embeddings`, where given) and thresholded for `strong_share` on it."""
+    if not heads or len(set(heads)) != len(heads):
+        raise RouterTrainingError(f"name each embedding once, got {list(heads)}")
+    vectors = embeddings or {}
+    return Router([train_classifier(data, vectors.get(kind), strong_share, kind) for kind in heads])
 
 
 def logistic(c: float):
