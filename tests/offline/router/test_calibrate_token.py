@@ -75,6 +75,12 @@ def test_other_modes_and_bad_files_are_refused(files) -> None:
     base = ("--config", files["config"], "--route", "tok", "--prompts", files["prompts"], "--large-share", "0.2")
     refused(run(*base, "--cascade"), "--token takes --config, --route, --prompts and --large-share")
     refused(run(*base, "--router", "r.json"), "--token takes")
+    for other in (("--strong-share", "0.3"), ("--quality-floor", "0.9"), ("--escalation-share", "0.2"),
+                  ("--break-even",)):
+        refused(run(*base, *other), "--token takes")        # another mode's target is not silently ignored
+    cascade = runner.invoke(app, ["calibrate", "--cascade", "--config", str(files["config"]), "--route", "tok",
+                                  "--prompts", str(files["prompts"]), "--large-share", "0.2", "--break-even"])
+    refused(cascade, "--large-share goes with --token")
     bad = files["dir"] / "bad.jsonl"
     bad.write_text('"fine"\n{"prompt": ""}\n', encoding="utf-8")
     refused(run("--config", files["config"], "--route", "tok", "--prompts", bad, "--large-share", "0.2"),

@@ -129,10 +129,14 @@ def calibrate(
     --cascade, choose a route's cascade floors from its first model's answers to PROMPTS (printed as YAML for the
     route's `cascade:` block; the config is not edited)."""
     if token:
-        if cascade or router_path is not None or data is not None:
-            raise _UserError("--token takes --config, --route, --prompts and --large-share")
+        if (cascade or router_path is not None or data is not None or strong_share is not None
+                or quality_floor is not None or escalation_share is not None or break_even):
+            raise _UserError("--token takes --config, --route, --prompts and --large-share, not --cascade/--router/"
+                             "--data/--strong-share/--quality-floor/--escalation-share/--break-even")
         _calibrate_token(config, route, prompts, large_share, rounds, max_tokens, threads, out, as_json)
         return
+    if large_share is not None:
+        raise _UserError("--large-share goes with --token")
     if cascade:
         if router_path is not None or data is not None or strong_share is not None or quality_floor is not None:
             raise _UserError("--cascade takes --config, --route, --prompts and a target, not --router/--data/"
