@@ -25,8 +25,9 @@ from tokenomy.engine.tokenizer import TemplateError
 
 
 def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,
-                    priority: str = "interactive") -> SamplingParams:
-    """The engine's SamplingParams for OpenAI sampling fields; ValueError (a 400) names what is out of range."""
+                    priority: str = "interactive", req: GenRequest | None = None) -> SamplingParams:
+    """The engine's SamplingParams for OpenAI sampling fields (and `req`'s token-routing fields, when given);
+    ValueError (a 400) names what is out of range."""
     stop = params.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
@@ -48,6 +49,9 @@ def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,
         ignore_eos=bool(params.get("ignore_eos")),
         speculative=params.get("speculative") is not False,
         priority="batch" if priority == "batch" else "interactive",
+        signal=req.signal if req is not None else None,
+        handover_below=req.handover_below if req is not None else None,
+        handover_after=req.handover_after if req is not None else 0,
     )
 
 
@@ -112,7 +116,9 @@ class EmbeddedBackend:
         req.counted = (self.name, req.kind, req.messages, req.tools, req.prompt, tuple(ids))
         return TokenCount(len(ids), exact=True)
 
-    def _check_length(self, prompt: list[int], params: dict[str, Any]) -> int:
+    def check_length(self, prompt: list[int], params: dict[str, Any]) -> int:
+        """Tokens left for the answer after `prompt`; InvalidRequest (context_length_exceeded) when the prompt, or
+        the prompt and the asked max_tokens, do not fit the model's context."""
         limit = self.engine.max_model_len
         if len(prompt) >= limit:
             raise InvalidRequest(
@@ -141,12 +147,10 @@ class EmbeddedBackend:
 
             calls = ToolCallStream()
         prompt = self.prompt_tokens(req)
-        room = self._check_length(prompt, req.params)
+        room = self.check_length(prompt, req.params)
         try:
             sp = sampling_params(req.params, default_max=room, n_vocab=self.engine.vocab.n_vocab,
-                                 priority=req.priority)
-            sp = dataclasses.replace(sp, signal=req.signal, handover_below=req.handover_below,
-                                     handover_after=req.handover_after)
+                                 priority=req.priority, req=req)
         except ValueError as e:
             param = next((f for f in ("logit_bias", "repetition_penalty", "temperature", "top_p", "max_tokens")
                           if f in str(e)), None)

@@ -113,8 +113,9 @@ class PrefixCache:
                 held += node.tokens[:FINGERPRINT_TOKENS - len(held)]
                 if len(held) >= FINGERPRINT_TOKENS:
                     break
-            self.ghosts[_fingerprint(held)] = None
-            self.ghosts.move_to_end(_fingerprint(held))
+            fp = _fingerprint(held)
+            self.ghosts[fp] = None
+            self.ghosts.move_to_end(fp)
             while len(self.ghosts) > GHOSTS:
                 self.ghosts.popitem(last=False)
         for node in reversed(self.paths.pop(slot, [])):

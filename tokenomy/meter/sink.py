@@ -64,7 +64,9 @@ class MeterSink:
 
     def route_saving(self, ctx: Finished) -> dict[str, Saving]:
         """A route that served on a cheaper model than its most capable candidate saved the difference in price
-        for the same usage."""
+        for the same usage (an answer several models wrote: price_parts)."""
+        if ctx.usage is not None and ctx.usage.parts:
+            return {}
         top = self.top_price(ctx)
         served = self.rate(ctx.model, ctx) if top is not None and ctx.model is not None else None
         if top is None or served is None or ctx.usage is None:
@@ -96,12 +98,6 @@ class MeterSink:
             row.cost_cached_input_usd += c.cached_input_usd
             row.cost_output_usd += c.output_usd
         row.cost_usd = row.cost_input_usd + row.cost_cached_input_usd + row.cost_output_usd
-        # The single-price route saving (served model's rate for the whole usage) is replaced, not adjusted: it is
-        # absent whenever the served model alone would not have been cheaper, though its parts may well be.
-        route = row.saved_by.pop("route", None)
-        if route is not None:
-            row.saved_usd -= route["usd"]
-            row.saved_tokens -= int(route["tokens"])
         top = self.top_price(ctx)
         if top is not None:
             cached = min(max(u.cached_tokens, 0), max(u.prompt_tokens, 0))

@@ -146,11 +146,8 @@ class Route:
             ctx.candidates = [large]
             decision.chosen, decision.by = large, "token: structured output served by the large model"
         else:
-            t = spec.token
+            t = ctx.token_route = TokenSettings(small=small, large=large, **spec.token.model_dump())
             ctx.candidates = [small, large]     # the small model failing: the large serves whole
-            ctx.token_route = TokenSettings(small=small, large=large, signal=t.signal, threshold=t.threshold,
-                                            segment=t.segment, max_segment_tokens=t.max_segment_tokens,
-                                            template=t.template)
             decision.by = f"token: {t.signal} < {t.threshold:g} hands over to {large}"
         ctx.route_reason = f"route {ctx.route}: {decision.by}"
 

@@ -143,7 +143,7 @@ class TokenRouter:
     async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         s, small = self.s, self.small
         prompt = small.prompt_tokens(req)
-        room = small._check_length(prompt, req.params)
+        room = small.check_length(prompt, req.params)
         budget = min(req.params.get("max_tokens") or room, room)
         stop = req.params.get("stop") or []
         scan = StopScan([stop] if isinstance(stop, str) else list(stop))

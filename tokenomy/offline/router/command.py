@@ -200,9 +200,7 @@ def _calibrate_token(config: Path | None, route: str | None, prompts: Path | Non
     models = {m.name: m for m in cfg.models}
     small = build_backend(models[spec.models[0]], cfg, n_threads=threads)
     large = build_backend(models[spec.models[1]], cfg, n_threads=threads)
-    t = spec.token
-    base = TokenSettings(small=spec.models[0], large=spec.models[1], signal=t.signal, threshold=t.threshold,
-                         segment=t.segment, max_segment_tokens=t.max_segment_tokens, template=t.template)
+    base = TokenSettings(small=spec.models[0], large=spec.models[1], **spec.token.model_dump())
 
     def progress(i: int, trial) -> None:
         typer.echo(f"round {i}/{rounds}: threshold {trial.threshold:.6g} -> large share {trial.large_share:.1%}, "
@@ -219,7 +217,7 @@ def _calibrate_token(config: Path | None, route: str | None, prompts: Path | Non
         result = asyncio.run(run())
     except TokenCalibrationError as e:
         raise _UserError(str(e)) from None
-    text = json.dumps(result.to_dict(), indent=2) if as_json else result.snippet(route, t.segment)
+    text = json.dumps(result.to_dict(), indent=2) if as_json else result.snippet(route, base.segment)
     if out is not None:
         out.write_text(text + ("\n" if as_json else ""), encoding="utf-8")
     typer.echo(text)
