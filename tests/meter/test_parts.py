@@ -150,7 +150,7 @@ def test_a_cache_hit_is_not_priced_by_parts():
 
 def test_a_version_6_ledger_migrates_to_7_and_keeps_its_rows(ledger_url):
     engine = sa.create_engine(normalize_url(ledger_url))
-    old = rows_for([Spec("small", 10, 0, 2), Spec("large", 30, 0, 4)])
+    old = rows_for([Spec("small", 10, 0, 2, ago_s=20), Spec("large", 30, 0, 4, ago_s=10)])
     with engine.begin() as conn:
         assert schema.migrate(conn, upto=6) == (0, 6)
         v6 = sa.Table("ledger", sa.MetaData(), autoload_with=conn)
