@@ -8,6 +8,7 @@ concurrent request (`-np`) and continuous batching, its defaults otherwise. Also
 shared by 8 concurrent requests (prompt tokens each server computed), and one request over HTTP vs in-process.
 
     .venv/bin/python bench/engine_throughput.py [--json] [--levels 1,8,16] [--tokens 128] [--rounds 2]
+        [--layouts unified,streams]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -105,9 +107,18 @@ def start_llama_server(port: int, slots: int, threads: int) -> subprocess.Popen:
     return proc
 
 
-def start_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+LAYOUTS = {   # tokenomy's KV layouts (docs/engine.md, "KV streams"); llama-server gets 2,048 cells per slot
+    "unified": "engine: {kv_unified: true}\n",
+    "streams": "engine: {kv_unified: false, max_running: 16, max_retired: 16, n_ctx: 65536}\n",
+}
+
+
+def start_server(port: int, layout: str, tmp: str) -> subprocess.Popen:
+    cfg = os.path.join(tmp, f"{layout}.yaml")
+    with open(cfg, "w") as f:
+        f.write(LAYOUTS[layout] + "ledger: null\n")
+    proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "--config", cfg],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_up(f"http://127.0.0.1:{port}/health", [proc], 180)
     return proc
 
@@ -173,26 +184,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--layouts", default="unified,streams", help="tokenomy KV layouts to run, each its own server")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     console = Console(stderr=True)
     levels = [int(x) for x in args.levels.split(",")]
+    layouts = args.layouts.split(",")
     bias = eog_bias()
-    urls = {"tokenomy": f"http://127.0.0.1:{args.port}/v1", "llama-server": f"http://127.0.0.1:{args.port + 1}/v1"}
-    results: dict[str, Any] = {"levels": [], "tokens": args.tokens, "rounds": args.rounds}
-    with Progress(console=console, transient=True) as progress:
+    urls = {f"tokenomy {lay}": f"http://127.0.0.1:{args.port + 2 + i}/v1" for i, lay in enumerate(layouts)}
+    urls["llama-server"] = f"http://127.0.0.1:{args.port + 1}/v1"
+    results: dict[str, Any] = {"levels": [], "tokens": args.tokens, "rounds": args.rounds, "layouts": LAYOUTS}
+    with Progress(console=console, transient=True) as progress, tempfile.TemporaryDirectory() as tmp:
         task = progress.add_task("starting llama-server (building it first if needed)", total=None)
         procs = [start_llama_server(args.port + 1, max(levels), args.threads)]
         try:
-            progress.update(task, description="starting tokenomy serve")
-            procs.append(start_server(args.port))
+            for i, lay in enumerate(layouts):
+                progress.update(task, description=f"starting tokenomy serve ({lay} KV)")
+                procs.append(start_server(args.port + 2 + i, lay, tmp))
             for url in urls.values():
                 asyncio.run(level_http(url, 2, 2, 8, bias))                 # warm-up
+            names = list(urls)
             for c in levels:
                 n_req = 4 if c == 1 else 2 * c
                 runs: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
                 for r in range(args.rounds):
-                    order = list(urls) if r % 2 == 0 else list(reversed(urls))
+                    order = names[r % len(names):] + names[:r % len(names)]     # each goes first in turn
                     for name in order:
                         progress.update(task, description=f"{name}: concurrency {c}, round {r + 1}")
                         runs[name].append(asyncio.run(level_http(urls[name], c, n_req, args.tokens, bias)))
@@ -200,12 +216,14 @@ def main() -> None:
                 for name, rs in runs.items():
                     row[name] = {k: statistics.median(x[k] for x in rs) for k in ("tok_s", "ttft_p50", "ttft_p95")}
                     row[name]["rounds_tok_s"] = [x["tok_s"] for x in rs]
-                row["ratio"] = row["tokenomy"]["tok_s"] / row["llama-server"]["tok_s"]
+                for name in names:
+                    row[name]["ratio"] = row[name]["tok_s"] / row["llama-server"]["tok_s"]
                 results["levels"].append(row)
             progress.update(task, description="shared 1,000-token prefix, 8 concurrent requests")
             results["shared_prefix"] = {name: asyncio.run(shared_prefix(url)) for name, url in urls.items()}
             progress.update(task, description="single request over HTTP")
-            results["http_latency_s"] = http_latency(urls["tokenomy"], args.tokens, bias, 3)
+            first = names[0]
+            results["http_latency_s"] = http_latency(urls[first], args.tokens, bias, 3)
         finally:
             for p in procs:
                 p.terminate()
@@ -217,20 +235,23 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     table = Table(title=f"Aggregate output tok/s, {args.tokens}-token answers, SmolLM2-135M, {args.threads} threads, "
-                        f"median of {args.rounds} alternating rounds")
-    for col in ("concurrency", "tokenomy tok/s", "llama-server tok/s", "ratio", "tokenomy TTFT p50/p95 s",
-                "llama-server TTFT p50/p95 s"):
-        table.add_column(col, justify="right")
+                        f"median of {args.rounds} alternating rounds; ratio to llama-server")
+    table.add_column("concurrency", justify="right")
+    for name in urls:
+        table.add_column(f"{name} tok/s (ratio)", justify="right")
+        table.add_column(f"{name} TTFT p50/p95 s", justify="right")
     for lv in results["levels"]:
-        t, b = lv["tokenomy"], lv["llama-server"]
-        table.add_row(str(lv["concurrency"]), f"{t['tok_s']:.1f}", f"{b['tok_s']:.1f}", f"{lv['ratio']:.2f}x",
-                      f"{t['ttft_p50']:.2f} / {t['ttft_p95']:.2f}", f"{b['ttft_p50']:.2f} / {b['ttft_p95']:.2f}")
+        cells = [str(lv["concurrency"])]
+        for name in urls:
+            t = lv[name]
+            cells += [f"{t['tok_s']:.1f} ({t['ratio']:.2f}x)", f"{t['ttft_p50']:.2f} / {t['ttft_p95']:.2f}"]
+        table.add_row(*cells)
     out = Console()
     out.print(table)
     for name, p in results["shared_prefix"].items():
         out.print(f"{name}: 8 requests behind one ~1,000-token system prompt: {p['prompt_tokens']} prompt tokens, "
                   f"{p['computed']} computed, {p['wall_s']:.2f}s")
-    out.print(f"single request ({args.tokens} tokens): HTTP {results['http_latency_s']:.2f}s, in-process "
+    out.print(f"single request ({args.tokens} tokens, {names[0]}): HTTP {results['http_latency_s']:.2f}s, in-process "
               f"{results['inproc_latency_s']:.2f}s, ratio {results['http_overhead_ratio']:.3f}")
 
 
