@@ -61,7 +61,7 @@ def live_server(config_data: dict[str, Any] | None = None, config_path: str | No
         thread.join(timeout=30)
 
 
-SMALL_ENGINE = {"n_ctx": 4096, "max_model_len": 2048, "max_running": 8, "max_retired": 8, "max_batch_tokens": 256}
+SMALL_ENGINE = {"n_ctx": 32768, "max_model_len": 2048, "max_running": 8, "max_retired": 8, "max_batch_tokens": 256}
 
 
 NO_CACHE = {"exact": {"enabled": False}, "semantic": {"enabled": False}}

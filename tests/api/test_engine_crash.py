@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import NO_CACHE, live_server
 
-ENGINE = {"n_ctx": 2048, "max_model_len": 1024, "max_running": 4, "max_retired": 2, "max_batch_tokens": 64}
+ENGINE = {"n_ctx": 6144, "max_model_len": 1024, "max_running": 4, "max_retired": 2, "max_batch_tokens": 64}
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def test_bodies_are_refused_by_their_declared_size_and_after_auth_before_they_ar
     from tests.conftest import live_server
 
     keys = [{"key": "sk-tenant", "tenant": "a"}]
-    with live_server({"keys": keys, "engine": {"n_ctx": 1024, "max_model_len": 512}}) as srv:
+    with live_server({"keys": keys, "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:
         big = raw_post(srv.port, "/v1/chat/completions",
                        {"content-type": "application/json", "content-length": str(512 << 20),
                         "authorization": "Bearer sk-tenant"})
@@ -117,7 +117,8 @@ def test_a_stream_the_client_cuts_short_is_billed_for_what_it_got():
 
     models = [{"name": MODEL, "gguf": MODEL, "price": {"input": 1.0, "cached_input": 0.5, "output": 2.0}}]
     with live_server({"models": models, "cache": NO_CACHE,
-                      "engine": {"n_ctx": 4096, "max_model_len": 2048, "max_batch_tokens": 64}}) as srv:
+                      "engine": {"n_ctx": 16384, "max_model_len": 2048, "max_running": 4, "max_retired": 4,
+                                 "max_batch_tokens": 64}}) as srv:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
                 "max_tokens": 300, "temperature": 0, "stream": True}
         with httpx.Client(timeout=60) as c, c.stream("POST", srv.base_url + "/chat/completions", json=body) as r:
@@ -157,7 +158,7 @@ def test_keys_and_tenants_may_name_only_the_models_and_routes_they_are_allowed()
            "routes": {"auto": {"strategy": "fixed", "models": ["cheap", "dear"]}},
            "tenants": {"t": {"models": ["auto", "cheap"]}},
            "keys": [{"key": "sk-narrow", "tenant": "t", "models": ["auto"]}, {"key": "sk-wide", "tenant": "u"}],
-           "cache": NO_CACHE, "engine": {"n_ctx": 1024, "max_model_len": 512}}
+           "cache": NO_CACHE, "engine": {"n_ctx": 12288, "max_model_len": 512}}
     with live_server(cfg) as srv:
         def ask(key: str, model: str) -> httpx.Response:
             return httpx.post(srv.base_url + "/chat/completions", timeout=60,
@@ -201,7 +202,7 @@ def test_an_unreachable_redis_cache_shows_on_metrics_health_and_the_log_once(cap
     dead = f"redis://127.0.0.1:{free_port()}/0"          # nothing listens there
     with caplog.at_level(logging.WARNING, logger="tokenomy.cache"), live_server(
             {"cache": {"store": dead, "semantic": {"enabled": False}},
-             "engine": {"n_ctx": 1024, "max_model_len": 512}}) as srv:
+             "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:
         for _ in range(3):
             r = httpx.post(srv.base_url + "/chat/completions", timeout=60, json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
@@ -226,7 +227,7 @@ def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(d
     from tests.conftest import NO_CACHE, live_server
 
     with live_server({"ledger_durable": durable, "cache": NO_CACHE,
-                      "engine": {"n_ctx": 1024, "max_model_len": 512}}) as srv:
+                      "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:
         ledger = srv.gateway.ledger
         original = ledger._commit
 
@@ -248,7 +249,7 @@ def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(d
 def test_a_keyed_server_opens_only_its_public_paths_without_a_key():
     from tests.conftest import live_server
 
-    small = {"n_ctx": 1024, "max_model_len": 512}
+    small = {"n_ctx": 12288, "max_model_len": 512}
     with live_server({"keys": [{"key": "sk-k", "tenant": "a"}], "engine": small}) as srv:
         for path in ("/metrics", "/openapi.json", "/docs", "/v1/models"):
             assert httpx.get(srv.root + path).status_code == 401, path

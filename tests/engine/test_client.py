@@ -15,7 +15,7 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.models import resolve_gguf
 
-CFG = dict(n_ctx=4096, max_model_len=2048, max_running=4, max_retired=4, max_batch_tokens=64)
+CFG = dict(n_ctx=16384, max_model_len=2048, max_running=4, max_retired=4, max_batch_tokens=64)
 
 
 class Collect:

@@ -63,7 +63,7 @@ def test_batched_greedy_equals_solo_and_preemption_recomputes_exactly(path):
     finally:
         big.stop()
     # KV for about half of the sequences: the scheduler must preempt and recompute, and the text must not change
-    tiny = Engine(path, EngineConfig(n_ctx=256, max_running=10, max_retired=0, max_batch_tokens=64,
+    tiny = Engine(path, EngineConfig(n_ctx=256, max_running=10, max_retired=0, max_batch_tokens=64, kv_unified=True,
                                      prefix_caching=False)).start()
     try:
         squeezed = run(tiny, PROMPTS * 2)        # ~480 cells wanted, 256 exist
@@ -106,11 +106,13 @@ def greedy_ids(engine: Engine, ids: list[int], max_tokens: int = 96) -> tuple[li
     return got, cached[0]
 
 
-def test_a_cached_prefix_does_not_change_a_greedy_answer(path):
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["unified", "streams"])
+def test_a_cached_prefix_does_not_change_a_greedy_answer(path, kv_unified):
     """The same request served alone answers the same cold, from the prefix cache, and again. The KV cells a warm
     request decodes into differ from the cold run's, so the attention kernel must not depend on where they lie
     (docs/engine.md: f16 KV takes llama.cpp's split-KV path, which does)."""
-    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=8, max_batch_tokens=256)).start()
+    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=8, max_batch_tokens=256,
+                                       kv_unified=kv_unified)).start()
     try:
         for k in range(len(ARTICLES)):
             text = " ".join(ARTICLES[k:] + ARTICLES[:k]) + " Now answer only the last question."
@@ -140,8 +142,10 @@ def submit_wait(engine: Engine, ids: list[int], params: SamplingParams) -> list:
     return events
 
 
-def test_a_handover_ends_before_the_unsure_token_and_keeps_the_answer_cached(path):
-    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256)).start()
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["unified", "streams"])
+def test_a_handover_ends_before_the_unsure_token_and_keeps_the_answer_cached(path, kv_unified):
+    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256,
+                                       kv_unified=kv_unified)).start()
     try:
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about rain."}])
         # top1 is below 0.999 on nearly every step: after its first 3 tokens the sequence hands over
@@ -155,11 +159,57 @@ def test_a_handover_ends_before_the_unsure_token_and_keeps_the_answer_cached(pat
         # the tokens so far, resumed: prompt and answer come from the cache, only the last token is computed
         evs = submit_wait(engine, prompt + out, SamplingParams(max_tokens=4, temperature=0))
         assert evs[-1].cached_tokens == len(prompt) + len(out) - 1
-        # an ordinary finish keeps only the prompt
+        # an ordinary finish keeps only the prompt in the unified buffer; its own KV stream keeps the answer too
         other = engine.tokenizer.encode_chat([{"role": "user", "content": "Name three fruits."}])
         evs = submit_wait(engine, other, SamplingParams(max_tokens=6, temperature=0))
         ans = [t for e in evs for t in e.token_ids]
         evs = submit_wait(engine, other + ans, SamplingParams(max_tokens=2, temperature=0))
-        assert evs[-1].cached_tokens == len(other)
+        assert evs[-1].cached_tokens == (len(other) if kv_unified else len(other) + len(ans) - 1)
+    finally:
+        engine.stop()
+
+
+class CopyLog:
+    """The runner, with the whole-stream copies the scheduler asks for recorded."""
+
+    def __init__(self, runner):
+        self.runner, self.copies = runner, []
+
+    def copy_stream(self, src, dst):
+        self.copies.append((src, dst))
+        self.runner.copy_stream(src, dst)
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_same_answer(path):
+    """kv_unified false: a greedy answer is the same cold, from the prompt its own stream still holds, and from a
+    copy of the stream that holds it (while another sequence runs where the prompt was); and sequences batched
+    together answer as they do alone."""
+    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256,
+                                       kv_unified=False)).start()
+    log = engine.scheduler.kv = CopyLog(engine.runner)
+    try:
+        assert engine.max_model_len == engine.runner.n_ctx_seq == 512      # 8 streams of 512 cells
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": " ".join(ARTICLES)}])
+        assert 256 < len(ids) < 400
+        cold, cached = greedy_ids(engine, ids, 48)
+        assert cached == 0
+        warm, cached = greedy_ids(engine, ids, 48)
+        assert cached == len(ids) - 1 and not log.copies
+        busy = engine.tokenizer.encode_chat([{"role": "user", "content": "Tell a long story."}])
+        done = threading.Event()
+        engine.submit(busy, SamplingParams(max_tokens=120, temperature=0, ignore_eos=True),
+                      lambda ev: ev.finish_reason and done.set())
+        copied, cached = greedy_ids(engine, ids, 48)
+        assert done.wait(60)
+        assert cached == len(ids) - 1 and len(log.copies) >= 2   # the prompt moved out of stream 0, then back in
+        assert cold == warm == copied
+        solo = [run(engine, [p])[0] for p in PROMPTS[:4]]
+        for got, want in zip(run(engine, PROMPTS[:4]), solo, strict=True):
+            assert_same_up_to_noise(got, want)
+        with pytest.raises(ValueError, match="limit is 511"):
+            engine.submit(list(range(1, 600)), SamplingParams(max_tokens=4), lambda ev: None)
     finally:
         engine.stop()

@@ -1,6 +1,6 @@
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams
-from tokenomy.engine.scheduler import Scheduler
+from tokenomy.engine.scheduler import MIN_COPY_TOKENS, Scheduler
 from tokenomy.engine.sequence import Sequence, Status
 
 
@@ -13,8 +13,15 @@ class KVLog:
     def copy_prefix(self, src, dst, length):
         self.ops.append(("cp", src, dst, length))
 
+    def copy_stream(self, src, dst):
+        self.ops.append(("copy", src, dst))
+
     def remove(self, slot, start=0):
         self.ops.append(("rm", slot) if start == 0 else ("rm", slot, start))
+
+
+def unified(**kw):
+    return EngineConfig(kv_unified=True, **kw)
 
 
 def seq(tokens, max_tokens=8):
@@ -27,7 +34,7 @@ def run_plan(s, plan):
 
 
 def test_chunked_prefill_respects_token_budget_and_decodes_first():
-    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=8), KVLog(), n_ctx=1000)
+    s = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=8), KVLog(), n_ctx=1000)
     a, b = seq(range(20)), seq(range(100, 105))
     s.waiting.extend([a, b])
     plan = s.schedule()
@@ -42,7 +49,7 @@ def test_chunked_prefill_respects_token_budget_and_decodes_first():
 
 def test_prefix_hit_copies_kv_and_skips_prefill():
     kv = KVLog()
-    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64), kv, n_ctx=1000)
+    s = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=64), kv, n_ctx=1000)
     a = seq([1, 2, 3, 4, 5, 6, 7, 8])
     s.waiting.append(a)
     run_plan(s, s.schedule())
@@ -56,7 +63,7 @@ def test_prefix_hit_copies_kv_and_skips_prefill():
 
 def test_kv_exhaustion_evicts_retired_then_preempts_newest_and_requeues_it():
     kv = KVLog()
-    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, prefix_caching=False), kv, n_ctx=10)
+    s = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=64, prefix_caching=False), kv, n_ctx=10)
     a, b = seq([1, 2, 3, 4]), seq([5, 6, 7, 8])
     s.waiting.extend([a, b])
     run_plan(s, s.schedule())
@@ -73,7 +80,7 @@ def test_kv_exhaustion_evicts_retired_then_preempts_newest_and_requeues_it():
 
 def test_a_finished_sequence_keeps_only_its_prompt_as_a_prefix():
     kv = KVLog()
-    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64), kv, n_ctx=1000)
+    s = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=64), kv, n_ctx=1000)
     a = seq([1, 2, 3, 4, 5])
     s.waiting.append(a)
     run_plan(s, s.schedule())
@@ -85,7 +92,7 @@ def test_a_finished_sequence_keeps_only_its_prompt_as_a_prefix():
     assert ("rm", slot, 5) in kv.ops               # the answer's cells go back, the prompt's stay
     assert s.prefix.used_cells == 5 and s.retired_cells() == 5
     assert s.prefix.match([1, 2, 3, 4, 5, 7, 8]) == (5, slot)
-    kept = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, retire_outputs=True), KVLog(),
+    kept = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=64, retire_outputs=True), KVLog(),
                      n_ctx=1000)
     b = seq([1, 2, 3, 4, 5])
     kept.waiting.append(b)
@@ -99,7 +106,7 @@ def test_a_finished_sequence_keeps_only_its_prompt_as_a_prefix():
 
 def test_retired_cells_are_capped_least_recently_used_first():
     kv = KVLog()
-    s = Scheduler(EngineConfig(max_running=8, max_retired=0, max_batch_tokens=64, max_retired_cells=10), kv, n_ctx=1000)
+    s = Scheduler(unified(max_running=8, max_retired=0, max_batch_tokens=64, max_retired_cells=10), kv, n_ctx=1000)
     done = []
     for base in (10, 20, 30):                     # three unrelated 5-token prompts, finished in turn
         q = seq(range(base, base + 5))
@@ -113,7 +120,7 @@ def test_retired_cells_are_capped_least_recently_used_first():
 
 
 def test_shared_cells_do_not_count_against_the_retired_cap():
-    s = Scheduler(EngineConfig(max_running=8, max_retired=0, max_batch_tokens=64, max_retired_cells=3), KVLog(),
+    s = Scheduler(unified(max_running=8, max_retired=0, max_batch_tokens=64, max_retired_cells=3), KVLog(),
                   n_ctx=1000)
     a, b = seq([1, 2, 3, 4, 5, 6]), seq([1, 2, 3, 4, 5, 9])
     s.waiting.append(a)
@@ -136,7 +143,7 @@ def bseq(tokens, max_tokens=8):
 
 
 def test_batch_sequences_sit_out_steps_with_interactive_work_and_keep_their_kv():
-    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, batch_step_tokens=64), KVLog(),
+    s = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=64, batch_step_tokens=64), KVLog(),
                   n_ctx=1000)
     b = bseq([1, 2, 3])
     s.waiting.append(b)
@@ -154,14 +161,14 @@ def test_batch_sequences_sit_out_steps_with_interactive_work_and_keep_their_kv()
 
 
 def test_interactive_arrivals_are_admitted_before_older_batch_ones():
-    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64), KVLog(), n_ctx=1000)
+    s = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=64), KVLog(), n_ctx=1000)
     b, i = bseq([1, 2]), seq([3, 4])
     s.waiting.extend([b, i])
     assert s.schedule() == [(i, 2)] and list(s.waiting) == [b]
 
 
 def test_batch_lane_is_capped_in_sequences_and_tokens_per_step():
-    s = Scheduler(EngineConfig(max_running=8, max_retired=0, max_batch_tokens=256, batch_max_running=2,
+    s = Scheduler(unified(max_running=8, max_retired=0, max_batch_tokens=256, batch_max_running=2,
                                batch_step_tokens=10), KVLog(), n_ctx=1000)
     a, b, c = bseq(range(8)), bseq(range(10, 18)), bseq(range(20, 28))
     s.waiting.extend([a, b, c])
@@ -170,7 +177,7 @@ def test_batch_lane_is_capped_in_sequences_and_tokens_per_step():
 
 
 def test_an_interactive_arrival_preempts_batch_first_for_a_running_place():
-    s = Scheduler(EngineConfig(max_running=2, max_retired=0, max_batch_tokens=64, batch_max_running=2), KVLog(),
+    s = Scheduler(unified(max_running=2, max_retired=0, max_batch_tokens=64, batch_max_running=2), KVLog(),
                   n_ctx=1000)
     a, b = bseq([1, 2]), bseq([3, 4])
     s.waiting.extend([a, b])
@@ -182,7 +189,7 @@ def test_an_interactive_arrival_preempts_batch_first_for_a_running_place():
 
 
 def test_kv_pressure_preempts_batch_before_interactive():
-    s = Scheduler(EngineConfig(max_running=4, max_retired=0, max_batch_tokens=64, prefix_caching=False), KVLog(),
+    s = Scheduler(unified(max_running=4, max_retired=0, max_batch_tokens=64, prefix_caching=False), KVLog(),
                   n_ctx=10)
     i, b = seq([1, 2, 3, 4]), bseq([5, 6, 7, 8])
     s.waiting.append(b)
@@ -202,7 +209,7 @@ def test_prompts_coming_back_in_a_cycle_longer_than_the_cap_end_up_cached():
     # three 150-token prompts in a cycle: 450 cells, over the 250-cell cap (n_ctx // 4), under n_ctx // 2.
     # Plain LRU evicts each one just before it comes back and never hits; a prompt seen before (evicted
     # recently, or served from the cache) is kept as protected, so from the third cycle on every one hits.
-    s = Scheduler(EngineConfig(max_running=4, max_retired=8, max_batch_tokens=512), KVLog(), n_ctx=1000)
+    s = Scheduler(unified(max_running=4, max_retired=8, max_batch_tokens=512), KVLog(), n_ctx=1000)
     prompts = [list(range(b, b + 150)) for b in (1000, 2000, 3000)]
     hits = []
     for _cycle in range(4):
@@ -218,10 +225,95 @@ def test_prompts_coming_back_in_a_cycle_longer_than_the_cap_end_up_cached():
 
 
 def test_prompts_never_seen_again_stay_under_the_unprotected_cap():
-    s = Scheduler(EngineConfig(max_running=4, max_retired=8, max_batch_tokens=512), KVLog(), n_ctx=1000)
+    s = Scheduler(unified(max_running=4, max_retired=8, max_batch_tokens=512), KVLog(), n_ctx=1000)
     for b in range(10):
         q = seq(range(10_000 * (b + 1), 10_000 * (b + 1) + 150))
         s.waiting.append(q)
         run_plan(s, s.schedule())
         s.finish(q)
         assert s.retired_cells() <= 250 and not s.prefix.protected
+
+
+# ---- one KV stream per sequence ------------------------------------------------------------------------------
+def streams(max_running=4, max_retired=4):
+    kv = KVLog()
+    return Scheduler(EngineConfig(max_running=max_running, max_retired=max_retired, max_batch_tokens=512,
+                                  kv_unified=False), kv, n_ctx=8 * 512), kv
+
+
+def serve(s, q):
+    s.waiting.append(q)
+    plan = s.schedule()
+    run_plan(s, plan)
+    return plan
+
+
+def test_streams_run_side_by_side_and_each_step_lists_them_in_stream_order():
+    s, _ = streams()
+    qs = [seq(range(b, b + 40), max_tokens=64) for b in (100, 200, 300)]
+    s.waiting.extend(qs)
+    plan = s.schedule()
+    assert [q.slot for q, _ in plan] == [0, 1, 2]
+    run_plan(s, plan)
+    s.finish(qs[1])                      # a gap at stream 1, and nobody waits: the top sequence moves down
+    kv = s.kv
+    kv.ops.clear()
+    qs[0].output.append(7)
+    qs[2].output.append(7)
+    plan = s.schedule()
+    assert [q.slot for q, _ in plan] == [0, 1]
+    assert ("copy", 2, 1) in kv.ops      # stream 1's cached prompt moved out first, then 2's KV copied in
+    assert kv.ops.index(("copy", 2, 1)) > next(i for i, op in enumerate(kv.ops) if op[:2] == ("copy", 1))
+    assert 2 in s.prefix.retired         # the old stream keeps a copy of the moved prompt as a cached prefix
+    # both moved prompts still hit in full
+    for q in (qs[1], qs[2]):
+        assert s.prefix.match(q.prompt)[0] == 40
+
+
+def test_a_cached_prefix_is_used_in_place_next_to_the_running_or_copied_in_from_afar():
+    s, kv = streams()
+    a = seq(range(100, 160))
+    serve(s, a)
+    s.finish(a)                          # a's prompt stays in stream 0
+    again = seq(list(range(100, 160)) + [1, 2])
+    kv.ops.clear()
+    serve(s, again)
+    assert again.slot == 0 and again.cached_tokens == 60 and not any(op[0] == "copy" for op in kv.ops)
+    # b runs on stream 0's neighbour; a third request with a's prompt copies it from the stream holding it
+    s.finish(again)
+    b = seq(range(500, 540))
+    serve(s, b)                          # stream 0 holds a's prompt: b takes it, a's prompt moves to an empty stream
+    assert b.slot == 0
+    moved = next(op[2] for op in kv.ops if op[:2] == ("copy", 0))
+    assert moved != 0 and moved in s.prefix.retired
+    c = seq(list(range(100, 160)) + [9])
+    kv.ops.clear()
+    serve(s, c)
+    assert c.slot == 1 and c.cached_tokens == 60
+    assert kv.ops[-2:] == [("copy", moved, 1), ("rm", 1, 60)]
+
+
+def test_a_short_prefix_in_another_stream_is_recomputed_not_copied():
+    s, kv = streams()
+    a = seq(range(100, 100 + MIN_COPY_TOKENS - 1))
+    serve(s, a)
+    b = seq(range(500, 540))
+    serve(s, b)
+    s.finish(a)
+    c = seq(list(range(100, 100 + MIN_COPY_TOKENS - 1)) + [5])
+    kv.ops.clear()
+    s.waiting.append(c)
+    s.schedule()
+    assert c.cached_tokens == 0 and not any(op[0] == "copy" for op in kv.ops)
+
+
+def test_with_every_stream_full_the_least_recently_used_prefix_gives_way():
+    s, kv = streams(max_running=2, max_retired=1)          # three streams
+    prompts = [list(range(b, b + 50)) for b in (100, 200, 300, 400)]
+    for p in prompts:
+        q = seq(p)
+        serve(s, q)
+        s.finish(q)
+    held = {tuple(s.prefix.paths[slot][0].tokens[:1]) for slot in s.prefix.paths}
+    assert held == {(200,), (300,), (400,)}                # the oldest prompt went
+    assert len(s.prefix.retired) == 3 and not s.free_slots

@@ -96,7 +96,7 @@ def test_greedy_answers_with_speculation_equal_those_without(path):
             assert len(g) == len(w)
         st = spec.stats
         assert st.spec_drafts > 0 and 0 < st.spec_accepted_tokens <= st.spec_draft_tokens
-        assert st.spec_accepted_tokens > st.spec_draft_tokens // 4
+        assert st.spec_accepted_tokens >= st.spec_draft_tokens // 4       # a quarter of drafted tokens, at least
         assert plain.stats.spec_drafts == 0
     finally:
         plain.stop()

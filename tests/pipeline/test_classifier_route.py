@@ -27,7 +27,7 @@ def test_classifier_strategy_routes_with_its_calibrated_threshold(tmp_path):
     out = tmp_path / "router.json"
     r = CliRunner().invoke(app, ["router", "train", "--data", str(subset), "--out", str(out)])
     assert r.exit_code == 0, r.output
-    cfg = {"cache": NO_CACHE, "engine": {"n_ctx": 2048, "max_model_len": 1024, "max_running": 2},
+    cfg = {"cache": NO_CACHE, "engine": {"n_ctx": 4096, "max_model_len": 1024, "max_running": 2, "max_retired": 2},
            "models": [{"name": "weak", "gguf": "smollm2-135m-instruct"},
                       {"name": "strong", "gguf": "smollm2-135m-instruct", "price": {"input": 1, "output": 2}}],
            "routes": {"smart": {"strategy": "classifier", "models": ["weak", "strong"],

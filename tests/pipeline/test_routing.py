@@ -12,7 +12,7 @@ from tests.conftest import NO_CACHE, live_server
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 
-ENGINE = {"n_ctx": 2048, "max_model_len": 1024, "max_running": 4, "max_retired": 4, "max_batch_tokens": 128}
+ENGINE = {"n_ctx": 8192, "max_model_len": 1024, "max_running": 4, "max_retired": 4, "max_batch_tokens": 128}
 
 
 def config(extra_models=(), **routes):

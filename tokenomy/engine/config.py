@@ -9,13 +9,16 @@ from pydantic import BaseModel, ConfigDict, Field
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    n_ctx: int = Field(16384, ge=256, description="KV cells shared by all sequences of a model")
+    n_ctx: int = Field(98304, ge=256, description="KV cells in all; with kv_unified false each of the n_seqs "
+                       "streams gets n_ctx / n_seqs of them (rounded up to 256), a sequence's length limit")
     max_model_len: int = Field(8192, ge=64)
     max_running: int = Field(16, ge=1, le=128)
-    max_retired: int = Field(32, ge=0, le=128, description="finished sequences kept as reusable prefixes")
+    max_retired: int = Field(8, ge=0, le=128, description="sequence ids beyond max_running, for finished sequences "
+                             "kept as reusable prefixes (with KV streams, every stream not running keeps one)")
     max_retired_cells: int | None = Field(None, ge=0, description="KV cells held by finished sequences alone "
-                                          "(None: a quarter of n_ctx); more slows every decode step, fewer makes "
-                                          "prompts that share a long prefix recompute it (docs/engine.md)")
+                                          "(None: a quarter of n_ctx) in the unified buffer; more slows every "
+                                          "decode step, fewer makes prompts that share a long prefix recompute it "
+                                          "(docs/engine.md)")
     retire_outputs: bool = Field(False, description="keep a finished answer's own tokens as a prefix too, for the "
                                  "next turn of a conversation; off: only its prompt stays cached")
     max_batch_tokens: int = Field(512, ge=1, description="tokens per llama_decode step (chunked prefill)")
@@ -28,9 +31,10 @@ class EngineConfig(BaseModel):
     kv_type: str = Field("q8_0/f16", pattern=r"^(f16|q8_0|q4_0)(/(f16|q8_0|q4_0))?$",
                          description="KV cache types as K/V (one name sets both); both f16 makes a cached prefix "
                          "able to change a greedy answer (docs/engine.md)")
-    kv_unified: bool = Field(True, description="one KV buffer for all sequences, so shared prefixes share cells; "
-                             "false gives each sequence its own stream of n_ctx / n_seqs cells (llama-server's "
-                             "layout, no prefix sharing; bench/kv_streams.py)")
+    kv_unified: bool = Field(False, description="true: one KV buffer for all sequences, where shared prefixes "
+                             "share cells but every decode row's attention scans every cached cell; false: one "
+                             "stream of n_ctx / n_seqs cells per sequence id (llama-server's layout), where a row "
+                             "scans its own stream and a shared prefix is copied (docs/engine.md, \"KV streams\")")
     prefix_caching: bool = True
     speculative: bool = Field(True, description="draft from the sequence's own tokens (prompt lookup), as many as "
                               "the measured cost of a step says pay (engine/speculate.py); never for a seeded "

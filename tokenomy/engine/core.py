@@ -126,7 +126,7 @@ class Core:
     def _flush(self) -> None:
         s = self.engine.scheduler
         r, self._report = self._report, StepReport()
-        r.running, r.waiting, r.used_cells = len(s.running), self.engine.queue_depth, s.prefix.used_cells
+        r.running, r.waiting, r.used_cells = len(s.running), self.engine.queue_depth, s.used_cells
         r.preemptions, r.prefix_hit_tokens = s.preemptions, s.prefix_hit_tokens
         st = self.engine.stats
         r.spec = (st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens)
@@ -239,7 +239,7 @@ class Core:
         """Introspection and maintenance for tests and operators; runs beside the loop, so reads are a snapshot."""
         s = self.engine.scheduler
         if name == "state":
-            return {"running": len(s.running), "waiting": self.engine.queue_depth, "used_cells": s.prefix.used_cells,
+            return {"running": len(s.running), "waiting": self.engine.queue_depth, "used_cells": s.used_cells,
                     "retired": len(s.prefix.retired), "pid": os.getpid()}
         if name == "clear_cache":
             self.engine.run_in_loop(s.clear_cache)

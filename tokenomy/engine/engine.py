@@ -45,7 +45,7 @@ class Engine:
         self.name = name
         self.runner = ModelRunner(model_path, cfg)
         self.tokenizer = Tokenizer(self.runner)
-        self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx)
+        self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx_seq)
         self.scheduler = Scheduler(cfg, self.runner, self.runner.n_ctx)
         self.stats = StepStats()
         self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
@@ -129,7 +129,7 @@ class Engine:
     @property
     def kv_usage(self) -> float:
         """Share of KV cells in use, running sequences and cached prefixes together."""
-        return self.scheduler.prefix.used_cells / self.runner.n_ctx
+        return self.scheduler.used_cells / self.runner.n_ctx
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _loop(self) -> None:

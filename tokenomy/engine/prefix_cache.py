@@ -56,7 +56,12 @@ class PrefixCache:
     # ---- lookup -------------------------------------------------------------------------------------
     def match(self, tokens: list[int]) -> tuple[int, int | None]:
         """Longest resident prefix of `tokens`: (length, a slot holding it) or (0, None)."""
-        node, depth, holder = self.root, 0, None
+        length, holders = self.match_slots(tokens)
+        return length, min(holders) if holders else None
+
+    def match_slots(self, tokens: list[int]) -> tuple[int, set[int]]:
+        """Longest resident prefix of `tokens`: (length, every slot holding it) or (0, empty set)."""
+        node, depth, holders = self.root, 0, set()
         while True:
             best, best_len = None, 0
             for child in node.children:
@@ -64,11 +69,11 @@ class PrefixCache:
                 if n > best_len:
                     best, best_len = child, n
             if best is None:
-                return depth, holder
-            holder = next(iter(best.slots))
+                return depth, holders
+            holders = set(best.slots)
             depth += best_len
             if best_len < len(best.tokens):
-                return depth, holder
+                return depth, holders
             node = best
 
     # ---- slot lifecycle ------------------------------------------------------------------------------
@@ -140,6 +145,26 @@ class PrefixCache:
                 assert node.parent is not None
                 node.parent.children.remove(node)
         self.paths[slot] = keep
+
+    def move(self, src: int, dst: int) -> None:
+        """`src`'s KV now lives in `dst` (a copy between KV streams), and `src` holds nothing; a retired slot
+        stays retired, with its last use."""
+        assert dst not in self.paths
+        path = self.paths.pop(src, [])
+        for node in path:
+            node.slots.discard(src)
+            node.slots.add(dst)
+        self.paths[dst] = path
+        if src in self.retired:
+            self.retired[dst] = self.retired.pop(src)
+        if src in self.protected:
+            self.protected.discard(src)
+            self.protected.add(dst)
+
+    def unretire(self, slot: int) -> None:
+        """A retired slot runs again (a sequence continues from its prefix in place)."""
+        self.retired.pop(slot, None)
+        self.protected.discard(slot)
 
     def retire(self, slot: int, protected: bool = False) -> None:
         self.retired[slot] = time.monotonic()

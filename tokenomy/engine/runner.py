@@ -73,6 +73,7 @@ class ModelRunner(Vocab):
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context (out of memory?)")
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)   # cells one sequence can hold (its stream's)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
 
         n = cfg.max_batch_tokens
@@ -88,6 +89,12 @@ class ModelRunner(Vocab):
     # ---- KV memory ------------------------------------------------------------------------------------
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, length)
+
+    def copy_stream(self, src: int, dst: int) -> None:
+        """Make `dst` hold all of `src`'s KV. Across KV streams llama.cpp copies the whole stream's buffers (at the
+        next decode, in the order asked); `dst`'s own KV is dropped."""
+        llama_cpp.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
     def remove(self, slot: int, start: int = 0) -> None:
         """Drop the slot's KV from position `start` on (all of it by default)."""

@@ -8,7 +8,19 @@ Two lanes: interactive sequences, and batch sequences (SamplingParams.priority "
 While any interactive sequence runs or waits, batch sequences sit out the step (they keep their KV) and none is
 admitted; otherwise at most `batch_max_running` of them run, with at most `batch_step_tokens` tokens a step, so an
 interactive arrival waits for one short step at most. When cells, slots or running places run out, batch sequences
-are preempted first (newest first), and a batch sequence never preempts an interactive one."""
+are preempted first (newest first), and a batch sequence never preempts an interactive one.
+
+With `kv_unified: false` each llama.cpp sequence id is a KV stream of its own (llama-server's layout): a decode
+row's attention scans only its own stream, and a finished sequence's stream is a cached prefix that costs no step
+anything. Cells are then no shared pool: each sequence is capped at its stream's size (the engine's
+max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engine.md, "KV streams"):
+- it splits a step into one compute per run of consecutive stream ids, so running sequences are kept on adjacent
+  streams: an arrival goes next to the running block (in place when a stream there already holds its prefix,
+  else its prefix is copied in), and when a gap opens and nobody waits, the highest running sequence is moved
+  down into it;
+- a prefix in another stream is shared by copying the whole stream (`seq_cp` across streams), so a prefix is
+  copied only when it has MIN_COPY_TOKENS or more, and a cached prefix pushed out of a stream an arrival needs
+  moves to an empty stream, or to the least recently used cached one's, when it was used more recently."""
 
 from __future__ import annotations
 
@@ -19,15 +31,19 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.prefix_cache import FINGERPRINT_TOKENS, PrefixCache
 from tokenomy.engine.sequence import Sequence, Status
 
+MIN_COPY_TOKENS = 16       # KV streams: a shorter prefix in another stream is recomputed, not copied
+COMPACT_MIN_LEFT = 8       # KV streams: a sequence with fewer tokens left to generate is not moved to close a gap
+
 
 class QueueFull(RuntimeError):
     pass
 
 
 class KVOps(Protocol):
-    """What the scheduler needs from the runner: share a prefix, drop a slot's KV."""
+    """What the scheduler needs from the runner: share a prefix, copy a whole KV stream, drop a slot's KV."""
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None: ...
+    def copy_stream(self, src: int, dst: int) -> None: ...
     def remove(self, slot: int, start: int = 0) -> None: ...
 
 
@@ -40,6 +56,7 @@ class Scheduler:
         and recompute them."""
         self.cfg = cfg
         self.n_ctx = n_ctx
+        self.streams = not cfg.kv_unified
         self.retired_cap = cfg.max_retired_cells if cfg.max_retired_cells is not None else n_ctx // 4
         self.protected_cap = max(self.retired_cap, n_ctx // 2)
         self.kv = kv
@@ -53,13 +70,26 @@ class Scheduler:
 
     @property
     def free_cells(self) -> int:
+        """Cells of the unified buffer nobody holds or has reserved this step; with KV streams, each sequence's
+        own stream has room for it (its length is capped at the stream's size), so this is n_ctx."""
+        if self.streams:
+            return self.n_ctx
         return self.n_ctx - self.prefix.used_cells - self._reserved
+
+    @property
+    def used_cells(self) -> int:
+        """Cells holding KV: shared cells once in the unified buffer, each stream's own with KV streams."""
+        if self.streams:
+            return sum(self.prefix.resident(slot) for slot in self.prefix.paths)
+        return self.prefix.used_cells
 
     # ---- the plan for one step ---------------------------------------------------------------------------
     def schedule(self) -> list[tuple[Sequence, int]]:
         budget, batch_budget = self.cfg.max_batch_tokens, self.cfg.batch_step_tokens
         self._reserved = 0
         plan: list[tuple[Sequence, int]] = []
+        if self.streams:
+            self._compact()
         interactive = self.interactive_pending()
         lanes = [s for s in self.running if not s.batch] + ([] if interactive else [s for s in self.running if s.batch])
         for seq in lanes:
@@ -84,6 +114,8 @@ class Scheduler:
             budget -= admitted
             if seq.batch:
                 batch_budget -= admitted
+        if self.streams:        # llama.cpp computes a run of consecutive stream ids at once, in batch order
+            plan.sort(key=lambda p: p[0].slot)
         return plan
 
     def interactive_pending(self) -> bool:
@@ -110,6 +142,8 @@ class Scheduler:
         return next((s for s in reversed(self.running) if s.batch and s is not exclude), None)
 
     def _admit(self, seq: Sequence, budget: int) -> int:
+        if self.streams:
+            return self._admit_stream(seq, budget)
         tokens = seq.tokens
         length, holder = (0, None)
         if self.cfg.prefix_caching:
@@ -126,14 +160,107 @@ class Scheduler:
             self.kv.copy_prefix(holder, slot, length)
             self.prefix.attach(slot, tokens, length)
             self.prefix.touch(holder)
+        self._start(seq, slot, length)
+        self._reserved += n
+        return n
+
+    def _start(self, seq: Sequence, slot: int, length: int) -> None:
         seq.slot, seq.n_kv, seq.status = slot, length, Status.RUNNING
         if seq.preemptions == 0:
             seq.cached_tokens = length
-            seq.reused = length >= FINGERPRINT_TOKENS or self.prefix.evicted_recently(tokens)
+            seq.reused = length >= FINGERPRINT_TOKENS or self.prefix.evicted_recently(seq.tokens)
         self.prefix_hit_tokens += length
         self.running.append(seq)
-        self._reserved += n
-        return n
+
+    # ---- KV streams -------------------------------------------------------------------------------------
+    def _admit_stream(self, seq: Sequence, budget: int) -> int:
+        """Start `seq` on a stream next to the running ones: in place where such a stream holds its longest
+        cached prefix, else on the lowest such stream, with the prefix copied in from whichever stream holds it."""
+        tokens = seq.tokens
+        length, holders = (0, set())
+        if self.cfg.prefix_caching:
+            length, holders = self.prefix.match_slots(tokens[:-1])   # the last token is always computed
+        if length < MIN_COPY_TOKENS:
+            length, holders = 0, set()
+        running = {s.slot for s in self.running}
+        here = [h for h in holders if h not in running and _adjacent(h, running)]
+        slot = min(here) if here else self._place(running)
+        if slot in holders:
+            if self.prefix.resident(slot) - length >= max(MIN_COPY_TOKENS, length):
+                self._duplicate(slot, keep=None)     # reusing less than it would cut off: keep a copy elsewhere
+            self.prefix.unretire(slot)
+            if self.prefix.resident(slot) > length:
+                self.kv.remove(slot, length)
+                self.prefix.truncate(slot, length)
+        else:
+            src = min(holders) if holders else None
+            self._vacate(slot, keep=src)
+            if src is not None:
+                self.kv.copy_stream(src, slot)
+                self.kv.remove(slot, length)
+                self.prefix.attach(slot, tokens, length)
+                self.prefix.touch(src)
+        self._start(seq, slot, length)
+        return min(len(tokens) - length, budget)
+
+    def _place(self, running: set[int]) -> int:
+        """The lowest stream not running that keeps the running streams in as few runs as possible."""
+        idle = [s for s in range(self.cfg.n_seqs) if s not in running]
+        return next((s for s in idle if _adjacent(s, running)), idle[0])
+
+    def _vacate(self, slot: int, keep: int | None) -> None:
+        """Empty `slot` for a sequence; a cached prefix in it is kept elsewhere if _duplicate finds room."""
+        if slot in self.prefix.retired and self.prefix.resident(slot) >= MIN_COPY_TOKENS:
+            self._duplicate(slot, keep)
+        if slot in self.prefix.paths:
+            self.kv.remove(slot)
+            self.prefix.release(slot)
+        if slot in self.free_slots:
+            self.free_slots.remove(slot)
+
+    def _duplicate(self, slot: int, keep: int | None) -> None:
+        """Copy the cached prefix in `slot` to an empty stream (a high one, away from the running), or over the
+        least recently used cached prefix (never `keep`'s) when that one was used less recently; else do nothing."""
+        target = max((s for s in self.free_slots if s != slot), default=None)
+        if target is None:
+            last_use = self.prefix.retired.get(slot, float("inf"))
+            lru = min((s for s in self.prefix.retired if s not in (slot, keep)), key=lambda s: self.prefix.retired[s],
+                      default=None)
+            if lru is None or self.prefix.retired[lru] >= last_use:
+                return
+            self._drop_slot(lru)
+            target = lru
+        self.free_slots.remove(target)
+        self.kv.copy_stream(slot, target)
+        tokens = [t for node in self.prefix.paths[slot] for t in node.tokens]
+        self.prefix.attach(target, tokens, len(tokens))
+        self.prefix.retire(target, protected=slot in self.prefix.protected)
+        self.prefix.retired[target] = self.prefix.retired.get(slot, self.prefix.retired[target])
+
+    def _compact(self) -> None:
+        """Close a gap between running streams when nobody waits to fill it: the sequence on the highest stream
+        moves down next to the others (a whole-stream copy), and its old stream keeps a copy as a cached prefix."""
+        if self.waiting or len(self.running) < 2:
+            return
+        slots = sorted(s.slot for s in self.running)
+        if slots[-1] - slots[0] + 1 == len(slots):
+            return
+        top = max(self.running, key=lambda s: s.slot)
+        if top.params.max_tokens - len(top.output) < COMPACT_MIN_LEFT:
+            return
+        others = set(slots[:-1])
+        hole = next((h for h in range(slots[-1]) if h not in others and _adjacent(h, others)), None)
+        if hole is None:
+            return
+        old = top.slot
+        self._vacate(hole, keep=old)
+        self.kv.copy_stream(old, hole)
+        self.prefix.attach(hole, top.tokens, top.n_kv)
+        top.slot = hole
+        if top.n_kv and self.cfg.prefix_caching:
+            self.prefix.retire(old)
+        else:
+            self._drop_slot(old)
 
     def _evict_until(self, ok, keep: int | None = None, bump_batch: bool = False,  # noqa: ANN001
                      protected: bool | None = None) -> bool:
@@ -153,7 +280,10 @@ class Scheduler:
 
     def _make_room(self, n: int, protect: Sequence) -> bool:
         """Free cells for `n` more tokens of `protect`: evict retired prefixes, then preempt the newest running
-        batch sequence, then (for an interactive `protect` only) the newest interactive one."""
+        batch sequence, then (for an interactive `protect` only) the newest interactive one. With KV streams its
+        own stream has room."""
+        if self.streams:
+            return True
         if self._evict_until(lambda: self.free_cells >= n):
             return True
         while self.free_cells < n:
@@ -192,7 +322,9 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.slot is not None:
-            if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
+            if self.streams and keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
+                self.prefix.retire(seq.slot, protected=seq.reused)     # its own stream: keeping it costs no step
+            elif keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
                 keep = keep_output or self.cfg.retire_outputs
                 if not keep and self.prefix.resident(seq.slot) > len(seq.prompt):
                     self.kv.remove(seq.slot, len(seq.prompt))
@@ -221,3 +353,8 @@ class Scheduler:
     def clear_cache(self) -> None:
         for slot in list(self.prefix.retired):
             self._drop_slot(slot)
+
+
+def _adjacent(slot: int, running: set[int]) -> bool:
+    """Whether running `slot` too keeps the running streams in as few runs (nothing runs, or a neighbour does)."""
+    return not running or slot - 1 in running or slot + 1 in running

@@ -14,7 +14,7 @@ from tokenomy.offline.router.command import app
 
 runner = CliRunner()
 CONFIG = {
-    "engine": {"n_ctx": 2048, "max_model_len": 512, "max_running": 8, "max_retired": 0, "n_threads": 2},
+    "engine": {"n_ctx": 4096, "max_model_len": 512, "max_running": 8, "max_retired": 0, "n_threads": 2},
     "models": [{"name": "small", "gguf": "smollm2-135m-instruct"}, {"name": "big", "gguf": "gemma3-270m"}],
     "routes": {"tok": {"strategy": "token", "models": ["small", "big"]},
                "ladder": {"strategy": "cascade", "models": ["small", "big"]}},

@@ -21,7 +21,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Wh
              "Who wrote Romeo and Juliet?", "How many days are in a week?", "What is the largest ocean?",
              "Name a programming language.", "What color is a ripe banana?"]
 CONFIG = {
-    "engine": {"n_ctx": 2048, "max_model_len": 512, "max_running": 8, "max_retired": 0, "n_threads": 2},
+    "engine": {"n_ctx": 4096, "max_model_len": 512, "max_running": 8, "max_retired": 0, "n_threads": 2},
     "models": [{"name": "small", "gguf": "smollm2-135m-instruct"}, {"name": "big", "gguf": "gemma3-270m"}],
     # Answers are cut at max_tokens here, and a truncated answer would escalate whatever the floors say.
     "routes": {"cheap_first": {"strategy": "cascade", "models": ["small", "big"],
