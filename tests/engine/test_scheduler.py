@@ -317,3 +317,43 @@ def test_with_every_stream_full_the_least_recently_used_prefix_gives_way():
     held = {tuple(s.prefix.paths[slot][0].tokens[:1]) for slot in s.prefix.paths}
     assert held == {(200,), (300,), (400,)}                # the oldest prompt went
     assert len(s.prefix.retired) == 3 and not s.free_slots
+
+
+def check_streams(s):
+    """The prefix tree and the slots agree: every path hangs from the root, every running sequence's KV is its
+    slot's path, and no stream is both free and holding KV, or both running and cached."""
+    running = [q.slot for q in s.running]
+    assert len(set(running)) == len(running)
+    for slot, path in s.prefix.paths.items():
+        parent = s.prefix.root
+        for node in path:
+            assert node.parent is parent and node in parent.children and slot in node.slots
+            parent = node
+    for q in s.running:
+        assert s.prefix.resident(q.slot) == q.n_kv
+    assert not set(s.free_slots) & (set(s.prefix.paths) | set(running))
+    assert not set(s.prefix.retired) & set(running)
+
+
+def test_streams_stay_consistent_under_a_random_mix_of_shared_prompts_finishes_and_gaps():
+    import random
+
+    rng = random.Random(7)
+    s, _ = streams(max_running=4, max_retired=2)
+    heads = [list(range(b, b + 24)) for b in (1000, 2000)]           # two shared "system prompts"
+    for _ in range(400):
+        if s.waiting or (s.running and rng.random() < 0.5):
+            pass
+        elif rng.random() < 0.7:
+            tail = [rng.randrange(3) for _ in range(rng.randrange(0, 30))]
+            s.waiting.append(seq(rng.choice(heads) + tail, max_tokens=64))
+        plan = s.schedule()
+        run_plan(s, plan)
+        check_streams(s)
+        for q, _ in plan:
+            if q.pending == 0:
+                q.output.append(rng.randrange(3))                    # same few tokens: identical runs recur
+        for q in [q for q in s.running if rng.random() < 0.15]:
+            s.finish(q)
+        check_streams(s)
+    assert s.prefix_hit_tokens > 0

@@ -146,6 +146,16 @@ class PrefixCache:
                 node.parent.children.remove(node)
         self.paths[slot] = keep
 
+    def clone(self, src: int, dst: int, length: int | None = None) -> None:
+        """`dst` now holds a copy of `src`'s KV (a copy between KV streams), cut to its first `length` tokens."""
+        assert dst not in self.paths
+        path = list(self.paths.get(src, []))
+        for node in path:
+            node.slots.add(dst)
+        self.paths[dst] = path
+        if length is not None and length < self.resident(dst):
+            self.truncate(dst, length)
+
     def move(self, src: int, dst: int) -> None:
         """`src`'s KV now lives in `dst` (a copy between KV streams), and `src` holds nothing; a retired slot
         stays retired, with its last use."""

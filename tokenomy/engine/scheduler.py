@@ -198,7 +198,7 @@ class Scheduler:
             if src is not None:
                 self.kv.copy_stream(src, slot)
                 self.kv.remove(slot, length)
-                self.prefix.attach(slot, tokens, length)
+                self.prefix.clone(src, slot, length)
                 self.prefix.touch(src)
         self._start(seq, slot, length)
         return min(len(tokens) - length, budget)
@@ -232,8 +232,7 @@ class Scheduler:
             target = lru
         self.free_slots.remove(target)
         self.kv.copy_stream(slot, target)
-        tokens = [t for node in self.prefix.paths[slot] for t in node.tokens]
-        self.prefix.attach(target, tokens, len(tokens))
+        self.prefix.clone(slot, target)
         self.prefix.retire(target, protected=slot in self.prefix.protected)
         self.prefix.retired[target] = self.prefix.retired.get(slot, self.prefix.retired[target])
 
@@ -255,7 +254,7 @@ class Scheduler:
         old = top.slot
         self._vacate(hole, keep=old)
         self.kv.copy_stream(old, hole)
-        self.prefix.attach(hole, top.tokens, top.n_kv)
+        self.prefix.clone(old, hole)
         top.slot = hole
         if top.n_kv and self.cfg.prefix_caching:
             self.prefix.retire(old)
