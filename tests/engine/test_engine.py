@@ -159,12 +159,12 @@ def test_a_handover_ends_before_the_unsure_token_and_keeps_the_answer_cached(pat
         # the tokens so far, resumed: prompt and answer come from the cache, only the last token is computed
         evs = submit_wait(engine, prompt + out, SamplingParams(max_tokens=4, temperature=0))
         assert evs[-1].cached_tokens == len(prompt) + len(out) - 1
-        # an ordinary finish keeps only the prompt in the unified buffer; its own KV stream keeps the answer too
+        # an ordinary finish keeps only the prompt
         other = engine.tokenizer.encode_chat([{"role": "user", "content": "Name three fruits."}])
         evs = submit_wait(engine, other, SamplingParams(max_tokens=6, temperature=0))
         ans = [t for e in evs for t in e.token_ids]
         evs = submit_wait(engine, other + ans, SamplingParams(max_tokens=2, temperature=0))
-        assert evs[-1].cached_tokens == (len(other) if kv_unified else len(other) + len(ans) - 1)
+        assert evs[-1].cached_tokens == len(other)
     finally:
         engine.stop()
 

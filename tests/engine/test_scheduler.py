@@ -249,48 +249,61 @@ def serve(s, q):
 
 
 def test_streams_run_side_by_side_and_each_step_lists_them_in_stream_order():
-    s, _ = streams()
-    qs = [seq(range(b, b + 40), max_tokens=64) for b in (100, 200, 300)]
+    s, kv = streams()
+    qs = [seq(range(b, b + 40), max_tokens=64) for b in (100, 200, 300, 400)]
     s.waiting.extend(qs)
     plan = s.schedule()
-    assert [q.slot for q, _ in plan] == [0, 1, 2]
+    assert [q.slot for q, _ in plan] == [0, 1, 2, 3]
     run_plan(s, plan)
-    s.finish(qs[1])                      # a gap at stream 1, and nobody waits: the top sequence moves down
-    kv = s.kv
+    s.finish(qs[1])                      # a gap at stream 1, holding qs[1]'s prompt, and nobody waits
+    for q in qs:
+        q.output.append(7)
     kv.ops.clear()
-    qs[0].output.append(7)
-    qs[2].output.append(7)
     plan = s.schedule()
-    assert [q.slot for q, _ in plan] == [0, 1]
-    assert ("copy", 2, 1) in kv.ops      # stream 1's cached prompt moved out first, then 2's KV copied in
-    assert kv.ops.index(("copy", 2, 1)) > next(i for i, op in enumerate(kv.ops) if op[:2] == ("copy", 1))
-    assert 2 in s.prefix.retired         # the old stream keeps a copy of the moved prompt as a cached prefix
-    # both moved prompts still hit in full
-    for q in (qs[1], qs[2]):
-        assert s.prefix.match(q.prompt)[0] == 40
+    assert [q.slot for q, _ in plan] == [0, 1, 2]          # the top sequence moved down
+    out = next(op for op in kv.ops if op[:2] == ("copy", 1))
+    assert kv.ops.index(out) < kv.ops.index(("copy", 3, 1))  # the cached prompt left before the sequence came in
+    assert s.prefix.match(qs[1].prompt)[0] == 40 and out[2] in s.prefix.retired
+    assert 3 in s.free_slots
+    check_streams(s)
+    run_plan(s, plan)
+    s.finish(qs[0], keep_prefix=False)   # a gap at the bottom is no gap: the running are still side by side
+    for q in qs:
+        q.output.append(7)
+    kv.ops.clear()
+    assert [q.slot for q, _ in s.schedule()] == [1, 2] and not kv.ops
 
 
-def test_a_cached_prefix_is_used_in_place_next_to_the_running_or_copied_in_from_afar():
+def test_a_cached_prefix_is_used_in_place_next_to_the_running_or_when_long_else_copied():
     s, kv = streams()
-    a = seq(range(100, 160))
+    a = seq(range(100, 160))             # 60 tokens: above MIN_COPY_TOKENS, below IN_PLACE_TOKENS
     serve(s, a)
-    s.finish(a)                          # a's prompt stays in stream 0
+    s.finish(a)
     again = seq(list(range(100, 160)) + [1, 2])
     kv.ops.clear()
     serve(s, again)
     assert again.slot == 0 and again.cached_tokens == 60 and not any(op[0] == "copy" for op in kv.ops)
-    # b runs on stream 0's neighbour; a third request with a's prompt copies it from the stream holding it
     s.finish(again)
-    b = seq(range(500, 540))
-    serve(s, b)                          # stream 0 holds a's prompt: b takes it, a's prompt moves to an empty stream
-    assert b.slot == 0
-    moved = next(op[2] for op in kv.ops if op[:2] == ("copy", 0))
-    assert moved != 0 and moved in s.prefix.retired
+    bs = [seq(range(b, b + 40), max_tokens=64) for b in (500, 600, 700)]
+    for b in bs:
+        serve(s, b)
+    assert [b.slot for b in bs] == [1, 2, 3]
+    s.finish(bs[0], keep_prefix=False)   # stream 1 empties; stream 0 (a's prompt) is no longer next to the running
     c = seq(list(range(100, 160)) + [9])
     kv.ops.clear()
     serve(s, c)
     assert c.slot == 1 and c.cached_tokens == 60
-    assert kv.ops[-2:] == [("copy", moved, 1), ("rm", 1, 60)]
+    assert kv.ops[-2:] == [("copy", 0, 1), ("rm", 1, 60)] and 0 in s.prefix.retired
+    long = seq(range(2000, 2200))
+    serve(s, long)
+    assert long.slot == 4
+    s.finish(long)
+    s.finish(bs[2])                      # now stream 4 stands apart from the running 1 and 2
+    again = seq(list(range(2000, 2200)) + [3])
+    kv.ops.clear()
+    serve(s, again)
+    assert again.slot == 4 and again.cached_tokens == 200 and not any(op[0] == "copy" for op in kv.ops)
+    check_streams(s)
 
 
 def test_a_short_prefix_in_another_stream_is_recomputed_not_copied():

@@ -31,7 +31,9 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.prefix_cache import FINGERPRINT_TOKENS, PrefixCache
 from tokenomy.engine.sequence import Sequence, Status
 
-MIN_COPY_TOKENS = 16       # KV streams: a shorter prefix in another stream is recomputed, not copied
+MIN_COPY_TOKENS = 8        # KV streams: fewer tokens are recomputed rather than copied (a 4,096-cell stream copy
+                           # costs ~14 ms here, a prefilled token 4-6 ms: docs/engine.md)
+IN_PLACE_TOKENS = 128      # KV streams: a cached prefix this long is used where it lies, even apart from the running
 COMPACT_MIN_LEFT = 8       # KV streams: a sequence with fewer tokens left to generate is not moved to close a gap
 
 
@@ -174,8 +176,10 @@ class Scheduler:
 
     # ---- KV streams -------------------------------------------------------------------------------------
     def _admit_stream(self, seq: Sequence, budget: int) -> int:
-        """Start `seq` on a stream next to the running ones: in place where such a stream holds its longest
-        cached prefix, else on the lowest such stream, with the prefix copied in from whichever stream holds it."""
+        """Start `seq` on a KV stream: in place on an idle stream holding its longest cached prefix when that
+        stream is next to the running ones, or wherever it lies when the prefix has IN_PLACE_TOKENS or more
+        (recomputing it costs more than the extra compute a separate run of streams costs a step, which _compact
+        may undo); else on a fresh stream (_place), with the prefix copied in from a stream holding it."""
         tokens = seq.tokens
         length, holders = (0, set())
         if self.cfg.prefix_caching:
@@ -183,19 +187,22 @@ class Scheduler:
         if length < MIN_COPY_TOKENS:
             length, holders = 0, set()
         running = {s.slot for s in self.running}
-        here = [h for h in holders if h not in running and _adjacent(h, running)]
-        slot = min(here) if here else self._place(running)
-        if slot in holders:
-            if self.prefix.resident(slot) - length >= max(MIN_COPY_TOKENS, length):
-                self._duplicate(slot, keep=None)     # reusing less than it would cut off: keep a copy elsewhere
+        idle = sorted(h for h in holders if h not in running)
+        here = [h for h in idle if _adjacent(h, running)] or (idle if length >= IN_PLACE_TOKENS else [])
+        if not here and not self.free_slots and set(self.prefix.retired) <= holders:
+            here = idle                       # every idle stream holds the prefix: take one as it is
+        if here:
+            slot = here[0]
+            if self.prefix.resident(slot) - length >= MIN_COPY_TOKENS:
+                self._duplicate(slot, keep=None)     # what it would cut off stays cached elsewhere
             self.prefix.unretire(slot)
             if self.prefix.resident(slot) > length:
                 self.kv.remove(slot, length)
                 self.prefix.truncate(slot, length)
         else:
-            src = min(holders) if holders else None
-            self._vacate(slot, keep=src)
-            if src is not None:
+            slot = self._place(running, keep=holders)
+            if holders:
+                src = min(holders)
                 self.kv.copy_stream(src, slot)
                 self.kv.remove(slot, length)
                 self.prefix.clone(src, slot, length)
@@ -203,31 +210,28 @@ class Scheduler:
         self._start(seq, slot, length)
         return min(len(tokens) - length, budget)
 
-    def _place(self, running: set[int]) -> int:
-        """The lowest stream not running that keeps the running streams in as few runs as possible."""
-        idle = [s for s in range(self.cfg.n_seqs) if s not in running]
-        return next((s for s in idle if _adjacent(s, running)), idle[0])
+    def _place(self, running: set[int], keep: set[int]) -> int:
+        """A fresh stream, taken out of the free list: an empty one next to the running ones, else any empty one,
+        else the least recently used cached one's (not one of `keep`), whose prefix is dropped."""
+        if not self.free_slots:
+            lru = min((s for s in self.prefix.retired if s not in keep), key=lambda s: self.prefix.retired[s])
+            self._drop_slot(lru)
+        empty = sorted(self.free_slots)
+        slot = next((s for s in empty if _adjacent(s, running)), empty[0])
+        self.free_slots.remove(slot)
+        return slot
 
-    def _vacate(self, slot: int, keep: int | None) -> None:
-        """Empty `slot` for a sequence; a cached prefix in it is kept elsewhere if _duplicate finds room."""
-        if slot in self.prefix.retired and self.prefix.resident(slot) >= MIN_COPY_TOKENS:
-            self._duplicate(slot, keep)
-        if slot in self.prefix.paths:
-            self.kv.remove(slot)
-            self.prefix.release(slot)
-        if slot in self.free_slots:
-            self.free_slots.remove(slot)
-
-    def _duplicate(self, slot: int, keep: int | None) -> None:
+    def _duplicate(self, slot: int, keep: int | None, force: bool = False) -> bool:
         """Copy the cached prefix in `slot` to an empty stream (a high one, away from the running), or over the
-        least recently used cached prefix (never `keep`'s) when that one was used less recently; else do nothing."""
+        least recently used cached prefix (never `keep`'s) when that one was used less recently (or at all with
+        `force`); whether it was copied."""
         target = max((s for s in self.free_slots if s != slot), default=None)
         if target is None:
-            last_use = self.prefix.retired.get(slot, float("inf"))
+            last_use = float("inf") if force else self.prefix.retired.get(slot, float("inf"))
             lru = min((s for s in self.prefix.retired if s not in (slot, keep)), key=lambda s: self.prefix.retired[s],
                       default=None)
             if lru is None or self.prefix.retired[lru] >= last_use:
-                return
+                return False
             self._drop_slot(lru)
             target = lru
         self.free_slots.remove(target)
@@ -235,10 +239,12 @@ class Scheduler:
         self.prefix.clone(slot, target)
         self.prefix.retire(target, protected=slot in self.prefix.protected)
         self.prefix.retired[target] = self.prefix.retired.get(slot, self.prefix.retired[target])
+        return True
 
     def _compact(self) -> None:
         """Close a gap between running streams when nobody waits to fill it: the sequence on the highest stream
-        moves down next to the others (a whole-stream copy), and its old stream keeps a copy as a cached prefix."""
+        moves down into the gap (a whole-stream copy) and its old stream empties. A cached prefix in the gap moves
+        out first, to an empty stream or over the least recently used one unless it is that one (then it goes)."""
         if self.waiting or len(self.running) < 2:
             return
         slots = sorted(s.slot for s in self.running)
@@ -248,18 +254,22 @@ class Scheduler:
         if top.params.max_tokens - len(top.output) < COMPACT_MIN_LEFT:
             return
         others = set(slots[:-1])
-        hole = next((h for h in range(slots[-1]) if h not in others and _adjacent(h, others)), None)
+        hole = next((h for h in range(top.slot) if h not in others and _adjacent(h, others)), None)
         if hole is None:
             return
+        if hole in self.prefix.paths:
+            lru = self.prefix.lru_retired()
+            if self.free_slots or lru != hole:
+                self._duplicate(hole, keep=top.slot, force=True)
+            self.kv.remove(hole)
+            self.prefix.release(hole)
+        else:
+            self.free_slots.remove(hole)
         old = top.slot
-        self._vacate(hole, keep=old)
         self.kv.copy_stream(old, hole)
         self.prefix.clone(old, hole)
         top.slot = hole
-        if top.n_kv and self.cfg.prefix_caching:
-            self.prefix.retire(old)
-        else:
-            self._drop_slot(old)
+        self._drop_slot(old)
 
     def _evict_until(self, ok, keep: int | None = None, bump_batch: bool = False,  # noqa: ANN001
                      protected: bool | None = None) -> bool:
@@ -315,23 +325,23 @@ class Scheduler:
         `keep_output` or cfg.retire_outputs). A prompt seen before (its KV came from the cache, or its fingerprint
         is among recently evicted prefixes) is retired as *protected*: it counts against the larger
         protected cap rather than retired_cap, so prompts that come back in a cycle longer than retired_cap holds
-        are not each evicted just before their next use."""
+        are not each evicted just before their next use. With KV streams neither cap applies: a cached prefix
+        holds a stream until an arrival needs one (_place), least recently used first."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.slot is not None:
-            if self.streams and keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
-                self.prefix.retire(seq.slot, protected=seq.reused)     # its own stream: keeping it costs no step
-            elif keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
+            if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
                 keep = keep_output or self.cfg.retire_outputs
                 if not keep and self.prefix.resident(seq.slot) > len(seq.prompt):
                     self.kv.remove(seq.slot, len(seq.prompt))
                     self.prefix.truncate(seq.slot, len(seq.prompt))
                 self.prefix.retire(seq.slot, protected=seq.reused)
-                self._evict_until(lambda: self.retired_cells(protected=False) <= self.retired_cap,
-                                  protected=False)
-                self._evict_until(lambda: self.retired_cells() <= self.protected_cap)
+                if not self.streams:       # in its own stream a cached prefix slows no step: streams cap it
+                    self._evict_until(lambda: self.retired_cells(protected=False) <= self.retired_cap,
+                                      protected=False)
+                    self._evict_until(lambda: self.retired_cells() <= self.protected_cap)
             else:
                 self._drop_slot(seq.slot)
         seq.slot = None
