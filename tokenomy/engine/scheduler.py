@@ -211,23 +211,29 @@ class Scheduler:
         return min(len(tokens) - length, budget)
 
     def _place(self, running: set[int], keep: set[int]) -> int:
-        """A fresh stream, taken out of the free list: an empty one next to the running ones, else any empty one,
-        else the least recently used cached one's (not one of `keep`), whose prefix is dropped."""
-        if not self.free_slots:
-            lru = min((s for s in self.prefix.retired if s not in keep), key=lambda s: self.prefix.retired[s])
-            self._drop_slot(lru)
+        """A fresh stream, taken out of the free list: an empty one next to the running ones, else any empty one.
+        The least recently used cached prefix (not one of `keep`) is dropped first when fewer than two streams are
+        empty, so that one stays spare for _compact."""
+        if len(self.free_slots) <= 1:      # one empty stream stays spare, for _compact's moves
+            lru = min((s for s in self.prefix.retired if s not in keep), key=lambda s: self.prefix.retired[s],
+                      default=None)
+            if lru is not None:
+                self._drop_slot(lru)
         empty = sorted(self.free_slots)
         slot = next((s for s in empty if _adjacent(s, running)), empty[0])
         self.free_slots.remove(slot)
         return slot
 
-    def _duplicate(self, slot: int, keep: int | None, force: bool = False) -> bool:
-        """Copy the cached prefix in `slot` to an empty stream (a high one, away from the running), or over the
-        least recently used cached prefix (never `keep`'s) when that one was used less recently (or at all with
-        `force`); whether it was copied."""
-        target = max((s for s in self.free_slots if s != slot), default=None)
+    def _duplicate(self, slot: int, keep: int | None, spare: bool = False) -> bool:
+        """Copy the cached prefix in `slot` to an empty stream (a high one, away from the running; the spare one
+        only with `spare`), else over the least recently used cached prefix (never `keep`'s) when that one was
+        used less recently; whether it was copied."""
+        empty = [s for s in self.free_slots if s != slot]
+        target = max(empty) if len(empty) > (0 if spare else 1) else None
+        if target is None and spare:
+            return False
         if target is None:
-            last_use = float("inf") if force else self.prefix.retired.get(slot, float("inf"))
+            last_use = self.prefix.retired.get(slot, float("inf"))
             lru = min((s for s in self.prefix.retired if s not in (slot, keep)), key=lambda s: self.prefix.retired[s],
                       default=None)
             if lru is None or self.prefix.retired[lru] >= last_use:
@@ -244,7 +250,7 @@ class Scheduler:
     def _compact(self) -> None:
         """Close a gap between running streams when nobody waits to fill it: the sequence on the highest stream
         moves down into the gap (a whole-stream copy) and its old stream empties. A cached prefix in the gap moves
-        out first, to an empty stream or over the least recently used one unless it is that one (then it goes)."""
+        out first, to the spare empty stream; with none, the gap stays (closing it would drop a cached prefix)."""
         if self.waiting or len(self.running) < 2:
             return
         slots = sorted(s.slot for s in self.running)
@@ -258,9 +264,8 @@ class Scheduler:
         if hole is None:
             return
         if hole in self.prefix.paths:
-            lru = self.prefix.lru_retired()
-            if self.free_slots or lru != hole:
-                self._duplicate(hole, keep=top.slot, force=True)
+            if not self._duplicate(hole, keep=top.slot, spare=True):
+                return
             self.kv.remove(hole)
             self.prefix.release(hole)
         else:
