@@ -4,6 +4,7 @@
 Rounds alternate; the ratio is streams over unified.
 
     .venv/bin/python bench/kv_streams.py [--rounds 2] [--json]
+    .venv/bin/python bench/kv_streams.py --placement     # streams: adjacent vs scattered ids, stream copy cost
 """
 
 from __future__ import annotations
@@ -43,11 +44,57 @@ def measure(unified: bool, b: int, steps: int = 128, prompt: int = 30, retired: 
     return b * steps / dt
 
 
+def placement(rounds: int) -> dict[str, float]:
+    """With streams: decode tok/s of 8 sequences on adjacent, split and scattered stream ids (llama.cpp computes one
+    ubatch per run of consecutive ids), and the cost of one whole-stream copy of 4,096 cells."""
+    r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
+                    EngineConfig(n_ctx=32 * 4096, max_running=32, max_retired=0, kv_unified=False))
+    toks = r.tokenize("hello world " * 400)
+    out: dict[str, list[float]] = {}
+    layouts = {"0-7": list(range(8)), "0-3,20-23": [0, 1, 2, 3, 20, 21, 22, 23], "0,2,..,14": list(range(0, 16, 2))}
+    for _ in range(rounds):
+        for name, slots in layouts.items():
+            for sl in slots:
+                r.remove(sl)
+                r.decode([Chunk(sl, toks[sl:sl + 30], 0, True)])
+            t = time.perf_counter()
+            for i in range(48):
+                r.decode([Chunk(sl, [toks[i]], 30 + i, True) for sl in slots])
+            out.setdefault(name, []).append(8 * 48 / (time.perf_counter() - t))
+    r.remove(5)
+    r.decode([Chunk(5, toks[:500], 0, True)])
+    for _ in range(3):
+        r.remove(9)
+        t = time.perf_counter()
+        r.decode([Chunk(9, [toks[1]], 0, True)])
+        plain = time.perf_counter() - t
+        r.copy_stream(5, 9)
+        r.remove(9, 400)
+        t = time.perf_counter()
+        r.decode([Chunk(9, [toks[400]], 400, True)])
+        out.setdefault("copy_ms", []).append(1000 * (time.perf_counter() - t - plain))
+    r.close()
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--placement", action="store_true", help="streams only: adjacent vs scattered ids, copy cost")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.placement:
+        res = placement(args.rounds)
+        if args.json:
+            print(json.dumps(res, indent=2))
+            return
+        t = Table(title="8 decoding sequences by stream ids (tok/s, median of rounds); one 4,096-cell stream copy")
+        for col in ("streams 0-7", "0-3 and 20-23", "0, 2, .., 14", "copy ms"):
+            t.add_column(col, justify="right")
+        t.add_row(f"{res['0-7']:.1f}", f"{res['0-3,20-23']:.1f} ({res['0-3,20-23'] / res['0-7']:.2f}x)",
+                  f"{res['0,2,..,14']:.1f} ({res['0,2,..,14'] / res['0-7']:.2f}x)", f"{res['copy_ms']:.1f}")
+        Console().print(t)
+        return
     batches = [1, 8, 16]
     runs: dict[int, dict[str, list[float]]] = {b: {"unified": [], "streams": []} for b in batches}
     for _ in range(args.rounds):
