@@ -15,12 +15,12 @@ row's attention scans only its own stream, and a finished sequence's stream is a
 anything. Cells are then no shared pool: each sequence is capped at its stream's size (the engine's
 max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engine.md, "KV streams"):
 - it splits a step into one compute per run of consecutive stream ids, so running sequences are kept on adjacent
-  streams: an arrival goes next to the running block (in place when a stream there already holds its prefix,
-  else its prefix is copied in), and when a gap opens and nobody waits, the highest running sequence is moved
-  down into it;
+  streams: an arrival goes next to the running block unless a stream elsewhere holds IN_PLACE_TOKENS or more of
+  its prefix (then it runs there), and when a gap opens and nobody waits, the highest running sequence is moved
+  down into it, a cached prefix in the gap moving first to the one stream kept empty for that;
 - a prefix in another stream is shared by copying the whole stream (`seq_cp` across streams), so a prefix is
-  copied only when it has MIN_COPY_TOKENS or more, and a cached prefix pushed out of a stream an arrival needs
-  moves to an empty stream, or to the least recently used cached one's, when it was used more recently."""
+  copied only when it has MIN_COPY_TOKENS or more, and what an in-place reuse would cut off is copied elsewhere
+  first when it is that long. With every stream holding something, the least recently used prefix gives way."""
 
 from __future__ import annotations
 
