@@ -252,8 +252,7 @@ class Engine:
         if draft:
             valid = seq.n_kv - len(draft) + e.accepted     # KV of the last token and the accepted drafts
             if seq.n_kv > valid:
-                self.runner.remove(seq.slot, valid)
-                self.scheduler.prefix.truncate(seq.slot, valid)
+                self.scheduler.cut(seq.slot, valid)
                 seq.n_kv = valid
             seq.spec_acceptance = speculate.update_acceptance(seq.spec_acceptance, len(draft), e.accepted)
             seq.spec_drafted += len(draft)

@@ -146,30 +146,13 @@ class PrefixCache:
                 node.parent.children.remove(node)
         self.paths[slot] = keep
 
-    def clone(self, src: int, dst: int, length: int | None = None) -> None:
-        """`dst` now holds a copy of `src`'s KV (a copy between KV streams), cut to its first `length` tokens."""
+    def clone(self, src: int, dst: int) -> None:
+        """`dst` now holds a copy of `src`'s KV (a copy between KV streams)."""
         assert dst not in self.paths
         path = list(self.paths.get(src, []))
         for node in path:
             node.slots.add(dst)
         self.paths[dst] = path
-        if length is not None and length < self.resident(dst):
-            self.truncate(dst, length)
-
-    def move(self, src: int, dst: int) -> None:
-        """`src`'s KV now lives in `dst` (a copy between KV streams), and `src` holds nothing; a retired slot
-        stays retired, with its last use."""
-        assert dst not in self.paths
-        path = self.paths.pop(src, [])
-        for node in path:
-            node.slots.discard(src)
-            node.slots.add(dst)
-        self.paths[dst] = path
-        if src in self.retired:
-            self.retired[dst] = self.retired.pop(src)
-        if src in self.protected:
-            self.protected.discard(src)
-            self.protected.add(dst)
 
     def unretire(self, slot: int) -> None:
         """A retired slot runs again (a sequence continues from its prefix in place)."""

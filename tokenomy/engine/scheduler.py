@@ -196,16 +196,14 @@ class Scheduler:
             if self.prefix.resident(slot) - length >= MIN_COPY_TOKENS:
                 self._duplicate(slot, keep=None)     # what it would cut off stays cached elsewhere
             self.prefix.unretire(slot)
-            if self.prefix.resident(slot) > length:
-                self.kv.remove(slot, length)
-                self.prefix.truncate(slot, length)
+            self.cut(slot, length)
         else:
             slot = self._place(running, keep=holders)
             if holders:
                 src = min(holders)
                 self.kv.copy_stream(src, slot)
-                self.kv.remove(slot, length)
-                self.prefix.clone(src, slot, length)
+                self.prefix.clone(src, slot)
+                self.cut(slot, length)
                 self.prefix.touch(src)
         self._start(seq, slot, length)
         return min(len(tokens) - length, budget)
@@ -215,14 +213,19 @@ class Scheduler:
         The least recently used cached prefix (not one of `keep`) is dropped first when fewer than two streams are
         empty, so that one stays spare for _compact."""
         if len(self.free_slots) <= 1:      # one empty stream stays spare, for _compact's moves
-            lru = min((s for s in self.prefix.retired if s not in keep), key=lambda s: self.prefix.retired[s],
-                      default=None)
+            lru = self._lru_cached(exclude=keep)
             if lru is not None:
                 self._drop_slot(lru)
         empty = sorted(self.free_slots)
         slot = next((s for s in empty if _adjacent(s, running)), empty[0])
         self.free_slots.remove(slot)
         return slot
+
+    def _lru_cached(self, exclude: set[int | None]) -> int | None:
+        """The stream whose cached prefix was used least recently, outside `exclude` (protection aside: with KV
+        streams a cached prefix slows nothing, so only its last use counts)."""
+        return min((s for s in self.prefix.retired if s not in exclude), key=lambda s: self.prefix.retired[s],
+                   default=None)
 
     def _duplicate(self, slot: int, keep: int | None, spare: bool = False) -> bool:
         """Copy the cached prefix in `slot` to an empty stream (a high one, away from the running; the spare one
@@ -234,8 +237,7 @@ class Scheduler:
             return False
         if target is None:
             last_use = self.prefix.retired.get(slot, float("inf"))
-            lru = min((s for s in self.prefix.retired if s not in (slot, keep)), key=lambda s: self.prefix.retired[s],
-                      default=None)
+            lru = self._lru_cached(exclude={slot, keep})
             if lru is None or self.prefix.retired[lru] >= last_use:
                 return False
             self._drop_slot(lru)
@@ -266,10 +268,8 @@ class Scheduler:
         if hole in self.prefix.paths:
             if not self._duplicate(hole, keep=top.slot, spare=True):
                 return
-            self.kv.remove(hole)
-            self.prefix.release(hole)
-        else:
-            self.free_slots.remove(hole)
+            self._drop_slot(hole)
+        self.free_slots.remove(hole)
         old = top.slot
         self.kv.copy_stream(old, hole)
         self.prefix.clone(old, hole)
@@ -339,9 +339,8 @@ class Scheduler:
         if seq.slot is not None:
             if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
                 keep = keep_output or self.cfg.retire_outputs
-                if not keep and self.prefix.resident(seq.slot) > len(seq.prompt):
-                    self.kv.remove(seq.slot, len(seq.prompt))
-                    self.prefix.truncate(seq.slot, len(seq.prompt))
+                if not keep:
+                    self.cut(seq.slot, len(seq.prompt))
                 self.prefix.retire(seq.slot, protected=seq.reused)
                 if not self.streams:       # in its own stream a cached prefix slows no step: streams cap it
                     self._evict_until(lambda: self.retired_cells(protected=False) <= self.retired_cap,
@@ -351,6 +350,12 @@ class Scheduler:
                 self._drop_slot(seq.slot)
         seq.slot = None
         seq.status = Status.FINISHED
+
+    def cut(self, slot: int, length: int) -> None:
+        """Drop the slot's KV past its first `length` tokens, in llama.cpp and in the prefix tree."""
+        if self.prefix.resident(slot) > length:
+            self.kv.remove(slot, length)
+            self.prefix.truncate(slot, length)
 
     def retired_cells(self, protected: bool | None = None) -> int:
         """Cells that only retired prefixes hold (freed if every retired slot were evicted); `protected` True or
