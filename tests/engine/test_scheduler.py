@@ -332,6 +332,25 @@ def test_with_every_stream_full_the_least_recently_used_prefix_gives_way():
     assert len(s.prefix.retired) == 2 and len(s.free_slots) == 1   # one stream stays spare for moves
 
 
+def test_an_arrival_takes_the_cached_stream_next_to_the_running_rather_than_one_apart():
+    s, kv = streams(max_running=2, max_retired=3)          # five streams
+    slots = []
+    for b in (100, 200, 300, 400):
+        q = seq(range(b, b + 40))
+        serve(s, q)
+        slots.append(q.slot)
+        s.finish(q)
+    assert slots == [0, 1, 2, 3]                           # stream 0 holds the oldest prompt, stream 4 is empty
+    c = seq(list(range(300, 340)) + [1])
+    serve(s, c)
+    assert c.slot == 2                                     # runs in place, between cached streams 1 and 3
+    f = seq(range(900, 940))
+    serve(s, f)
+    assert f.slot == 1                                     # next to the running one, not on 0 or the spare 4
+    assert 0 in s.prefix.retired and 4 in s.free_slots and 1 not in s.prefix.retired
+    check_streams(s)
+
+
 def check_streams(s):
     """The prefix tree and the slots agree: every path hangs from the root, every running sequence's KV is its
     slot's path, and no stream is both free and holding KV, or both running and cached."""
