@@ -26,6 +26,7 @@ from typing import Any
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec, StepReport
 from tokenomy.engine.engine import StepStats
+from tokenomy.engine.kv_tier import TierStats
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import Tokenizer
@@ -103,6 +104,7 @@ class EngineClient:
         self.preemptions = 0
         self.prefix_hit_tokens = 0
         self.spec = (0, 0, 0)              # speculation since the process started: drafts, drafted, accepted
+        self.tier_stats = TierStats()      # KV tiers since the process started
         self._waiting = 0
         self._pending: dict[int, Handle] = {}
         self._calls: dict[int, Future[Any]] = {}
@@ -286,6 +288,8 @@ class EngineClient:
         self.running, self._waiting, self.used_cells = r.running, r.waiting, r.used_cells
         self.preemptions, self.prefix_hit_tokens = r.preemptions, r.prefix_hit_tokens
         self.spec = r.spec
+        if r.tiers is not None:
+            self.tier_stats = r.tiers
         if r.n_tokens:
             for cb in self.stats.on_step:
                 cb(r.n_tokens, r.n_seqs, r.dt)

@@ -36,6 +36,11 @@ class EngineConfig(BaseModel):
                              "stream of n_ctx / n_seqs cells per sequence id (llama-server's layout), where a row "
                              "scans its own stream and a shared prefix is copied (docs/engine.md, \"KV streams\")")
     prefix_caching: bool = True
+    kv_tier_ram_mb: int = Field(1024, ge=0, description="host RAM for the KV of evicted cached prefixes, restored "
+                                "instead of recomputed when a prompt shares one (engine/kv_tier.py); 0: off")
+    kv_tier_disk_dir: str | None = Field(None, description="a directory for a disk tier below the RAM one "
+                                         "(emptied at start); none: no disk tier")
+    kv_tier_disk_mb: int = Field(8192, ge=0, description="bytes the disk tier may hold, in MiB")
     speculative: bool = Field(True, description="draft from the sequence's own tokens (prompt lookup), as many as "
                               "the measured cost of a step says pay (engine/speculate.py); never for a seeded "
                               "sampled request or a grammar-constrained one")

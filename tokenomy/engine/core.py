@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from tokenomy.engine.engine import Engine, QueueFull
+from tokenomy.engine.kv_tier import TierStats
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 
@@ -60,6 +61,7 @@ class StepReport:
     preemptions: int = 0
     prefix_hit_tokens: int = 0
     spec: tuple[int, int, int] = (0, 0, 0)   # speculation since start: drafts, draft tokens, accepted tokens
+    tiers: TierStats | None = None           # KV tiers since start
 
 
 def self_check(engine: Engine) -> None:
@@ -130,6 +132,7 @@ class Core:
         r.preemptions, r.prefix_hit_tokens = s.preemptions, s.prefix_hit_tokens
         st = self.engine.stats
         r.spec = (st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens)
+        r.tiers = self.engine.tiers.stats
         out, self._outbox = self._outbox, []
         if not out and not r.n_tokens:
             return

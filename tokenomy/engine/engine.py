@@ -11,6 +11,7 @@ from typing import Any
 
 from tokenomy.engine import speculate
 from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.kv_tier import KVTiers, engine_dir
 from tokenomy.engine.output import SequenceOutput
 from tokenomy.engine.runner import Chunk, KVFull, ModelRunner
 from tokenomy.engine.sampling_params import SamplingParams
@@ -46,9 +47,12 @@ class Engine:
         self.runner = ModelRunner(model_path, cfg)
         self.tokenizer = Tokenizer(self.runner)
         self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx_seq)
-        self.scheduler = Scheduler(cfg, self.runner, self.runner.n_ctx)
         self.stats = StepStats()
         self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
+        self.tiers = KVTiers(cfg.kv_tier_ram_mb << 20, engine_dir(cfg.kv_tier_disk_dir, name),
+                             cfg.kv_tier_disk_mb << 20)
+        self.tiers.recompute_s = self.prefill_seconds
+        self.scheduler = Scheduler(cfg, self.runner, self.runner.n_ctx, self.tiers)
         self.after_step: list[Callable[[], None]] = []   # called on the engine thread after every step
         self._inbox: list[Sequence] = []
         self._calls: list[Callable[[], None]] = []
@@ -70,6 +74,7 @@ class Engine:
         if self._thread:
             self._thread.join(timeout=30)
             self._thread = None
+        self.tiers.close()
         self.runner.close()
 
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[TokenEvent], None],
@@ -111,6 +116,16 @@ class Engine:
             self._cv.notify()
         done.wait(timeout)
 
+
+    def prefill_seconds(self, n: int) -> float | None:
+        """Estimated seconds to prefill `n` tokens alone, in steps of max_batch_tokens, from measured steps
+        (None before the engine has measured enough)."""
+        full, rest = divmod(n, self.cfg.max_batch_tokens)
+        per_step = self.step_cost.predict(self.cfg.max_batch_tokens)
+        last = self.step_cost.predict(rest) if rest else 0.0
+        if per_step is None or last is None:
+            return None
+        return full * per_step + last
 
     @property
     def queue_depth(self) -> int:

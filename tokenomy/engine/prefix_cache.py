@@ -197,6 +197,10 @@ class PrefixCache:
                     total += len(node.tokens)
         return total
 
+    def tokens(self, slot: int) -> list[int]:
+        """The tokens whose KV the slot holds, in order."""
+        return [t for node in self.paths.get(slot, []) for t in node.tokens]
+
     def resident(self, slot: int) -> int:
         path = self.paths.get(slot)
         return path[-1].end if path else 0

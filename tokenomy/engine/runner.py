@@ -75,6 +75,7 @@ class ModelRunner(Vocab):
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)   # cells one sequence can hold (its stream's)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self._pending: set[int] = set()     # streams a copy_stream reads or writes at the next decode
 
         n = cfg.max_batch_tokens
         self._tok = np.zeros(n, dtype=np.int32)
@@ -95,6 +96,30 @@ class ModelRunner(Vocab):
         next decode, in the order asked); `dst`'s own KV is dropped."""
         llama_cpp.llama_memory_seq_rm(self.mem, dst, -1, -1)
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        if not self.cfg.kv_unified:
+            self._pending |= {src, dst}
+
+    def save(self, slot: int) -> bytes | None:
+        """The slot's KV as llama.cpp's sequence state, or None while a stream copy into or out of it waits for
+        the next decode (its buffer is not yet what its cells say)."""
+        if slot in self._pending:
+            return None
+        n = llama_cpp.llama_state_seq_get_size(self.ctx, slot)
+        buf = (ctypes.c_uint8 * n)()
+        if llama_cpp.llama_state_seq_get_data(self.ctx, buf, n, slot) != n:
+            return None
+        return bytes(buf)
+
+    def restore(self, slot: int, blob: bytes) -> bool:
+        """Load a state from `save` into the (empty) slot; False if llama.cpp found no room or a stream copy
+        into or out of the slot waits for the next decode."""
+        if slot in self._pending:
+            return False
+        src = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if llama_cpp.llama_state_seq_set_data(self.ctx, src, len(blob), slot) == 0:
+            llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
+            return False
+        return True
 
     def remove(self, slot: int, start: int = 0) -> None:
         """Drop the slot's KV from position `start` on (all of it by default)."""
@@ -128,6 +153,7 @@ class ModelRunner(Vocab):
             logits=self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_int8)),
         )
         rc = llama_cpp.llama_decode(self.ctx, batch)
+        self._pending.clear()
         if rc == 1:
             raise KVFull("llama.cpp found no KV slot for the batch")
         if rc != 0:

@@ -24,10 +24,12 @@ max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engi
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Protocol
 
 from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.kv_tier import MIN_TIER_TOKENS, Entry, KVTiers
 from tokenomy.engine.prefix_cache import FINGERPRINT_TOKENS, PrefixCache
 from tokenomy.engine.sequence import Sequence, Status
 
@@ -42,16 +44,20 @@ class QueueFull(RuntimeError):
 
 
 class KVOps(Protocol):
-    """What the scheduler needs from the runner: share a prefix, copy a whole KV stream, drop a slot's KV."""
+    """What the scheduler needs from the runner: share a prefix, copy a whole KV stream, drop a slot's KV, save a
+    slot's KV and restore it (for the KV tiers)."""
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None: ...
     def copy_stream(self, src: int, dst: int) -> None: ...
     def remove(self, slot: int, start: int = 0) -> None: ...
+    def save(self, slot: int) -> bytes | None: ...
+    def restore(self, slot: int, blob: bytes) -> bool: ...
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, kv: KVOps, n_ctx: int) -> None:
-        """`n_ctx`: the KV cells the runner's context really has (llama.cpp may round cfg.n_ctx).
+    def __init__(self, cfg: EngineConfig, kv: KVOps, n_ctx: int, tiers: KVTiers | None = None) -> None:
+        """`n_ctx`: the KV cells the runner's context really has (llama.cpp may round cfg.n_ctx). `tiers`: where
+        evicted prefixes are saved and restored from (kv_tier.py; none by default).
         Cells held only by retired prefixes are capped at cfg.max_retired_cells (default a quarter of n_ctx):
         every query row's attention scans the whole used range of the unified KV buffer, so cached cells slow every
         decode step; too few, and prompts sharing long prefixes (several tenants' system prompts) evict each other
@@ -63,6 +69,7 @@ class Scheduler:
         self.protected_cap = max(self.retired_cap, n_ctx // 2)
         self.kv = kv
         self.prefix = PrefixCache()
+        self.tiers = tiers or KVTiers(0)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(cfg.n_seqs - 1, -1, -1))
@@ -150,8 +157,11 @@ class Scheduler:
         length, holder = (0, None)
         if self.cfg.prefix_caching:
             length, holder = self.prefix.match(tokens[:-1])   # the last token is always computed: we need logits
-        n = min(len(tokens) - length, budget)
         bump = not seq.batch        # an interactive admission may preempt batch sequences for room
+        tier_len, entry = self._tier_match(tokens[:-1], length)
+        if entry is not None and (n := self._admit_restored(seq, entry, tier_len, budget, holder, bump)):
+            return n
+        n = min(len(tokens) - length, budget)
         if not self._evict_until(lambda: self.free_cells >= n, keep=holder, bump_batch=bump):
             return 0
         if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder,
@@ -162,6 +172,24 @@ class Scheduler:
             self.kv.copy_prefix(holder, slot, length)
             self.prefix.attach(slot, tokens, length)
             self.prefix.touch(holder)
+        self._start(seq, slot, length)
+        self._reserved += n
+        return n
+
+    def _admit_restored(self, seq: Sequence, entry: Entry, length: int, budget: int, holder: int | None,
+                        bump: bool) -> int:
+        """Unified buffer: start `seq` on a free slot with `entry` restored (its whole state first, then cut to
+        `length`); tokens scheduled, or 0 when there is no room or the restore fails."""
+        n = min(len(seq.tokens) - length, budget)
+        if not self._evict_until(lambda: self.free_cells >= len(entry.tokens) + n, keep=holder, bump_batch=bump):
+            return 0
+        if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder,
+                                                         bump_batch=bump):
+            return 0
+        slot = self.free_slots.pop()
+        if not self._restore(slot, entry, length):
+            self.free_slots.append(slot)
+            return 0
         self._start(seq, slot, length)
         self._reserved += n
         return n
@@ -186,20 +214,25 @@ class Scheduler:
             length, holders = self.prefix.match_slots(tokens[:-1])   # the last token is always computed
         if length < MIN_COPY_TOKENS:
             length, holders = 0, set()
+        tier_len, entry = self._tier_match(tokens[:-1], length)
         running = {s.slot for s in self.running}
         idle = sorted(h for h in holders if h not in running)
         here = [h for h in idle if _adjacent(h, running)] or (idle if length >= IN_PLACE_TOKENS else [])
         if not here and not self.free_slots and set(self.prefix.retired) <= holders:
             here = idle                       # every idle stream holds the prefix: take one as it is
+        if entry is not None:
+            here = []                         # a saved state holds more of the prompt than any stream
         if here:
             slot = here[0]
-            if self.prefix.resident(slot) - length >= MIN_COPY_TOKENS:
-                self._duplicate(slot, keep=None)     # what it would cut off stays cached elsewhere
+            if self.prefix.resident(slot) - length >= MIN_COPY_TOKENS and not self._duplicate(slot, keep=None):
+                self._save(slot)                     # what it would cut off stays cached elsewhere, or saved
             self.prefix.unretire(slot)
             self.cut(slot, length)
         else:
             slot = self._place(running, keep=holders)
-            if holders:
+            if entry is not None and self._restore(slot, entry, tier_len):
+                length = tier_len
+            elif holders:
                 src = min(holders)
                 self.kv.copy_stream(src, slot)
                 self.prefix.clone(src, slot)
@@ -207,6 +240,50 @@ class Scheduler:
                 self.prefix.touch(src)
         self._start(seq, slot, length)
         return min(len(tokens) - length, budget)
+
+    # ---- KV tiers ---------------------------------------------------------------------------------------
+    def _tier_match(self, tokens: list[int], resident: int) -> tuple[int, Entry | None]:
+        """A saved state holding at least MIN_COPY_TOKENS more of `tokens` than the `resident` ones, when
+        restoring it is estimated to be faster than prefilling the difference: (its length, it), else (0, None)."""
+        if not self.tiers.enabled or not self.cfg.prefix_caching:
+            return 0, None
+        length, entry = self.tiers.match(tokens, resident + MIN_COPY_TOKENS - 1)
+        if entry is None or not self.tiers.worth(entry, length - resident):
+            return 0, None
+        return length, entry
+
+    def _restore(self, slot: int, entry: Entry, length: int) -> bool:
+        """Load `entry` into the empty `slot` and keep its first `length` tokens; False if that failed (the slot
+        stays empty)."""
+        tier = entry.tier
+        t0 = time.perf_counter()
+        blob = self.tiers.load(entry)
+        if blob is None or not self.kv.restore(slot, blob):
+            return False
+        saved = entry.tokens.tolist()
+        shared = self.prefix.match(saved)[0] if self.streams else 0   # in streams the tree is only bookkeeping
+        if shared:
+            self.prefix.attach(slot, saved, shared)
+        self.prefix.extend(slot, saved[shared:])
+        self.cut(slot, length)
+        self.tiers.restored(entry, length, time.perf_counter() - t0, tier)
+        return True
+
+    def _evict(self, slot: int) -> None:
+        """Drop a cached prefix from the KV memory, saved to the tiers first (_save)."""
+        self._save(slot)
+        self._drop_slot(slot)
+
+    def _save(self, slot: int) -> None:
+        """Keep the slot's state in the tiers when it is long enough and held nowhere else (no other slot, no
+        saved state), before its KV is dropped or cut."""
+        if self.tiers.enabled and self.prefix.resident(slot) >= MIN_TIER_TOKENS:
+            tokens = self.prefix.tokens(slot)
+            length, holders = self.prefix.match_slots(tokens)
+            if not (length == len(tokens) and holders - {slot}) and not self.tiers.covers(tokens):
+                blob = self.kv.save(slot)
+                if blob is not None:
+                    self.tiers.put(tokens, blob)
 
     def _place(self, running: set[int], keep: set[int]) -> int:
         """A fresh stream next to the running ones: an empty one (unless it is the last, kept spare for _compact),
@@ -219,11 +296,11 @@ class Scheduler:
         if near and len(empty) > 1:
             slot = near[0]
         elif (lru := self._lru_cached(exclude=keep, near=running)) is not None:
-            self._drop_slot(lru)
+            self._evict(lru)
             slot = lru
         else:
             if len(empty) <= 1 and (lru := self._lru_cached(exclude=keep)) is not None:
-                self._drop_slot(lru)
+                self._evict(lru)
             empty = sorted(self.free_slots)
             slot = next((s for s in empty if _adjacent(s, running)), empty[0])
         self.free_slots.remove(slot)
@@ -249,7 +326,7 @@ class Scheduler:
             lru = self._lru_cached(exclude={slot, keep})
             if lru is None or self.prefix.retired[lru] >= last_use:
                 return False
-            self._drop_slot(lru)
+            self._evict(lru)
             target = lru
         self.free_slots.remove(target)
         self.kv.copy_stream(slot, target)
@@ -293,7 +370,7 @@ class Scheduler:
         while not ok():
             slot = self.prefix.lru_retired(exclude=keep, protected=protected)
             if slot is not None:
-                self._drop_slot(slot)
+                self._evict(slot)
                 continue
             victim = self._newest_batch() if bump_batch else None
             if victim is None or victim.slot == keep:
@@ -379,8 +456,10 @@ class Scheduler:
         self.free_slots.append(slot)
 
     def clear_cache(self) -> None:
+        """Forget every cached prefix, in the KV memory and in the tiers."""
         for slot in list(self.prefix.retired):
             self._drop_slot(slot)
+        self.tiers.clear()
 
 
 def _adjacent(slot: int, running: set[int]) -> bool:

@@ -29,7 +29,14 @@ class EngineCollector:
                                labels=["model"])
         restarts = CounterMetricFamily("tokenomy_engine_restarts", "Engine processes restarted after a crash or "
                                        "a hang", labels=["model"])
+        tier = {attr: (CounterMetricFamily if kind == "c" else GaugeMetricFamily)(
+            f"tokenomy_engine_kv_tier_{metric}", text, labels=["model", "tier"])
+            for metric, attr, kind, text in TIER_METRICS}
         for name, engine in self._engines():
+            stats = getattr(engine, "tier_stats", None)
+            for attr, family in tier.items() if stats is not None else ():
+                for t, v in getattr(stats, attr).items():
+                    family.add_metric([name, t], v)
             running.add_metric([name], engine.running)
             kv.add_metric([name], engine.kv_usage)
             queue.add_metric([name], engine.queue_depth)
@@ -40,6 +47,17 @@ class EngineCollector:
         yield queue
         yield up
         yield restarts
+        yield from tier.values()
+
+
+TIER_METRICS = (   # name, TierStats field, counter or gauge, help: KV tiers (engine/kv_tier.py)
+    ("saved", "saved", "c", "Evicted prefixes whose KV was saved into the tier"),
+    ("hits", "hits", "c", "Prompts whose prefix was restored from the tier"),
+    ("restored_tokens", "restored_tokens", "c", "Prompt tokens restored from the tier instead of recomputed"),
+    ("restore_seconds", "restore_s", "c", "Seconds spent restoring from the tier (read and load)"),
+    ("bytes", "bytes", "g", "Bytes of KV the tier holds"),
+    ("entries", "entries", "g", "Prefixes the tier holds"),
+)
 
 
 class CacheCollector:
