@@ -1,4 +1,9 @@
+import json
+
+import pytest
+
 from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.kv_tier import KVTiers
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.scheduler import MIN_COPY_TOKENS, Scheduler
 from tokenomy.engine.sequence import Sequence, Status
@@ -351,9 +356,10 @@ def test_an_arrival_takes_the_cached_stream_next_to_the_running_rather_than_one_
     check_streams(s)
 
 
-def check_streams(s):
+def check_streams(s, kv=None):
     """The prefix tree and the slots agree: every path hangs from the root, every running sequence's KV is its
-    slot's path, and no stream is both free and holding KV, or both running and cached."""
+    slot's path, and no stream is both free and holding KV, or both running and cached; with a KVShadow, each
+    slot holds the tokens its path says."""
     running = [q.slot for q in s.running]
     assert len(set(running)) == len(running)
     for slot, path in s.prefix.paths.items():
@@ -365,27 +371,69 @@ def check_streams(s):
         assert s.prefix.resident(q.slot) == q.n_kv
     assert not set(s.free_slots) & (set(s.prefix.paths) | set(running))
     assert not set(s.prefix.retired) & set(running)
+    if kv is not None:
+        for slot in set(kv.content) | set(s.prefix.paths):
+            assert kv.content.get(slot, []) == s.prefix.tokens(slot), slot
+        for q in s.running:
+            assert kv.content.get(q.slot, []) == q.tokens[:q.n_kv]
 
 
-def test_streams_stay_consistent_under_a_random_mix_of_shared_prompts_finishes_and_gaps():
+class KVShadow(KVLog):
+    """A stand-in for llama.cpp's KV memory that holds each slot's tokens, so a test can check that what the
+    scheduler's operations leave in a slot is what the scheduler believes is there."""
+
+    def __init__(self):
+        super().__init__()
+        self.content = {}
+
+    def copy_stream(self, src, dst):
+        super().copy_stream(src, dst)
+        self.content[dst] = list(self.content.get(src, []))
+
+    def copy_prefix(self, src, dst, length):
+        super().copy_prefix(src, dst, length)
+        self.content[dst] = self.content.get(src, [])[:length]
+
+    def remove(self, slot, start=0):
+        super().remove(slot, start)
+        self.content[slot] = self.content.get(slot, [])[:start]
+
+    def save(self, slot):
+        return json.dumps(self.content.get(slot, [])).encode()
+
+    def restore(self, slot, blob):
+        self.ops.append(("restore", slot))
+        self.content[slot] = json.loads(blob)
+        return True
+
+
+@pytest.mark.parametrize("kv_unified", [False, True], ids=["streams", "unified"])
+@pytest.mark.parametrize("tiers", [False, True], ids=["no-tiers", "tiers"])
+def test_kv_stays_consistent_under_a_random_mix_of_shared_prompts_finishes_and_gaps(tiers, kv_unified):
     import random
 
     rng = random.Random(7)
-    s, _ = streams(max_running=4, max_retired=2)
-    heads = [list(range(b, b + 24)) for b in (1000, 2000)]           # two shared "system prompts"
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=4, max_retired=2, max_batch_tokens=512, kv_unified=kv_unified), kv,
+                  n_ctx=8 * 512 if not kv_unified else 400, tiers=KVTiers(1 << 20) if tiers else None)
+    heads = [list(range(b, b + 40)) for b in (1000, 2000)]           # two shared "system prompts"
     for _ in range(400):
         if s.waiting or (s.running and rng.random() < 0.5):
             pass
         elif rng.random() < 0.7:
-            tail = [rng.randrange(3) for _ in range(rng.randrange(0, 30))]
+            tail = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
             s.waiting.append(seq(rng.choice(heads) + tail, max_tokens=64))
         plan = s.schedule()
+        for q, n in plan:
+            kv.content.setdefault(q.slot, []).extend(q.tokens[q.n_kv:q.n_kv + n])
         run_plan(s, plan)
-        check_streams(s)
+        check_streams(s, kv)
         for q, _ in plan:
             if q.pending == 0:
                 q.output.append(rng.randrange(3))                    # same few tokens: identical runs recur
         for q in [q for q in s.running if rng.random() < 0.15]:
             s.finish(q)
-        check_streams(s)
+        check_streams(s, kv)
     assert s.prefix_hit_tokens > 0
+    if tiers:
+        assert s.tiers.stats.saved["ram"] > 0 and s.tiers.stats.hits["ram"] > 0
