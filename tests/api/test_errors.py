@@ -69,3 +69,14 @@ def test_a_wrong_method_is_a_405_that_says_which_methods_are_allowed(server):
     r = httpx.get(server.base_url + "/chat/completions")
     assert r.status_code == 405 and r.headers.get("allow") == "POST"
     assert r.json()["error"]["type"]
+
+
+def test_with_context_shift_a_max_tokens_past_the_window_is_served():
+    from tests.conftest import NO_CACHE, live_server
+
+    engine = {"n_ctx": 4 * 256, "max_running": 2, "max_retired": 2, "context_overflow": "shift"}
+    with live_server({"engine": engine, "cache": NO_CACHE}) as srv:
+        r = post(srv, {**OK, "max_tokens": 300, "logit_bias": {"2": -100}})     # EOS (id 2) never sampled
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["completion_tokens"] == 300 and usage["prompt_tokens"] + 300 > 256

@@ -213,3 +213,33 @@ def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_sam
             engine.submit(list(range(1, 600)), SamplingParams(max_tokens=4), lambda ev: None)
     finally:
         engine.stop()
+
+
+def test_with_context_shift_a_generation_runs_past_the_window_and_leaves_a_clean_stream(path):
+    """A 256-token window: with `shift` an answer of 480 tokens completes (the window shifts three times);
+    with `error` it stops at the window. The shifted stream keeps only its sinks: the next ask of the same prompt
+    answers as the first did."""
+    with pytest.raises(ValueError, match="kv_unified"):
+        EngineConfig(context_overflow="shift", kv_unified=True)
+    ids_of = {}
+    for mode in ("error", "shift"):
+        engine = Engine(path, EngineConfig(n_ctx=4 * 256, max_running=2, max_retired=2, max_batch_tokens=256,
+                                           context_overflow=mode, speculative=False)).start()
+        try:
+            assert engine.max_model_len == 256
+            ids = engine.tokenizer.encode_chat([{"role": "user", "content": "Tell a long story about a cat."}])
+            first, _ = greedy_ids(engine, ids, max_tokens=16)
+            events = submit_wait(engine, ids, SamplingParams(max_tokens=480, temperature=0, ignore_eos=True))
+            last = events[-1]
+            ids_of[mode] = [t for e in events for t in e.token_ids]
+            assert last.finish_reason == "length"
+            if mode == "shift":
+                assert last.completion_tokens == 480 and engine.scheduler.running == []
+            else:
+                assert last.completion_tokens == 256 - len(ids)
+            again, _ = greedy_ids(engine, ids, max_tokens=16)
+            assert again == first
+        finally:
+            engine.stop()
+    n = 256 - len(ids)
+    assert ids_of["shift"][:n] == ids_of["error"]     # the same answer until the window is full

@@ -406,6 +406,43 @@ class KVShadow(KVLog):
         self.content[slot] = json.loads(blob)
         return True
 
+    def shift(self, slot, keep, discard):
+        self.ops.append(("shift", slot, keep, discard))
+        c = self.content[slot]
+        self.content[slot] = c[:keep] + c[keep + discard:]
+
+
+def test_a_context_shift_keeps_the_sinks_and_the_recent_half_and_leaves_only_the_sinks_cached():
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=2, max_retired=2, max_batch_tokens=512), kv, n_ctx=4 * 256)
+    q = seq(range(100, 140), max_tokens=500)
+    s.waiting.append(q)
+
+    def step():
+        plan = s.schedule()
+        for r, n in plan:
+            kv.content.setdefault(r.slot, []).extend(r.kv_tokens(r.n_kv, r.n_kv + n))
+        run_plan(s, plan)
+        q.output.append(len(q.output) % 5)
+
+    for _ in range(11):
+        step()
+    assert q.n_kv == 50
+    s.shift(q, 4)                                  # 46 past the sinks: the oldest 23 go
+    assert kv.ops[-1] == ("shift", q.slot, 4, 23) and q.n_kv == 27 and q.dropped == 23
+    assert kv.content[q.slot] == q.kv_tokens(0, q.n_kv) == q.tokens[:4] + q.tokens[27:50]
+    assert s.prefix.resident(q.slot) == 4          # only the sinks are a prefix anyone may reuse
+    for _ in range(5):
+        step()
+    s.shift(q, 4)                                  # a second shift drops the next oldest, the sinks stay
+    assert q.sink == 4 and q.dropped == 23 + 14 and kv.content[q.slot] == q.kv_tokens(0, q.n_kv)
+    step()
+    assert kv.content[q.slot] == q.kv_tokens(0, q.n_kv)
+    slot = q.slot
+    s.finish(q)
+    assert kv.content[slot] == q.tokens[:4] and s.prefix.tokens(slot) == q.tokens[:4]
+    check_streams(s, kv)
+
 
 @pytest.mark.parametrize("kv_unified", [False, True], ids=["streams", "unified"])
 @pytest.mark.parametrize("tiers", [False, True], ids=["no-tiers", "tiers"])

@@ -117,15 +117,17 @@ class EmbeddedBackend:
         return TokenCount(len(ids), exact=True)
 
     def check_length(self, prompt: list[int], params: dict[str, Any]) -> int:
-        """Tokens left for the answer after `prompt`; InvalidRequest (context_length_exceeded) when the prompt, or
-        the prompt and the asked max_tokens, do not fit the model's context."""
+        """Tokens left for the answer after `prompt` (the default max_tokens); InvalidRequest
+        (context_length_exceeded) when the prompt, or the prompt and the asked max_tokens, do not fit the model's
+        context (a max_tokens past it is allowed when the engine shifts its context, `context_overflow: shift`)."""
         limit = self.engine.max_model_len
         if len(prompt) >= limit:
             raise InvalidRequest(
                 f"This model's maximum context length is {limit} tokens. However, your prompt is "
                 f"{len(prompt)} tokens long.", param="messages", code="context_length_exceeded")
         max_tokens = params.get("max_tokens")
-        if max_tokens is not None and len(prompt) + max_tokens > limit:
+        shifts = self.engine.cfg.context_overflow == "shift"
+        if max_tokens is not None and len(prompt) + max_tokens > limit and not shifts:
             raise InvalidRequest(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} for the "

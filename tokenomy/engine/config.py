@@ -3,7 +3,9 @@ its scheduler and its runner."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineConfig(BaseModel):
@@ -49,6 +51,16 @@ class EngineConfig(BaseModel):
                               "step for this long is killed and restarted")
     start_timeout_s: float = Field(300.0, gt=0, description="time for an engine process to load its model and "
                                    "pass its self-check")
+    context_overflow: Literal["error", "shift"] = Field(
+        "error", description="a sequence reaching max_model_len: error (finish with length; a max_tokens that "
+        "cannot fit is refused) or shift (keep its first tokens and the most recent half, drop the middle and "
+        "go on, as StreamingLLM does: lossy, docs/engine.md); shift needs kv_unified false")
+
+    @model_validator(mode="after")
+    def _shift_needs_streams(self) -> EngineConfig:
+        if self.context_overflow == "shift" and self.kv_unified:
+            raise ValueError("context_overflow shift needs kv_unified false (one KV stream per sequence)")
+        return self
 
     @property
     def n_seqs(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from tokenomy.engine.tokenizer import Tokenizer
 log = logging.getLogger("tokenomy.engine")
 
 __all__ = ["Engine", "EngineConfig", "QueueFull", "StepStats"]
+
+SINK_TOKENS = 4     # context shift keeps these first tokens' KV (StreamingLLM's attention sinks)
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Engine:
         self.runner = ModelRunner(model_path, cfg)
         self.tokenizer = Tokenizer(self.runner)
         self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx_seq)
+        if cfg.context_overflow == "shift" and not self.runner.can_shift:
+            raise RuntimeError("context_overflow shift: this model's KV cache cannot shift positions")
         self.stats = StepStats()
         self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
         self.tiers = KVTiers(cfg.kv_tier_ram_mb << 20, engine_dir(cfg.kv_tier_disk_dir, name),
@@ -85,7 +90,8 @@ class Engine:
             raise ValueError(f"prompt is {len(prompt)} tokens; the limit is {self.max_model_len - 1}")
         seq = Sequence(prompt=list(prompt), params=params, on_event=on_event, constraint=constraint,
                        request_id=request_id)
-        seq.out = SequenceOutput(params, seq.prompt, seq.output, self.runner, self.max_model_len)
+        limit = self.max_model_len if self.cfg.context_overflow == "error" else sys.maxsize
+        seq.out = SequenceOutput(params, seq.prompt, seq.output, self.runner, limit)
         with self._cv:
             if len(self._inbox) + len(self.scheduler.waiting) >= self.cfg.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({self.cfg.max_waiting} requests)")
@@ -177,6 +183,10 @@ class Engine:
     def step(self) -> None:
         """Schedule, draft, decode, commit, process outputs."""
         self._reap_cancelled()
+        if self.cfg.context_overflow == "shift":
+            for seq in self.scheduler.running:
+                if seq.n_kv + seq.pending > self.max_model_len:    # the next step would write past the window
+                    self.scheduler.shift(seq, SINK_TOKENS)
         plan = self.scheduler.schedule()
         if not plan:
             return
@@ -184,8 +194,8 @@ class Engine:
         chunks = []
         for seq, n in plan:
             draft = drafts.get(seq, [])
-            last = seq.n_kv + n == seq.num_tokens
-            chunks.append(Chunk(seq.slot, seq.tokens[seq.n_kv:seq.n_kv + n] + draft, seq.n_kv,
+            last = seq.n_kv + n == seq.num_kv_tokens
+            chunks.append(Chunk(seq.slot, seq.kv_tokens(seq.n_kv, seq.n_kv + n) + draft, seq.n_kv,
                                 1 + len(draft) if last else 0))
         logits = self._decode(plan, chunks)
         if logits is None:
@@ -208,17 +218,18 @@ class Engine:
         base = sum(n for _, n in plan)
         found: list[tuple[Sequence, list[int]]] = []
         for seq, n in plan:
-            if n != 1 or seq.pending != 1 or seq.constraint is not None or not seq.params.may_speculate:
+            if (n != 1 or seq.pending != 1 or seq.constraint is not None or not seq.params.may_speculate
+                    or seq.dropped):
                 continue
             room = min(speculate.MAX_DRAFT, seq.params.max_tokens - len(seq.output) - 1,
-                       self.max_model_len - seq.num_tokens - 1)
+                       self.max_model_len - seq.num_kv_tokens - 1)
             proposal = speculate.propose(seq.tokens, room)
             if proposal:
                 found.append((seq, proposal))
         if not found:
             return {}
         budget = min(self.cfg.max_batch_tokens - base, self.scheduler.free_cells)
-        sampling = sum(seq.n_kv + n == seq.num_tokens for seq, n in plan)
+        sampling = sum(seq.n_kv + n == seq.num_kv_tokens for seq, n in plan)
         ks = speculate.plan(base, sampling, [(seq.spec_acceptance, len(p)) for seq, p in found], self.step_cost,
                             budget)
         return {seq: p[:k] for (seq, p), k in zip(found, ks, strict=True) if k}

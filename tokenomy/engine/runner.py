@@ -121,6 +121,17 @@ class ModelRunner(Vocab):
             return False
         return True
 
+    def shift(self, slot: int, keep: int, discard: int) -> None:
+        """Context shift: drop positions keep..keep+discard-1 of the slot and move the later ones down by
+        `discard` (llama.cpp re-applies RoPE to their keys at the next decode)."""
+        llama_cpp.llama_memory_seq_rm(self.mem, slot, keep, keep + discard)
+        llama_cpp.llama_memory_seq_add(self.mem, slot, keep + discard, -1, -discard)
+        self._pending.add(slot)
+
+    @property
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self.mem))
+
     def remove(self, slot: int, start: int = 0) -> None:
         """Drop the slot's KV from position `start` on (all of it by default)."""
         llama_cpp.llama_memory_seq_rm(self.mem, slot, start if start > 0 else -1, -1)

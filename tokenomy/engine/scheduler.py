@@ -52,6 +52,7 @@ class KVOps(Protocol):
     def remove(self, slot: int, start: int = 0) -> None: ...
     def save(self, slot: int) -> bytes | None: ...
     def restore(self, slot: int, blob: bytes) -> bool: ...
+    def shift(self, slot: int, keep: int, discard: int) -> None: ...
 
 
 class Scheduler:
@@ -89,7 +90,8 @@ class Scheduler:
     def used_cells(self) -> int:
         """Cells holding KV: shared cells once in the unified buffer, each stream's own with KV streams."""
         if self.streams:
-            return sum(self.prefix.resident(slot) for slot in self.prefix.paths)
+            shifted = sum(s.n_kv - self.prefix.resident(s.slot) for s in self.running if s.dropped)
+            return sum(self.prefix.resident(slot) for slot in self.prefix.paths) + shifted
         return self.prefix.used_cells
 
     # ---- the plan for one step ---------------------------------------------------------------------------
@@ -153,7 +155,7 @@ class Scheduler:
     def _admit(self, seq: Sequence, budget: int) -> int:
         if self.streams:
             return self._admit_stream(seq, budget)
-        tokens = seq.tokens
+        tokens = seq.kv_tokens()
         length, holder = (0, None)
         if self.cfg.prefix_caching:
             length, holder = self.prefix.match(tokens[:-1])   # the last token is always computed: we need logits
@@ -180,7 +182,7 @@ class Scheduler:
                         bump: bool) -> int:
         """Unified buffer: start `seq` on a free slot with `entry` restored (its whole state first, then cut to
         `length`); tokens scheduled, or 0 when there is no room or the restore fails."""
-        n = min(len(seq.tokens) - length, budget)
+        n = min(seq.num_kv_tokens - length, budget)
         if not self._evict_until(lambda: self.free_cells >= len(entry.tokens) + n, keep=holder, bump_batch=bump):
             return 0
         if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder,
@@ -208,7 +210,7 @@ class Scheduler:
         stream is next to the running ones, or wherever it lies when the prefix has IN_PLACE_TOKENS or more
         (recomputing it costs more than the extra compute a separate run of streams costs a step, which _compact
         may undo); else on a fresh stream (_place), with the prefix copied in from a stream holding it."""
-        tokens = seq.tokens
+        tokens = seq.kv_tokens()
         length, holders = (0, set())
         if self.cfg.prefix_caching:
             length, holders = self.prefix.match_slots(tokens[:-1])   # the last token is always computed
@@ -345,8 +347,8 @@ class Scheduler:
         if slots[-1] - slots[0] + 1 == len(slots):
             return
         top = max(self.running, key=lambda s: s.slot)
-        if top.params.max_tokens - len(top.output) < COMPACT_MIN_LEFT:
-            return
+        if top.params.max_tokens - len(top.output) < COMPACT_MIN_LEFT or top.dropped:
+            return                            # (a shifted sequence's stream waits for its shift to apply)
         others = set(slots[:-1])
         hole = next((h for h in range(top.slot) if h not in others and _adjacent(h, others)), None)
         if hole is None:
@@ -407,9 +409,25 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def committed(self, seq: Sequence, tokens: list[int]) -> None:
-        """KV for `tokens` was written to the sequence's slot by the last step."""
-        self.prefix.extend(seq.slot, tokens)
+        """KV for `tokens` was written to the sequence's slot by the last step. After a context shift the KV is
+        no prefix anyone else can reuse (its tokens saw a context that is gone), so the tree keeps only what was
+        there before."""
+        if not seq.dropped:
+            self.prefix.extend(seq.slot, tokens)
         seq.n_kv += len(tokens)
+
+    def shift(self, seq: Sequence, sink: int) -> None:
+        """Context shift (KV streams): keep the KV of the first `sink` tokens (attention sinks, StreamingLLM) and
+        the most recent half of the rest, drop the middle, and move the kept recent positions down."""
+        keep = seq.sink if seq.dropped else min(sink, seq.n_kv)
+        discard = (seq.n_kv - keep) // 2
+        if discard <= 0:
+            return
+        assert seq.slot is not None
+        self.kv.shift(seq.slot, keep, discard)
+        if self.prefix.resident(seq.slot) > keep:
+            self.prefix.truncate(seq.slot, keep)
+        seq.sink, seq.dropped, seq.n_kv = keep, seq.dropped + discard, seq.n_kv - discard
 
     def finish(self, seq: Sequence, keep_prefix: bool = True, keep_output: bool = False) -> None:
         """End the sequence. With `keep_prefix` its prompt's KV stays as a retired prefix (and its answer's too with
@@ -422,6 +440,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        if seq.slot is not None and seq.dropped:
+            self.kv.remove(seq.slot, self.prefix.resident(seq.slot))   # the shifted KV: only its sinks stay
         if seq.slot is not None:
             if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
                 keep = keep_output or self.cfg.retire_outputs

@@ -59,7 +59,9 @@ class Sequence:
     status: Status = Status.WAITING
     output: list[int] = field(default_factory=list)
     slot: int | None = None                 # llama.cpp seq_id holding this sequence's KV
-    n_kv: int = 0                           # tokens[:n_kv] have KV in the slot
+    n_kv: int = 0                           # kv_tokens()[:n_kv] have KV in the slot, at positions 0..n_kv-1
+    dropped: int = 0                        # tokens shifted out of the KV after the first `sink` (context shift)
+    sink: int = 0
     cached_tokens: int = 0                  # prompt tokens reused from the prefix cache (first admission)
     reused: bool = False                    # its prompt was seen before (scheduler: retired as protected)
     preemptions: int = 0
@@ -83,9 +85,21 @@ class Sequence:
         return len(self.prompt) + len(self.output)
 
     @property
+    def num_kv_tokens(self) -> int:
+        """Tokens the KV holds or will: all of them, less those a context shift dropped."""
+        return self.num_tokens - self.dropped
+
+    def kv_tokens(self, start: int = 0, end: int | None = None) -> list[int]:
+        """The tokens at KV positions start..end-1: the first `sink` tokens, then those after the dropped ones."""
+        if not self.dropped:
+            return self.tokens[start:end]
+        toks = self.tokens
+        return (toks[:self.sink] + toks[self.sink + self.dropped:])[start:end]
+
+    @property
     def pending(self) -> int:
         """Tokens not yet in KV: the rest of the prompt, or the last sampled token."""
-        return self.num_tokens - self.n_kv
+        return self.num_kv_tokens - self.n_kv
 
     @property
     def batch(self) -> bool:
