@@ -24,8 +24,8 @@ from tokenomy.models import resolve_gguf  # noqa: E402
 
 def measure(flash: bool, batches: list[int], kv_type: str, steps: int = 20) -> dict:
     r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
-                    EngineConfig(n_ctx=4096, max_running=max(batches) + 1, max_retired=0, max_batch_tokens=512,
-                                 flash_attn=flash, kv_type=kv_type))
+                    EngineConfig(n_ctx=1024 * (max(batches) + 1), max_running=max(batches) + 1, max_retired=0,
+                                 max_batch_tokens=512, flash_attn=flash, kv_type=kv_type))   # a KV stream each
     toks = r.tokenize("hello world " * 300)[:512]
     t = time.perf_counter()
     r.decode([Chunk(0, toks, 0, True)])
