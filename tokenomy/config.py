@@ -390,6 +390,9 @@ class BatchSettings(_Strict):
     max_file_bytes: int = Field(100 << 20, ge=1024)
     poll_s: float = Field(0.5, gt=0)
     drain_s: float = Field(10.0, ge=0, description="at shutdown, how long in-flight batch requests may finish")
+    lease_s: float = Field(60.0, gt=0, description="gateways sharing a database: a batch request one of them "
+                           "started is its own for this long, renewed while it runs; if that gateway dies, another "
+                           "runs the request after this")
 
 
 class ServerSettings(_Strict):

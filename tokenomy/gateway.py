@@ -127,7 +127,7 @@ class Gateway:
                              flush=self.ledger.flush, upstream=lambda m: bool(self._upstreams(m)),
                              hold=lambda m: any(self.registry.get(n).expected_wait_s() > self.config.batch
                                                 .upstream_max_wait_s for n in self._upstreams(m)),
-                             upstream_concurrency=b.upstream_concurrency)
+                             upstream_concurrency=b.upstream_concurrency, lease_s=b.lease_s)
         return store, runner
 
     def _upstreams(self, name: str) -> list[str]:

@@ -9,6 +9,10 @@ Exactly once: an item's result is committed (after its ledger row) before it cou
 only items still pending. Each start of an item has its own request id (`req_<batch>_<line>`, then `_a<n>` for a
 later start), so a start cut short by a crash never shares a ledger row with the start that finishes it. A 429
 that is not a spent budget (a full queue, a rate limit) or a 503 (an engine restarting) puts the item back.
+
+Several gateways on one database: each runner is a worker with its own id that claims an item before it starts it
+and a batch before it ends it (store.py's leases, renewed every third of `lease_s` while it works, given up when it
+stops), so no item runs twice and each batch's results are written once, whichever gateways are up.
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ class BatchRunner:
     def __init__(self, store: BatchStore, handle: Callable[[RequestContext], Awaitable[Any]], *,
                  concurrency: int = 8, poll_s: float = 0.5, drain_s: float = 10.0,
                  flush: Callable[[], None] | None = None, hold: Callable[[str], bool] | None = None,
-                 upstream: Callable[[str], bool] | None = None, upstream_concurrency: int = 2) -> None:
+                 upstream: Callable[[str], bool] | None = None, upstream_concurrency: int = 2,
+                 lease_s: float = 60.0) -> None:
         """`handle` runs a RequestContext through the pipeline; `flush` commits the ledger's queued rows;
         `upstream(model)` says whether a model or route serves from an upstream, `hold(model)` whether that
         upstream is too loaded for batch work now."""
@@ -77,6 +82,10 @@ class BatchRunner:
         self.hold = hold or (lambda _: False)
         self.upstream = upstream or (lambda _: False)
         self.upstream_concurrency = upstream_concurrency
+        self.lease_s = lease_s
+        self.worker = new_id("worker_")
+        self.ran = 0                     # items this worker started
+        self._renewed = time.monotonic()
         self.inflight: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.upstream_inflight: dict[str, int] = {}
         self.retry_at: dict[tuple[str, int], float] = {}
@@ -107,6 +116,10 @@ class BatchRunner:
             for t in late:
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        try:
+            await asyncio.to_thread(self.store.release, self.worker)
+        except Exception:
+            log.exception("batch runner could not give up its leases (they run out after %.0f s)", self.lease_s)
 
     async def _loop(self) -> None:
         while not self._stopping:
@@ -122,7 +135,15 @@ class BatchRunner:
 
     async def tick(self) -> None:
         """One pass over the active batches: start what fits, end what is done."""
-        for b in await asyncio.to_thread(self.store.active):
+        if time.monotonic() - self._renewed > self.lease_s / 3:
+            await asyncio.to_thread(self.store.renew, self.worker, self.lease_s)
+            self._renewed = time.monotonic()
+        active = await asyncio.to_thread(self.store.active)
+        ids = {b["id"] for b in active}
+        for (batch, _), task in list(self.inflight.items()):
+            if batch not in ids:          # another worker ended it (cancelled, expired): its result would be lost
+                task.cancel()
+        for b in active:
             bid = b["id"]
             if b["status"] == "validating":
                 await asyncio.to_thread(self.store.set_status, bid, "in_progress", ("validating",))
@@ -137,7 +158,8 @@ class BatchRunner:
             mine = {line for (batch, line) in self.inflight if batch == bid}
             now = time.monotonic()
             waiting = {line for (batch, line), t in self.retry_at.items() if batch == bid and t > now}
-            todo = await asyncio.to_thread(self.store.pending, bid, max(room, 0), mine | waiting) if room > 0 else []
+            todo = (await asyncio.to_thread(self.store.pending, bid, room, mine | waiting, self.worker)
+                    if room > 0 else [])
             for item in todo:
                 model = str(item.body.get("model", ""))
                 if self.upstream(model):
@@ -154,7 +176,9 @@ class BatchRunner:
     async def _run(self, batch: dict[str, Any], item: Item, model: str) -> None:
         key = (batch["id"], item.line)
         try:
-            await asyncio.to_thread(self.store.started, item)
+            if not await asyncio.to_thread(self.store.claim, item, self.worker, self.lease_s):
+                return                        # another worker took it since we read it
+            self.ran += 1
             rid = request_id(item, item.attempts)
             try:
                 ctx = to_context(batch["endpoint"], item.body, rid)
@@ -190,6 +214,8 @@ class BatchRunner:
                                                   "request finished."))
 
     async def _end(self, bid: str, owner: str, status: str, fail: tuple[str, str] | None) -> None:
+        if not await asyncio.to_thread(self.store.claim_batch, bid, self.worker, self.lease_s):
+            return                            # another worker is ending it
         if fail is not None:
             await asyncio.to_thread(self.store.fail_pending, bid, *fail)
         if status == "completed" and not await asyncio.to_thread(self.store.set_status, bid, "finalizing",

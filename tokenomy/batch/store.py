@@ -9,6 +9,11 @@ Three tables of their own, created on open (they are not ledger migrations: noth
 Every owner-facing read takes the owner (the key id, "" without keys): another key's file or batch is "not found".
 Item results are committed one by one as they finish, so a restart runs only items still pending; the output and
 error files are assembled from the items when the batch ends, in input order.
+
+Several gateways on one database share the work through leases: a worker claims an item (atomically, with its
+start count) before running it, and the batch before ending it, for `lease_s` seconds that it renews while it
+works; another worker takes an item or a batch only once its lease has run out (its worker died or hung). Tables
+created before leases get the two lease columns added on open.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ batches = sa.Table(
     sa.Column("error_file_id", sa.String(64)),
     sa.Column("errors", sa.Text),
     sa.Column("metadata", sa.Text),
+    sa.Column("lease_owner", sa.String(64)),        # the worker ending the batch
+    sa.Column("lease_until", DOUBLE),
 )
 
 items = sa.Table(
@@ -65,7 +72,10 @@ items = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),      # pending | done | failed
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("result", sa.Text),
+    sa.Column("lease_owner", sa.String(64)),        # the worker running the item
+    sa.Column("lease_until", DOUBLE),
 )
+LEASE_COLUMNS = ("lease_owner", "lease_until")
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
@@ -130,6 +140,23 @@ class BatchStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         metadata.create_all(engine, checkfirst=True)
+        self._add_lease_columns()
+
+    def _add_lease_columns(self) -> None:
+        """Tables from before leases: add their columns (another gateway may be doing the same)."""
+        for table in (batches, items):
+            have = {c["name"] for c in sa.inspect(self.engine).get_columns(table.name)}
+            for name in LEASE_COLUMNS:
+                if name in have:
+                    continue
+                kind = table.c[name].type.compile(dialect=self.engine.dialect)
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}"))
+                except sa.exc.DBAPIError:
+                    have = {c["name"] for c in sa.inspect(self.engine).get_columns(table.name)}
+                    if name not in have:
+                        raise
 
     def _dicts(self, q: sa.Select) -> list[dict[str, Any]]:
         """A query's rows as plain dicts, what file_object, batch_object and the runner read."""
@@ -226,18 +253,53 @@ class BatchStore:
                 "metadata": json.loads(row["metadata"]) if row.get("metadata") else None}
 
     # ---- items -------------------------------------------------------------------------------------------
-    def pending(self, batch_id: str, limit: int, skip: set[int]) -> list[Item]:
-        q = (sa.select(items).where(items.c.batch_id == batch_id, items.c.state == "pending")
-             .order_by(items.c.line).limit(limit + len(skip)))
+    def pending(self, batch_id: str, limit: int, skip: set[int], worker: str | None = None) -> list[Item]:
+        """Pending items in line order, less `skip`; given a `worker`, only those free for it to claim (no other
+        worker's lease runs)."""
+        q = sa.select(items).where(items.c.batch_id == batch_id, items.c.state == "pending")
+        if worker is not None:
+            q = q.where(sa.or_(items.c.lease_until.is_(None), items.c.lease_until < time.time(),
+                               items.c.lease_owner == worker))
+        q = q.order_by(items.c.line).limit(limit + len(skip))
         with self.engine.connect() as conn:
             rows = [r for r in conn.execute(q) if r.line not in skip]
         return [Item(r.batch_id, r.line, r.custom_id, json.loads(r.body), r.attempts) for r in rows[:limit]]
 
-    def started(self, item: Item) -> None:
-        """Count a start before the request runs, so a restart gives the next start another request id."""
+    def claim(self, item: Item, worker: str, lease_s: float) -> bool:
+        """Take the item for `worker` for `lease_s` seconds and count a start, in one statement, if it is still
+        pending and no other worker's lease on it runs; whether it was taken. The start is counted before the
+        request runs, so a later start gets another request id."""
+        now = time.time()
         with self.engine.begin() as conn:
-            conn.execute(items.update().where(items.c.batch_id == item.batch_id, items.c.line == item.line)
-                         .values(attempts=items.c.attempts + 1))
+            return conn.execute(items.update().where(
+                items.c.batch_id == item.batch_id, items.c.line == item.line, items.c.state == "pending",
+                items.c.attempts == item.attempts,
+                sa.or_(items.c.lease_until.is_(None), items.c.lease_until < now, items.c.lease_owner == worker))
+                .values(attempts=items.c.attempts + 1, lease_owner=worker, lease_until=now + lease_s)).rowcount == 1
+
+    def claim_batch(self, batch_id: str, worker: str, lease_s: float) -> bool:
+        """Take the batch's ending (cancel, expiry, results) for `worker` unless another worker's lease runs."""
+        now = time.time()
+        with self.engine.begin() as conn:
+            return conn.execute(batches.update().where(
+                batches.c.id == batch_id,
+                sa.or_(batches.c.lease_until.is_(None), batches.c.lease_until < now, batches.c.lease_owner == worker))
+                .values(lease_owner=worker, lease_until=now + lease_s)).rowcount == 1
+
+    def renew(self, worker: str, lease_s: float) -> None:
+        """Extend every lease `worker` holds on a pending item or an active batch."""
+        until = time.time() + lease_s
+        with self.engine.begin() as conn:
+            conn.execute(items.update().where(items.c.lease_owner == worker, items.c.state == "pending")
+                         .values(lease_until=until))
+            conn.execute(batches.update().where(batches.c.lease_owner == worker, batches.c.status.in_(ACTIVE))
+                         .values(lease_until=until))
+
+    def release(self, worker: str) -> None:
+        """Give up every lease `worker` holds on pending items (a worker stopping: others may take them now)."""
+        with self.engine.begin() as conn:
+            conn.execute(items.update().where(items.c.lease_owner == worker, items.c.state == "pending")
+                         .values(lease_owner=None, lease_until=None))
 
     def finish(self, item: Item, ok: bool, result: dict[str, Any]) -> None:
         with self.engine.begin() as conn:
