@@ -9,10 +9,12 @@ tokens per second, from tokenomy bench's load generator). Replicas, gateway and 
 machine's cores, so compare the policies' ratios, not the absolute figures.
 
     .venv/bin/python bench/replicas.py [--tenants 8] [--system 300] [--questions 4] [--rate 1] [--threads 1]
-        [--retired-cells 2048] [--max-tokens 8] [--json]
+        [--cached 4] [--max-tokens 8] [--json]
 
-`--retired-cells` is each replica's prefix-cache capacity (engine.max_retired_cells): the workload's prefixes
-should fit in the two replicas together but not in one, as in a deployment that needs more than one replica.
+`--cached` is each replica's prefix-cache capacity in prompts: with one KV stream per sequence (the engine's
+default) a finished prompt keeps its stream, and each replica has `--cached` streams beyond its 4 running ones
+(one kept spare), with the KV tiers off so that evicted prompts are really gone. The workload's prefixes should fit
+in the two replicas together but not in one, as in a deployment that needs more than one replica.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def one_policy(policy: str, args: argparse.Namespace, requests: list[Any], workdir: Path) -> dict[str, Any]:
-    engine = {"n_threads": args.threads, "n_ctx": 8192, "max_model_len": 4096, "max_running": 8,
-              "max_retired_cells": args.retired_cells}
+    engine = {"n_threads": args.threads, "n_ctx": (4 + args.cached) * 1024, "max_model_len": 1024, "max_running": 4,
+              "max_retired": args.cached, "kv_tier_ram_mb": 0}
     ports = [free_port() for _ in range(2)]
     replica_cfg = {"engine": engine, "ledger": None,
                    "cache": {"path": str(workdir / "cache"), "exact": {"enabled": False},
@@ -102,7 +104,8 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=4, help="questions per tenant")
     ap.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
     ap.add_argument("--threads", type=int, default=1, help="engine threads per replica")
-    ap.add_argument("--retired-cells", type=int, default=2048, help="prefix-cache KV cells per replica")
+    ap.add_argument("--cached", type=int, default=4, help="streams per replica beyond its 4 running ones, each "
+                    "holding a finished prompt")
     ap.add_argument("--margin", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -121,7 +124,7 @@ def main() -> None:
         return
     print(f"workload: shared-prefix, {args.tenants} tenants x {args.questions} questions, system prompt "
           f"{args.system} words, Poisson {args.rate:g}/s, max_tokens {args.max_tokens}; 2 replicas, "
-          f"{args.threads} engine thread(s) each, {args.retired_cells} prefix-cache cells each")
+          f"{args.threads} engine thread(s) each, {args.cached} cached-prompt streams each, KV tiers off")
     head = f"{'policy':<14}{'done':>6}{'hit share':>11}{'TTFT p50':>11}{'TTFT p95':>11}{'req/s':>8}{'out tok/s':>11}"
     print(head)
     for label, r in results.items():

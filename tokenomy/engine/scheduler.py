@@ -20,7 +20,12 @@ max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engi
   down into it, a cached prefix in the gap moving first to the one stream kept empty for that;
 - a prefix in another stream is shared by copying the whole stream (`seq_cp` across streams), so a prefix is
   copied only when it has MIN_COPY_TOKENS or more, and what an in-place reuse would cut off is copied elsewhere
-  first when it is that long. With every stream holding something, the least recently used prefix gives way."""
+  first when it is that long. With every stream holding something, the least recently used prefix next to the
+  running block gives way.
+
+A cached prefix that gives way (either layout) is saved to the KV tiers first (kv_tier.py) and restored from there
+when a prompt shares more of it than is resident. With `context_overflow: shift` (KV streams), a sequence about to
+outgrow its stream keeps its first tokens and its recent half (`shift`); its KV is then no reusable prefix."""
 
 from __future__ import annotations
 
@@ -348,7 +353,7 @@ class Scheduler:
             return
         top = max(self.running, key=lambda s: s.slot)
         if top.params.max_tokens - len(top.output) < COMPACT_MIN_LEFT or top.dropped:
-            return                            # (a shifted sequence's stream waits for its shift to apply)
+            return       # a shifted sequence is not moved: a pending shift and a stream copy, in which order?
         others = set(slots[:-1])
         hole = next((h for h in range(top.slot) if h not in others and _adjacent(h, others)), None)
         if hole is None:
