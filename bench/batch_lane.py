@@ -116,14 +116,19 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="max_tokens of every request")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1, help="engine threads (1 on a shared machine: docs/engine.md)")
+    ap.add_argument("--step-tokens", type=int, default=None, help="engine.batch_step_tokens (default: the config's)")
+    ap.add_argument("--concurrency", type=int, default=None, help="batch.concurrency (default: the config's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="tokenomy-batch-lane-")
     cfg = Config.model_validate({"cache": {"path": tmp + "/cache", "exact": {"enabled": False},
                                            "semantic": {"enabled": False}},
-                                 "engine": {"n_threads": args.threads},
-                                 "ledger": f"sqlite:///{tmp}/ledger.db", "batch": {"poll_s": 0.1}})
+                                 "engine": {"n_threads": args.threads, **({"batch_step_tokens": args.step_tokens}
+                                                                          if args.step_tokens else {})},
+                                 "ledger": f"sqlite:///{tmp}/ledger.db",
+                                 "batch": {"poll_s": 0.1, **({"concurrency": args.concurrency}
+                                                             if args.concurrency else {})}})
     gateway = Gateway(cfg)
     busy = Busy(gateway)
     port = 18000 + os.getpid() % 1000
