@@ -117,6 +117,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1, help="engine threads (1 on a shared machine: docs/engine.md)")
     ap.add_argument("--step-tokens", type=int, default=None, help="engine.batch_step_tokens (default: the config's)")
+    ap.add_argument("--step-ms", type=float, default=None, help="engine.batch_step_ms (0: steps bounded by "
+                    "batch_step_tokens alone; default: the config's)")
     ap.add_argument("--concurrency", type=int, default=None, help="batch.concurrency (default: the config's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -124,8 +126,9 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="tokenomy-batch-lane-")
     cfg = Config.model_validate({"cache": {"path": tmp + "/cache", "exact": {"enabled": False},
                                            "semantic": {"enabled": False}},
-                                 "engine": {"n_threads": args.threads, **({"batch_step_tokens": args.step_tokens}
-                                                                          if args.step_tokens else {})},
+                                 "engine": {"n_threads": args.threads,
+                                            **({"batch_step_tokens": args.step_tokens} if args.step_tokens else {}),
+                                            **({"batch_step_ms": args.step_ms} if args.step_ms is not None else {})},
                                  "ledger": f"sqlite:///{tmp}/ledger.db",
                                  "batch": {"poll_s": 0.1, **({"concurrency": args.concurrency}
                                                              if args.concurrency else {})}})
@@ -143,15 +146,16 @@ def main() -> None:
     alone = asyncio.run(interactive(base, args.seconds, args.rate, args.tokens, args.seed))
     busy_alone = (busy.s - b0) / (time.perf_counter() - w0)
 
-    t_batch = time.perf_counter()
+    t_batch = time.time()
     batch_id = submit_batch(base, args.batch, args.tokens)
     b0, w0 = busy.s, time.perf_counter()
     mixed = asyncio.run(interactive(base, args.seconds, args.rate, args.tokens, args.seed))
     busy_mixed = (busy.s - b0) / (time.perf_counter() - w0)
     store = gateway.batches
-    while store.get_batch(batch_id, None)["status"] not in ("completed", "failed", "cancelled"):
+    while (done := store.get_batch(batch_id, None))["status"] not in ("completed", "failed", "cancelled"):
         time.sleep(0.2)
-    batch_s = time.perf_counter() - t_batch
+    end = done["completed_at"] or done["failed_at"] or done["cancelled_at"]
+    batch_s = max(end - t_batch, 1.0)          # the batch's own end (whole seconds), not when this loop saw it
     gateway.ledger.flush()
     rows = [r for r in gateway.ledger.query() if r.batch == batch_id]
     batch_tokens = sum(r.completion_tokens for r in rows)

@@ -243,3 +243,16 @@ def test_with_context_shift_a_generation_runs_past_the_window_and_leaves_a_clean
             engine.stop()
     n = 256 - len(ids)
     assert ids_of["shift"][:n] == ids_of["error"]     # the same answer until the window is full
+
+
+def test_a_batch_step_is_cut_to_the_tokens_the_measured_cost_fits_in_batch_step_ms(path):
+    engine = Engine(path, EngineConfig(n_ctx=2048, max_running=2, max_retired=0, batch_step_ms=20))
+    try:
+        assert engine._batch_tokens() == 64             # nothing measured yet: batch_step_tokens
+        for n, dt in ((1, 0.009), (2, 0.018), (8, 0.06), (64, 0.4)):
+            engine.step_cost.observe(n, dt)
+        assert engine._batch_tokens() == 2              # 64, 32, 16, 8, 4 take longer than 20 ms
+        engine.cfg.batch_step_ms = 0
+        assert engine._batch_tokens() == 64
+    finally:
+        engine.stop()

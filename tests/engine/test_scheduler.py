@@ -181,6 +181,25 @@ def test_batch_lane_is_capped_in_sequences_and_tokens_per_step():
     assert plan == [(a, 8), (b, 2)] and list(s.waiting) == [c]
 
 
+def test_with_a_step_of_one_batch_token_the_running_batch_sequences_take_turns():
+    s = Scheduler(unified(max_running=8, max_retired=0, max_batch_tokens=256, batch_max_running=3), KVLog(),
+                  n_ctx=1000)
+    qs = [bseq(range(b, b + 4)) for b in (0, 10, 20)]
+    s.waiting.extend(qs)
+    run_plan(s, s.schedule())                       # all three prefilled in one step
+    for q in qs:
+        q.output.append(1)
+    s.batch_tokens = 1                              # the engine measured that one token fits batch_step_ms
+    served = []
+    for _ in range(6):
+        plan = s.schedule()
+        assert len(plan) == 1 and plan[0][1] == 1
+        served.append(qs.index(plan[0][0]))
+        run_plan(s, plan)
+        plan[0][0].output.append(1)
+    assert served == [0, 1, 2, 0, 1, 2]
+
+
 def test_an_interactive_arrival_preempts_batch_first_for_a_running_place():
     s = Scheduler(unified(max_running=2, max_retired=0, max_batch_tokens=64, batch_max_running=2), KVLog(),
                   n_ctx=1000)

@@ -27,6 +27,9 @@ class EngineConfig(BaseModel):
     max_waiting: int = Field(256, ge=1)
     batch_max_running: int = Field(8, ge=1, le=128, description="batch-priority sequences running at once; they "
                                    "run only in steps without interactive work")
+    batch_step_ms: float = Field(20.0, ge=0, description="a step of batch work is cut to the tokens the measured "
+                                 "step cost says take about this long (at least one), since an interactive arrival "
+                                 "waits for the step in flight; 0: batch_step_tokens alone (docs/batch.md)")
     batch_step_tokens: int = Field(64, ge=1, description="tokens batch sequences get in one step: bounds how long an "
                                    "interactive arrival waits for the step in flight")
     n_threads: int = Field(0, ge=0, description="0 = all cores")

@@ -123,6 +123,17 @@ class Engine:
         done.wait(timeout)
 
 
+    def _batch_tokens(self) -> int:
+        """Tokens a step of batch work may feed: the most (up to batch_step_tokens, halving) whose measured step
+        time is within batch_step_ms, at least one; batch_step_tokens while the cost is not measured yet."""
+        n = self.cfg.batch_step_tokens
+        if not self.cfg.batch_step_ms:
+            return n
+        limit = self.cfg.batch_step_ms / 1000
+        while n > 1 and (t := self.step_cost.predict(n)) is not None and t > limit:
+            n //= 2
+        return n
+
     def prefill_seconds(self, n: int) -> float | None:
         """Estimated seconds to prefill `n` tokens alone, in steps of max_batch_tokens, from measured steps
         (None before the engine has measured enough)."""
@@ -187,6 +198,7 @@ class Engine:
             for seq in self.scheduler.running:
                 if seq.n_kv + seq.pending > self.max_model_len:    # the next step would write past the window
                     self.scheduler.shift(seq, SINK_TOKENS)
+        self.scheduler.batch_tokens = self._batch_tokens()
         plan = self.scheduler.schedule()
         if not plan:
             return

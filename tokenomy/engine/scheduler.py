@@ -6,8 +6,9 @@ back at the front of the queue to be recomputed later (its prefix may still be c
 
 Two lanes: interactive sequences, and batch sequences (SamplingParams.priority "batch") that only fill the gaps.
 While any interactive sequence runs or waits, batch sequences sit out the step (they keep their KV) and none is
-admitted; otherwise at most `batch_max_running` of them run, with at most `batch_step_tokens` tokens a step, so an
-interactive arrival waits for one short step at most. When cells, slots or running places run out, batch sequences
+admitted; otherwise at most `batch_max_running` of them run, with at most `batch_tokens` tokens a step (the engine
+sizes it from the measured step cost, `batch_step_ms`), the least recently served first, so an interactive arrival
+waits for one short step at most. When cells, slots or running places run out, batch sequences
 are preempted first (newest first), and a batch sequence never preempts an interactive one.
 
 With `kv_unified: false` each llama.cpp sequence id is a KV stream of its own (llama-server's layout): a decode
@@ -81,6 +82,8 @@ class Scheduler:
         self.free_slots: list[int] = list(range(cfg.n_seqs - 1, -1, -1))
         self.preemptions = 0
         self.prefix_hit_tokens = 0
+        self.batch_tokens = cfg.batch_step_tokens     # batch tokens a step; the engine resizes it by measured cost
+        self._steps = 0
         self._reserved = 0
 
     @property
@@ -101,13 +104,15 @@ class Scheduler:
 
     # ---- the plan for one step ---------------------------------------------------------------------------
     def schedule(self) -> list[tuple[Sequence, int]]:
-        budget, batch_budget = self.cfg.max_batch_tokens, self.cfg.batch_step_tokens
+        budget, batch_budget = self.cfg.max_batch_tokens, min(self.batch_tokens, self.cfg.batch_step_tokens)
         self._reserved = 0
+        self._steps += 1
         plan: list[tuple[Sequence, int]] = []
         if self.streams:
             self._compact()
         interactive = self.interactive_pending()
-        lanes = [s for s in self.running if not s.batch] + ([] if interactive else [s for s in self.running if s.batch])
+        batch = [] if interactive else sorted((s for s in self.running if s.batch), key=lambda s: s.served)
+        lanes = [s for s in self.running if not s.batch] + batch       # batch: the least recently served first
         for seq in lanes:
             if budget == 0:
                 break
@@ -118,6 +123,7 @@ class Scheduler:
                 continue
             self._reserved += n
             plan.append((seq, n))
+            seq.served = self._steps
             budget -= n
             if seq.batch:
                 batch_budget -= n
@@ -127,6 +133,7 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             plan.append((seq, admitted))
+            seq.served = self._steps
             budget -= admitted
             if seq.batch:
                 batch_budget -= admitted

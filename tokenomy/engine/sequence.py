@@ -65,6 +65,7 @@ class Sequence:
     cached_tokens: int = 0                  # prompt tokens reused from the prefix cache (first admission)
     reused: bool = False                    # its prompt was seen before (scheduler: retired as protected)
     preemptions: int = 0
+    served: int = 0                         # the scheduler step that last fed it (batch sequences take turns)
     cancelled: bool = False
     arrival: float = field(default_factory=time.perf_counter)
     first_scheduled: float | None = None
