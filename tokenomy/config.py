@@ -387,6 +387,9 @@ class BatchSettings(_Strict):
     upstream_concurrency: int = Field(2, ge=1, description="batch requests in flight to one upstream model")
     upstream_max_wait_s: float = Field(0.5, ge=0, description="hold batch requests for an upstream model while its "
                                        "expected queue wait (the load signal routing uses) is above this")
+    upstream_max_queued: float = Field(0, ge=0, description="hold batch requests for an upstream pool while every "
+                                       "replica reports more than this many requests waiting (vLLM's "
+                                       "num_requests_waiting and its kin, scraped)")
     max_file_bytes: int = Field(100 << 20, ge=1024)
     poll_s: float = Field(0.5, gt=0)
     drain_s: float = Field(10.0, ge=0, description="at shutdown, how long in-flight batch requests may finish")

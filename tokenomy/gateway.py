@@ -125,10 +125,21 @@ class Gateway:
         store = BatchStore(self.ledger.engine)
         runner = BatchRunner(store, self.handle, concurrency=b.concurrency, poll_s=b.poll_s, drain_s=b.drain_s,
                              flush=self.ledger.flush, upstream=lambda m: bool(self._upstreams(m)),
-                             hold=lambda m: any(self.registry.get(n).expected_wait_s() > self.config.batch
-                                                .upstream_max_wait_s for n in self._upstreams(m)),
+                             hold=self._hold_batch,
                              upstream_concurrency=b.upstream_concurrency, lease_s=b.lease_s)
         return store, runner
+
+    def _hold_batch(self, model: str) -> bool:
+        """Whether batch work for `model` should wait: an upstream it may go to expects a queue wait above
+        batch.upstream_max_wait_s, or (a pool) every replica publishes more than batch.upstream_max_queued waiting."""
+        b = self.config.batch
+        for name in self._upstreams(model):
+            backend = self.registry.get(name)
+            queued = backend.queued() if hasattr(backend, "queued") else None
+            if backend.expected_wait_s() > b.upstream_max_wait_s or (queued is not None
+                                                                     and queued > b.upstream_max_queued):
+                return True
+        return False
 
     def _upstreams(self, name: str) -> list[str]:
         """The upstream (openai backend) models a model or route name may be served by."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -337,3 +338,30 @@ def test_killing_a_replica_loses_no_request_that_had_not_started_streaming(engin
     assert all(ok or chunks > 0 for ok, chunks in results), results   # only a started stream may fail
     assert all(ok for ok, _ in results[6:]), results                 # after the kill every request is served
     assert pool.replicas[0].name == victim_name and pool.replicas[0].failed >= 1
+
+
+def test_queued_is_the_least_queued_eligible_replica_and_holds_batch_work(tmp_path) -> None:
+    from tokenomy.backends.load_signals import LoadSignal
+    from tokenomy.gateway import Gateway
+
+    pool = Pool(spec(["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]))
+    a, b = pool.replicas
+    assert pool.queued() is None                                  # nothing scraped yet
+    a.signal, b.signal = LoadSignal(waiting=3), LoadSignal(waiting=1)
+    assert pool.queued() == 1
+    b.ejected_until = time.monotonic() + 60                       # an ejected replica takes nothing
+    assert pool.queued() == 3
+    cfg = Config.model_validate({
+        "models": [spec(["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]).model_dump()],
+        "ledger": f"sqlite:///{tmp_path / 'l.db'}", "cache": {"path": str(tmp_path / "c"), "exact": {"enabled": False},
+                                                            "semantic": {"enabled": False}},
+        "batch": {"upstream_max_queued": 2}})
+    gw = Gateway(cfg)
+    try:
+        p = gw.registry.get("m")
+        p.replicas[0].signal, p.replicas[1].signal = LoadSignal(waiting=3), LoadSignal(waiting=5)
+        assert gw._hold_batch("m")                                # every replica has more than 2 waiting
+        p.replicas[1].signal = LoadSignal(waiting=0)
+        assert not gw._hold_batch("m")
+    finally:
+        gw.ledger.close()

@@ -98,6 +98,15 @@ class Pool:
     def expected_wait_s(self) -> float:
         return 0.0
 
+    def queued(self) -> float | None:
+        """Requests waiting at the least-queued replica that can take one, as the replicas publish it (scraped
+        load signals); None while some such replica publishes none."""
+        now = time.monotonic()
+        waits = [r.signal.waiting for r in self.replicas if r.eligible(now)]
+        if not waits or any(w is None for w in waits):
+            return None
+        return min(w for w in waits if w is not None)
+
     async def health(self) -> bool:
         return any(await asyncio.gather(*(r.backend.health() for r in self.replicas)))
 
