@@ -105,6 +105,13 @@ def test_clean_reason():
     assert text.startswith("oneOf whose branches may overlap") and "#/defs/a" in text and "calls" not in text
 
 
+def test_clean_reason_words_llguidance_stop_reasons_and_drops_grammar_positions():
+    assert clean_reason("NoExtensionBias") == "NoExtensionBias: the schema allows no continuation of the answer here"
+    assert "too complex" in clean_reason("ParserTooComplex")
+    assert clean_reason("at 3(12): expected one of: NUMBER") == "expected one of: NUMBER"
+    assert clean_reason("at at 1(5): unexpected token") == "unexpected token"
+
+
 def test_tool_grammars_accept_exactly_the_convention(compiler, tokenizer):
     call = '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</tool_call>'
     two = ('<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '

@@ -41,6 +41,15 @@ _REWORDED = {
     "oneOf constraints are not supported": "oneOf whose branches may overlap is not supported "
                                            "(only provably exclusive oneOf compiles)",
 }
+_STOP_REASONS = {   # llguidance's stop reasons, when one is all its error says
+    "NoExtension": "the schema allows no continuation of the answer here",
+    "NoExtensionBias": "the schema allows no continuation of the answer here",
+    "MaxTokensTotal": "the answer the schema requires is longer than the grammar engine's token limit",
+    "MaxTokensParser": "the answer the schema requires is longer than the grammar engine's token limit",
+    "ParserTooComplex": "the schema is too complex for the grammar engine's limits",
+    "LexerTooComplex": "the schema's patterns are too complex for the grammar engine's limits",
+    "InternalError": "the grammar engine failed on this schema",
+}
 
 
 def default_limits() -> llguidance.LLParserLimits:
@@ -214,11 +223,14 @@ def _string_patterns(fmt: OutputFormat) -> list[dict[str, Any]]:
 
 def clean_reason(message: str) -> str:
     """llguidance's error as one short line for an API 400: no grammar echo, no internal option names."""
-    text = message
+    text = message.strip()
+    if text in _STOP_REASONS:
+        return f"{text}: {_STOP_REASONS[text]}"
     m = re.search(r"failed to compile JSON schema: ", text)
     if m:
         text = text[m.end():]
     text = re.split(r"\n\s*\d+ \| ", text)[0]  # drop the Lark source echo
+    text = re.sub(r"^(at )+\d+\(\d+\):\s*", "", text)       # a grammar-internal position means nothing to a user
     text = text.replace("<non-verbose/>", "").split("<state>")[0]  # drop parser-state dumps
     for prefix, better in _REWORDED.items():
         if text.startswith(prefix):
