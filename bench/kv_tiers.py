@@ -11,6 +11,11 @@ prompt is asked again for one token. That second TTFT is the figure: the restore
 - disk:      a RAM tier smaller than one prefix, so it goes on to the disk tier (a temporary directory).
 
     .venv/bin/python bench/kv_tiers.py [--tokens 2000] [--rounds 2] [--threads 2] [--json]
+
+With `--cycle N`, instead: N distinct grounded prompts (up to 600 tokens) asked twice in turn, one at a time, on N
+streams (one kept spare, so N - 1 fit), with the tiers off and on; the second round's TTFTs and hits.
+
+    .venv/bin/python bench/kv_tiers.py --cycle 8
 """
 
 from __future__ import annotations
@@ -78,14 +83,42 @@ def engine_for(mode: str, path: str, threads: int, disk_dir: str) -> Engine:
     return Engine(path, cfg, name=f"bench-{mode}").start()
 
 
+def cycle(path: str, n: int, threads: int) -> dict[str, Any]:
+    """Second-round TTFTs of n prompts asked twice in turn on n streams, tiers off and on."""
+    rows = [json.loads(line) for line in open(GROUNDED, encoding="utf-8") if line.strip()]
+    texts = [r["turns"][0][:2500] for r in rows if r["task"] in ("summarize", "context_qa")][:n]
+    out: dict[str, Any] = {}
+    for label, ram in (("tiers off", 0), ("RAM tier", 1024)):
+        e = Engine(path, EngineConfig(max_running=n, max_retired=0, n_ctx=n * 4096, n_threads=threads,
+                                      speculative=False, kv_tier_ram_mb=ram)).start()
+        try:
+            prompts = [e.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
+            for p in prompts:
+                ttft(e, p)
+            second = [ttft(e, p) for p in prompts]
+        finally:
+            e.stop()
+        out[label] = {"ttft_median_s": statistics.median(t for t, _ in second),
+                      "hits": sum(c >= len(p) - 1 for (_, c), p in zip(second, prompts, strict=True))}
+        print(f"{label:9s} second round: median TTFT {out[label]['ttft_median_s']:.3f} s, "
+              f"{out[label]['hits']}/{n} prompts found cached")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=2000, help="length of the long prompt")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cycle", type=int, default=0, help="the LRU-cycle measurement on this many prompts instead")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     path = str(resolve_gguf("smollm2-135m-instruct"))
+    if args.cycle:
+        res = cycle(path, args.cycle, args.threads)
+        if args.json:
+            print(json.dumps(res, indent=2))
+        return
     disk_dir = tempfile.mkdtemp(prefix="kv-tier-bench-")
     engines = {m: engine_for(m, path, args.threads, disk_dir) for m in MODES}
     first = engines["recompute"]
