@@ -493,3 +493,34 @@ def test_kv_stays_consistent_under_a_random_mix_of_shared_prompts_finishes_and_g
     assert s.prefix_hit_tokens > 0
     if tiers:
         assert s.tiers.stats.saved["ram"] > 0 and s.tiers.stats.hits["ram"] > 0
+
+
+def test_a_shifted_sequence_preempted_and_readmitted_recomputes_what_it_kept():
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=1, max_retired=1, max_batch_tokens=512, batch_max_running=1), kv,
+                  n_ctx=2 * 256)
+    b = bseq(range(100, 140), max_tokens=500)
+    s.waiting.append(b)
+
+    def step():
+        plan = s.schedule()
+        for r, n in plan:
+            kv.content.setdefault(r.slot, []).extend(r.kv_tokens(r.n_kv, r.n_kv + n))
+        run_plan(s, plan)
+        for r, _ in plan:
+            if r.pending == 0:
+                r.output.append(len(r.output) % 7)
+        return plan
+
+    for _ in range(21):
+        step()
+    s.shift(b, 4)
+    kept = b.kv_tokens()
+    i = seq(range(900, 910))
+    s.waiting.append(i)
+    step()                                       # the interactive arrival takes the one running place
+    assert b.status is Status.WAITING and b.n_kv == 0 and b.dropped > 0
+    s.finish(i)
+    plan = step()                                # b comes back: the kept view is recomputed, not the dropped tokens
+    assert plan[0][0] is b and b.kv_tokens(0, b.n_kv) == kept[:b.n_kv]
+    assert kv.content[b.slot] == b.kv_tokens(0, b.n_kv)
