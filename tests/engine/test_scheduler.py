@@ -524,3 +524,29 @@ def test_a_shifted_sequence_preempted_and_readmitted_recomputes_what_it_kept():
     plan = step()                                # b comes back: the kept view is recomputed, not the dropped tokens
     assert plan[0][0] is b and b.kv_tokens(0, b.n_kv) == kept[:b.n_kv]
     assert kv.content[b.slot] == b.kv_tokens(0, b.n_kv)
+
+
+def test_a_saved_prefix_dropped_by_the_eviction_that_makes_room_for_it_still_restores():
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=1, max_retired=1, max_batch_tokens=512), kv, n_ctx=2 * 256,
+                  tiers=KVTiers(600))                          # RAM for one saved prompt only
+    a, b = list(range(100, 180)), list(range(500, 580))
+
+    def serve_shadow(q):
+        s.waiting.append(q)
+        plan = s.schedule()
+        for r, n in plan:
+            kv.content.setdefault(r.slot, []).extend(r.kv_tokens(r.n_kv, r.n_kv + n))
+        run_plan(s, plan)
+        return plan
+
+    for p in (a, b):
+        q = seq(p)
+        serve_shadow(q)
+        s.finish(q)
+    assert s.tiers.stats.saved["ram"] == 1 and s.tiers.match(a, 0)[0] == 80      # a was saved when b came
+    again = seq([*a, 1])
+    plan = serve_shadow(again)                   # making room saves b, which pushes a out of RAM meanwhile
+    assert s.tiers.match(a, 0)[1] is None and s.tiers.stats.hits["ram"] == 1
+    assert plan == [(again, 1)] and again.cached_tokens == 80
+    check_streams(s, kv)

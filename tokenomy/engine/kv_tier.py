@@ -103,8 +103,11 @@ class KVTiers:
         return entry.nbytes / self.bytes_per_s[entry.tier] < recompute
 
     def load(self, entry: Entry) -> bytes | None:
-        """The saved state, read from its tier (None if its file is gone); counts as a use."""
-        self.entries.move_to_end(id(entry))
+        """The saved state, read from its tier (None if its file is gone); counts as a use. An entry dropped since
+        it was matched (the eviction that made room for its restore saved another prefix) still gives its blob
+        if it was in RAM."""
+        if id(entry) in self.entries:
+            self.entries.move_to_end(id(entry))
         if entry.blob is not None:
             return entry.blob
         try:
