@@ -176,10 +176,7 @@ class Scheduler:
         if entry is not None and (n := self._admit_restored(seq, entry, tier_len, budget, holder, bump)):
             return n
         n = min(len(tokens) - length, budget)
-        if not self._evict_until(lambda: self.free_cells >= n, keep=holder, bump_batch=bump):
-            return 0
-        if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder,
-                                                         bump_batch=bump):
+        if not self._room(n, holder, bump):
             return 0
         slot = self.free_slots.pop()
         if length and holder is not None:
@@ -190,15 +187,20 @@ class Scheduler:
         self._reserved += n
         return n
 
+    def _room(self, cells: int, holder: int | None, bump: bool) -> bool:
+        """Unified buffer: `cells` free cells and a free slot, evicting retired prefixes (not `holder`) and, with
+        `bump`, preempting batch sequences to get them."""
+        if not self._evict_until(lambda: self.free_cells >= cells, keep=holder, bump_batch=bump):
+            return False
+        return bool(self.free_slots) or self._evict_until(lambda: bool(self.free_slots), keep=holder,
+                                                            bump_batch=bump)
+
     def _admit_restored(self, seq: Sequence, entry: Entry, length: int, budget: int, holder: int | None,
                         bump: bool) -> int:
         """Unified buffer: start `seq` on a free slot with `entry` restored (its whole state first, then cut to
         `length`); tokens scheduled, or 0 when there is no room or the restore fails."""
         n = min(seq.num_kv_tokens - length, budget)
-        if not self._evict_until(lambda: self.free_cells >= len(entry.tokens) + n, keep=holder, bump_batch=bump):
-            return 0
-        if not self.free_slots and not self._evict_until(lambda: bool(self.free_slots), keep=holder,
-                                                         bump_batch=bump):
+        if not self._room(len(entry.tokens) + n, holder, bump):
             return 0
         slot = self.free_slots.pop()
         if not self._restore(slot, entry, length):
