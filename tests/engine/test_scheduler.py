@@ -33,9 +33,13 @@ def seq(tokens, max_tokens=8):
     return Sequence(prompt=list(tokens), params=SamplingParams(max_tokens=max_tokens), on_event=lambda e: None)
 
 
-def run_plan(s, plan):
+def run_plan(s, plan, kv=None):
+    """Commit a step's plan as if llama.cpp had run it; with a KVShadow, write its tokens there too."""
     for q, n in plan:
-        s.committed(q, q.tokens[q.n_kv:q.n_kv + n])
+        fed = q.kv_tokens(q.n_kv, q.n_kv + n)     # what the engine feeds: the tokens at those KV positions
+        if kv is not None:
+            kv.content.setdefault(q.slot, []).extend(fed)
+        s.committed(q, fed)
 
 
 def test_chunked_prefill_respects_token_budget_and_decodes_first():
@@ -265,10 +269,10 @@ def streams(max_running=4, max_retired=4):
                                   kv_unified=False), kv, n_ctx=8 * 512), kv
 
 
-def serve(s, q):
+def serve(s, q, kv=None):
     s.waiting.append(q)
     plan = s.schedule()
-    run_plan(s, plan)
+    run_plan(s, plan, kv)
     return plan
 
 
@@ -438,10 +442,7 @@ def test_a_context_shift_keeps_the_sinks_and_the_recent_half_and_leaves_only_the
     s.waiting.append(q)
 
     def step():
-        plan = s.schedule()
-        for r, n in plan:
-            kv.content.setdefault(r.slot, []).extend(r.kv_tokens(r.n_kv, r.n_kv + n))
-        run_plan(s, plan)
+        run_plan(s, s.schedule(), kv)
         q.output.append(len(q.output) % 5)
 
     for _ in range(11):
@@ -480,9 +481,7 @@ def test_kv_stays_consistent_under_a_random_mix_of_shared_prompts_finishes_and_g
             tail = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
             s.waiting.append(seq(rng.choice(heads) + tail, max_tokens=64))
         plan = s.schedule()
-        for q, n in plan:
-            kv.content.setdefault(q.slot, []).extend(q.tokens[q.n_kv:q.n_kv + n])
-        run_plan(s, plan)
+        run_plan(s, plan, kv)
         check_streams(s, kv)
         for q, _ in plan:
             if q.pending == 0:
@@ -504,9 +503,7 @@ def test_a_shifted_sequence_preempted_and_readmitted_recomputes_what_it_kept():
 
     def step():
         plan = s.schedule()
-        for r, n in plan:
-            kv.content.setdefault(r.slot, []).extend(r.kv_tokens(r.n_kv, r.n_kv + n))
-        run_plan(s, plan)
+        run_plan(s, plan, kv)
         for r, _ in plan:
             if r.pending == 0:
                 r.output.append(len(r.output) % 7)
@@ -532,21 +529,13 @@ def test_a_saved_prefix_dropped_by_the_eviction_that_makes_room_for_it_still_res
                   tiers=KVTiers(600))                          # RAM for one saved prompt only
     a, b = list(range(100, 180)), list(range(500, 580))
 
-    def serve_shadow(q):
-        s.waiting.append(q)
-        plan = s.schedule()
-        for r, n in plan:
-            kv.content.setdefault(r.slot, []).extend(r.kv_tokens(r.n_kv, r.n_kv + n))
-        run_plan(s, plan)
-        return plan
-
     for p in (a, b):
         q = seq(p)
-        serve_shadow(q)
+        serve(s, q, kv)
         s.finish(q)
     assert s.tiers.stats.saved["ram"] == 1 and s.tiers.match(a, 0)[0] == 80      # a was saved when b came
     again = seq([*a, 1])
-    plan = serve_shadow(again)                   # making room saves b, which pushes a out of RAM meanwhile
+    plan = serve(s, again, kv)                   # making room saves b, which pushes a out of RAM meanwhile
     assert s.tiers.match(a, 0)[1] is None and s.tiers.stats.hits["ram"] == 1
     assert plan == [(again, 1)] and again.cached_tokens == 80
     check_streams(s, kv)
