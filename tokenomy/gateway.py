@@ -42,6 +42,8 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
         if n_threads is not None:
             cfg = cfg.model_copy(update={"n_threads": n_threads})
         path = str(resolve_gguf(spec.gguf))
+        if cfg.draft_model:
+            cfg = cfg.model_copy(update={"draft_model": str(resolve_gguf(cfg.draft_model))})
         log.info("loading %s from %s", spec.name, path)
         cores = os.cpu_count() or 1
         if cfg.n_threads in (0, cores) and cores > 1:

@@ -49,6 +49,10 @@ class EngineConfig(BaseModel):
     speculative: bool = Field(True, description="draft from the sequence's own tokens (prompt lookup), as many as "
                               "the measured cost of a step says pay (engine/speculate.py); never for a seeded "
                               "sampled request or a grammar-constrained one")
+    draft_model: str | None = Field(None, description="a smaller model with the same vocabulary (a packaged model's "
+                                    "name or a GGUF path) that drafts tokens for speculation instead of prompt "
+                                    "lookup, as many as the measured cost of its steps and the target's says pay "
+                                    "(engine/draft.py); its context has as many cells as this one")
     flash_attn: bool = Field(True, description="flash attention skips masked cells of the unified KV buffer")
     watchdog_s: float = Field(120.0, gt=0, description="an engine process that holds requests and finishes no "
                               "step for this long is killed and restarted")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 from tokenomy.engine import speculate
 from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.draft import CATCH_UP_HORIZON, DraftModel
 from tokenomy.engine.kv_tier import KVTiers, engine_dir
 from tokenomy.engine.output import SequenceOutput
 from tokenomy.engine.runner import Chunk, KVFull, ModelRunner
@@ -54,6 +56,7 @@ class Engine:
             raise RuntimeError("context_overflow shift: this model's KV cache cannot shift positions")
         self.stats = StepStats()
         self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
+        self.drafter = DraftModel(cfg.draft_model, cfg, self.runner) if cfg.draft_model else None
         self.tiers = KVTiers(cfg.kv_tier_ram_mb << 20, engine_dir(cfg.kv_tier_disk_dir, name),
                              cfg.kv_tier_disk_mb << 20)
         self.tiers.recompute_s = self.prefill_seconds
@@ -80,6 +83,8 @@ class Engine:
             self._thread.join(timeout=30)
             self._thread = None
         self.tiers.close()
+        if self.drafter is not None:
+            self.drafter.close()
         self.runner.close()
 
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[TokenEvent], None],
@@ -223,28 +228,47 @@ class Engine:
                 row += chunk.logits
 
     def _drafts(self, plan: list[tuple[Sequence, int]]) -> dict[Sequence, list[int]]:
-        """Prompt-lookup drafts for the decoding sequences of this step, as many tokens each as
-        speculate.plan finds worth their measured cost (often none)."""
+        """Drafts for the decoding sequences of this step, from the draft model when one is configured and by
+        prompt lookup otherwise, as many tokens each as speculate.plan finds worth their measured cost (often
+        none)."""
         if not self.cfg.speculative:
             return {}
         base = sum(n for _, n in plan)
-        found: list[tuple[Sequence, list[int]]] = []
+        found: list[tuple[Sequence, int]] = []          # sequences that may draft, and how many tokens at most
         for seq, n in plan:
             if (n != 1 or seq.pending != 1 or seq.constraint is not None or not seq.params.may_speculate
                     or seq.dropped):
                 continue
             room = min(speculate.MAX_DRAFT, seq.params.max_tokens - len(seq.output) - 1,
                        self.max_model_len - seq.num_kv_tokens - 1)
-            proposal = speculate.propose(seq.tokens, room)
-            if proposal:
-                found.append((seq, proposal))
+            if room > 0:
+                found.append((seq, room))
         if not found:
             return {}
+        proposals: dict[Sequence, list[int]] = {}
+        draft_s, fixed_s = None, None
+        if self.drafter is None:
+            proposals = {seq: p for seq, room in found if (p := speculate.propose(seq.tokens, room))}
+            found = [(seq, len(proposals[seq])) for seq, _ in found if seq in proposals]
+            if not found:
+                return {}
+        else:
+            if not self.drafter.cost.seconds:
+                self.drafter.calibrate()
+            draft_s = functools.partial(self.drafter.seconds, width=len(found))
+            # a sequence new to the draft model pays its prompt there once: spread over the tokens it has left
+            fixed_s = [self.drafter.catch_up_seconds(seq.seq_id, seq.tokens)
+                       / max(1, min(CATCH_UP_HORIZON, seq.params.max_tokens - len(seq.output)))
+                       for seq, _ in found]
         budget = min(self.cfg.max_batch_tokens - base, self.scheduler.free_cells)
         sampling = sum(seq.n_kv + n == seq.num_kv_tokens for seq, n in plan)
-        ks = speculate.plan(base, sampling, [(seq.spec_acceptance, len(p)) for seq, p in found], self.step_cost,
-                            budget)
-        return {seq: p[:k] for (seq, p), k in zip(found, ks, strict=True) if k}
+        ks = speculate.plan(base, sampling, [(seq.spec_acceptance, room) for seq, room in found], self.step_cost,
+                            budget, draft_s, fixed_s)
+        if self.drafter is not None:
+            made = self.drafter.propose([(seq.seq_id, seq.tokens, k) for (seq, _), k in zip(found, ks, strict=True)
+                                         if k])
+            proposals = {seq: made.get(seq.seq_id, []) for seq, _ in found}
+        return {seq: proposals[seq][:k] for (seq, _), k in zip(found, ks, strict=True) if k and proposals[seq]}
 
     def _decode(self, plan: list[tuple[Sequence, int]], chunks: list[Chunk]) -> Any:
         """One llama_decode over the step's chunks; its logits rows, or None when llama.cpp found no room."""
@@ -326,6 +350,8 @@ class Engine:
         seq.finished_at = time.perf_counter()
         # a handover's answer goes on in a new sequence whose prompt is this one's tokens: keep them all
         self.scheduler.finish(seq, keep_prefix=reason not in ("cancelled", "error"), keep_output=reason == "handover")
+        if self.drafter is not None:
+            self.drafter.release(seq.seq_id)
         ev = last or TokenEvent(text="", token_ids=[], logprobs=[])
         out = seq.out
         ev.finish_reason, ev.error, ev.error_code = reason, error, error_code

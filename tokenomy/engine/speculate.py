@@ -20,6 +20,7 @@ samples from p with d removed, which is rejection sampling for a draft that puts
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,12 +91,18 @@ def expected_tokens(acceptance: float, k: int) -> float:
 
 
 def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]], cost: StepCost,
-         budget: int) -> list[int]:
+         budget: int, draft_s: Callable[[int], float | None] | None = None,
+         fixed_s: list[float] | None = None) -> list[int]:
     """Draft lengths for ``candidates`` (acceptance rate, tokens available to draft) in a step that already
     feeds ``base_tokens`` and yields ``base_yield`` tokens (one per sequence that samples, candidates included),
     with at most ``budget`` extra tokens: grown one token at a time where that raises the step's expected
-    tokens per second. All zeros when the cost of a larger step is not measured yet."""
+    tokens per second. When drafts cost time to make (a draft model), ``draft_s(k)`` is the seconds to make
+    drafts whose longest is k tokens and ``fixed_s[i]`` what candidate i adds to the step by drafting at all
+    (its share of a one-time cost, such as the draft model catching up on its prompt). All zeros when the cost
+    of a larger step (or of drafting) is not measured yet."""
     ks = [0] * len(candidates)
+    fixed = fixed_s or [0.0] * len(candidates)
+    paid = 0.0
     base_t = cost.predict(base_tokens)
     if base_t is None or not candidates:
         return ks
@@ -107,15 +114,24 @@ def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]],
         t = cost.predict(base_tokens + extra + 1)
         if t is None:
             break
+        longest = max(ks)
         for i, (acc, avail) in enumerate(candidates):
             if ks[i] >= min(avail, MAX_DRAFT):
                 continue
+            t_i = t + paid + (fixed[i] if ks[i] == 0 else 0.0)
+            if draft_s is not None:
+                d = draft_s(max(longest, ks[i] + 1))
+                if d is None:
+                    return [0] * len(candidates)
+                t_i += d
             gain = expected_tokens(acc, ks[i] + 1) - yields[i]
-            r = (total + gain) / t
+            r = (total + gain) / t_i
             if r > best_rate:
                 best, best_rate = i, r
         if best < 0:
             break
+        if ks[best] == 0:
+            paid += fixed[best]
         ks[best] += 1
         new_yield = expected_tokens(candidates[best][0], ks[best])
         total += new_yield - yields[best]

@@ -51,6 +51,10 @@ class Vocab:
         """Bytes of a token as text (control tokens render empty)."""
         return self._pieces[token]
 
+    def same_tokens(self, other: Vocab) -> bool:
+        """Whether both vocabularies map every token id to the same piece (a draft model must share them)."""
+        return self.n_vocab == other.n_vocab and self._pieces == other._pieces
+
     def special_text(self, token: int) -> str:
         return self._piece(token, special=True).decode("utf-8", errors="replace")
 
