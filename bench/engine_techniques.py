@@ -144,6 +144,8 @@ def main() -> None:
     measured = engine.step_cost
     drafter = DraftModel(model_path(args.draft_model), cfg, engine.runner) if args.draft_model else None
     modes = MODES + (("draft", "draft-forced") if drafter else ())
+    if drafter is not None:
+        engine.run_in_loop(drafter.calibrate)       # on the engine's thread, as an engine with draft_model does
     draft_measured = drafter.cost if drafter else None
     sets = {name: [engine.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in ps]
             for name, ps in prompt_sets(args.grounded, args.prompts).items()}

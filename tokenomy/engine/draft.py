@@ -26,6 +26,7 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.runner import Chunk, ModelRunner
 from tokenomy.engine.vocab import Vocab
 
+CALIBRATE_CHUNK = 64     # prompt tokens in the calibration's catch-up step (larger ones are extrapolated)
 CATCH_UP_HORIZON = 128   # output tokens a draft model's catch-up on a prompt is spread over, at most
 
 
@@ -58,14 +59,14 @@ class DraftModel:
 
     # ---- cost ------------------------------------------------------------------------------------------
     def calibrate(self) -> None:
-        """Measure a draft step of one token, of one token per slot and of a full batch of prompt (on the calling
-        thread: the engine's)."""
+        """Measure a draft step of one token, of one token per slot and of a chunk of prompt (on the calling
+        thread: the engine's, when it starts)."""
         n = len(self._free) + len(self._slots)
         free = [s for s in range(n) if s in self._free]
         if not free:
             return
         tok = self.runner.bos if self.runner.bos >= 0 else 0
-        size = self.runner.cfg.max_batch_tokens
+        size = min(CALIBRATE_CHUNK, self.runner.cfg.max_batch_tokens)
         for width in (1, len(free)) * 3:
             rows = free[:width]
             t = time.perf_counter()
@@ -73,7 +74,7 @@ class DraftModel:
             self.cost.observe(width, time.perf_counter() - t)
             for s in rows:
                 self.runner.remove(s)
-        t = time.perf_counter()           # a chunk of prompt: what catching up costs
+        t = time.perf_counter()           # a chunk of prompt: catching up costs about its multiple
         self.runner.decode([Chunk(free[0], [tok] * size, 0, 1)])
         self.cost.observe(size, time.perf_counter() - t)
         self.runner.remove(free[0])

@@ -170,6 +170,8 @@ class Engine:
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.drafter is not None:
+            self.drafter.calibrate()
         while True:
             with self._cv:
                 while not self._stop and not self._inbox and not self._calls and not self._has_work():
@@ -253,8 +255,6 @@ class Engine:
             if not found:
                 return {}
         else:
-            if not self.drafter.cost.seconds:
-                self.drafter.calibrate()
             draft_s = functools.partial(self.drafter.seconds, width=len(found))
             # a sequence new to the draft model pays its prompt there once: spread over the tokens it has left
             fixed_s = [self.drafter.catch_up_seconds(seq.seq_id, seq.tokens)
