@@ -494,6 +494,39 @@ def test_kv_stays_consistent_under_a_random_mix_of_shared_prompts_finishes_and_g
         assert s.tiers.stats.saved["ram"] > 0 and s.tiers.stats.hits["ram"] > 0
 
 
+@pytest.mark.parametrize("max_retired", [0, 1])
+def test_an_arrival_finds_a_stream_when_every_idle_one_holds_its_system_prompt(max_retired):
+    """Every prompt shares a system prompt, so every cached stream holds part of every arrival; with a saved
+    state to restore (the tiers) or none adjacent, the arrival still needs a stream, and one of those gives way.
+    Once failed the whole step with an IndexError in _place (every idle stream was kept as a holder)."""
+    import random
+
+    rng = random.Random(0)
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=8, max_retired=max_retired, max_batch_tokens=512), kv,
+                  n_ctx=(8 + max_retired) * 1024, tiers=KVTiers(1 << 30))
+    head = list(range(1000, 1024))
+    prompts = [head + [5000 + i] * 200 for i in range(8)]
+    order: list[int] = []
+    served = 0
+    for _ in range(600):
+        while len(s.running) + len(s.waiting) < 3:
+            if not order:
+                order = list(range(8))
+                rng.shuffle(order)
+            s.waiting.append(seq(prompts[order.pop()], max_tokens=16))
+        plan = s.schedule()
+        run_plan(s, plan, kv)
+        for q, _ in plan:
+            if q.pending == 0:
+                q.output.append(7)
+        for q in [q for q in s.running if len(q.output) >= 16]:
+            s.finish(q)
+            served += 1
+        check_streams(s, kv)
+    assert served > 50 and s.prefix_hit_tokens > 0
+
+
 def test_a_shifted_sequence_preempted_and_readmitted_recomputes_what_it_kept():
     kv = KVShadow()
     s = Scheduler(EngineConfig(max_running=1, max_retired=1, max_batch_tokens=512, batch_max_running=1), kv,

@@ -245,15 +245,17 @@ class Scheduler:
             self.prefix.unretire(slot)
             self.cut(slot, length)
         else:
-            slot = self._place(running, keep=holders)
+            src = min(holders) if holders else None      # the one holder a copy would read; the others may go
+            slot = self._place(running, keep={src} if src is not None else set())
             if entry is not None and self._restore(slot, entry, tier_len):
                 length = tier_len
-            elif holders:
-                src = min(holders)
+            elif src is not None and src in self.prefix.paths:
                 self.kv.copy_stream(src, slot)
                 self.prefix.clone(src, slot)
                 self.cut(slot, length)
                 self.prefix.touch(src)
+            else:
+                length = 0                               # _place had to drop the holder too: recompute
         self._start(seq, slot, length)
         return min(len(tokens) - length, budget)
 
@@ -306,7 +308,8 @@ class Scheduler:
         else the one whose cached prefix was used least recently among those next to the running (not one of
         `keep`): a stream apart from the block costs every step it runs in (0.85x for two runs of streams, 0.62x
         for alternate ones), for the rest of the sequence. Where no stream next to the block can be had, any empty
-        one, the least recently used cached prefix dropped first when fewer than two streams are empty."""
+        one, the least recently used cached prefix dropped first when fewer than two streams are empty (one of
+        `keep` when nothing else is cached: the caller checks whether its holder survived)."""
         empty = sorted(self.free_slots)
         near = [s for s in empty if _adjacent(s, running)]
         if near and len(empty) > 1:
@@ -317,6 +320,8 @@ class Scheduler:
         else:
             if len(empty) <= 1 and (lru := self._lru_cached(exclude=keep)) is not None:
                 self._evict(lru)
+            if not self.free_slots and (lru := self._lru_cached(exclude=set())) is not None:
+                self._evict(lru)         # every stream not running is one of `keep`: one of them goes after all
             empty = sorted(self.free_slots)
             slot = next((s for s in empty if _adjacent(s, running)), empty[0])
         self.free_slots.remove(slot)
