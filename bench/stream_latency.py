@@ -8,7 +8,7 @@ request), so what differs between the two servers is the servers themselves. Gro
 
     .venv/bin/python bench/stream_latency.py --base-url http://127.0.0.1:8000/v1 \\
         --compare http://127.0.0.1:8001/v1 [--model smollm2-135m-instruct] [--prompts 4] [--rounds 3]
-        [--max-tokens 64]
+        [--max-tokens 64] [--grounded PATH]
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tokenomy.bench.workload import load_workload  # noqa: E402
 
 NO_CACHE = {"cache-control": "no-cache, no-store"}
+GROUNDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",
+                        "grounded", "dev.jsonl")
 
 
 def one(base: str, body: dict) -> tuple[float, float]:
@@ -49,9 +51,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--grounded", default=GROUNDED)
     args = ap.parse_args()
     bodies = [dict(r.body, model=args.model, max_tokens=args.max_tokens, temperature=0, stream=True,
-                   ignore_eos=True) for r in load_workload("grounded")[:args.prompts]]
+                   ignore_eos=True) for r in load_workload(f"grounded:path={args.grounded}")[:args.prompts]]
     servers = {"base": args.base_url, "compare": args.compare}
     for base in servers.values():             # prefill every prompt once on each server, unrecorded
         for b in bodies:

@@ -1,0 +1,49 @@
+"""The engine's bench scripts work as their docs say: the plain-client latency bench against a live server, and
+the requantized draft pair that bench/engine_techniques.py builds."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from tests.bench_module import load_bench
+from tests.shared_data import shared_data
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.draft import DraftModel
+from tokenomy.engine.vocab import Vocab
+
+
+def test_stream_latency_reads_one_stream_and_compares_two_servers(server, monkeypatch, capsys):
+    bench = load_bench("stream_latency.py")
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4, "temperature": 0, "stream": True, "ignore_eos": True}
+    ttft, tpot = bench.one(server.base_url, body)
+    assert 0 < ttft < 60 and 0 < tpot < 10
+    path = shared_data("grounded/dev.jsonl", "TOKENOMY_GROUNDED")
+    monkeypatch.setattr(sys, "argv", ["stream_latency.py", "--base-url", server.base_url, "--compare",
+                                      server.base_url, "--prompts", "1", "--rounds", "1", "--max-tokens", "3",
+                                      "--grounded", str(path)])
+    bench.main()
+    out = capsys.readouterr().out
+    for name in ("base", "compare"):              # TTFT and TPOT medians, both measured
+        row = re.search(rf"^{name}\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+        assert row and float(row[1]) > 0 and float(row[2]) > 0, out
+    assert re.search(r"base / compare: TTFT [\d.]+x, TPOT [\d.]+x", out)
+
+
+def test_the_requantized_target_shares_the_draft_models_vocabulary(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENOMY_CACHE_DIR", str(tmp_path))
+    bench = load_bench("engine_techniques.py")
+    target = bench.model_path("smollm2-f16")
+    assert target.startswith(str(tmp_path)) and bench.model_path("smollm2-f16") == target   # made once
+    draft = bench.model_path("smollm2-135m-instruct")
+    v = Vocab(target, vocab_only=True)
+    try:
+        d = DraftModel(draft, EngineConfig(n_ctx=1024, max_running=1, max_retired=0), v)
+        d.close()
+    finally:
+        v.close()
+    with pytest.raises(FileNotFoundError):
+        bench.model_path(str(tmp_path / "missing.gguf"))
