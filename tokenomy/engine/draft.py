@@ -61,8 +61,7 @@ class DraftModel:
     def calibrate(self) -> None:
         """Measure a draft step of one token, of one token per slot and of a chunk of prompt (on the calling
         thread: the engine's, when it starts)."""
-        n = len(self._free) + len(self._slots)
-        free = [s for s in range(n) if s in self._free]
+        free = sorted(self._free)
         if not free:
             return
         tok = self.runner.bos if self.runner.bos >= 0 else 0
@@ -95,7 +94,8 @@ class DraftModel:
             return 0.0
         size = self.runner.cfg.max_batch_tokens
         full, rest = divmod(n, size)
-        return full * (self.cost.predict(size) or 0.0) + (self.cost.predict(rest) or 0.0 if rest else 0.0)
+        last = (self.cost.predict(rest) or 0.0) if rest else 0.0
+        return full * (self.cost.predict(size) or 0.0) + last
 
     # ---- drafting --------------------------------------------------------------------------------------
     def propose(self, requests: list[tuple[int, list[int], int]]) -> dict[int, list[int]]:
