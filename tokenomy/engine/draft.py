@@ -23,6 +23,7 @@ import numpy as np
 
 from tokenomy.engine import speculate
 from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.prefix_cache import common_length
 from tokenomy.engine.runner import Chunk, ModelRunner
 from tokenomy.engine.vocab import Vocab
 
@@ -89,7 +90,7 @@ class DraftModel:
         """Predicted seconds to feed the draft model the tokens of sequence `key` its slot has not seen, beyond
         the one each round feeds anyway (all of its prompt the first time)."""
         s = self._slots.get(key)
-        n = len(tokens) - 1 - (min(_common(s.fed, tokens), len(tokens) - 1) if s else 0)
+        n = len(tokens) - 1 - (min(common_length(s.fed, tokens), len(tokens) - 1) if s else 0)
         if n <= 0:
             return 0.0
         size = self.runner.cfg.max_batch_tokens
@@ -110,7 +111,7 @@ class DraftModel:
             s = self._slots.get(key) or self._take_slot(key, wanted)
             if s is None:
                 continue
-            keep = min(_common(s.fed, tokens), len(tokens) - 1)     # the last token is always fed: its logits
+            keep = min(common_length(s.fed, tokens), len(tokens) - 1)     # the last token is always fed: its logits
             if keep < len(s.fed):
                 self.runner.remove(s.slot, keep)
                 del s.fed[keep:]
@@ -179,11 +180,3 @@ class DraftModel:
         self.cost.observe(sum(len(c.tokens) for c in chunks), time.perf_counter() - t)
         return rows
 
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if len(diff) else n

@@ -36,7 +36,8 @@ class Node:
         return self.start + len(self.tokens)
 
 
-def _common(a: list[int], b: list[int], b_off: int) -> int:
+def common_length(a: list[int], b: list[int], b_off: int = 0) -> int:
+    """How many leading tokens of `a` equal those of `b` from `b_off` on."""
     n = min(len(a), len(b) - b_off)
     i = 0
     while i < n and a[i] == b[b_off + i]:
@@ -65,7 +66,7 @@ class PrefixCache:
         while True:
             best, best_len = None, 0
             for child in node.children:
-                n = _common(child.tokens, tokens, depth)
+                n = common_length(child.tokens, tokens, depth)
                 if n > best_len:
                     best, best_len = child, n
             if best is None:
@@ -83,8 +84,8 @@ class PrefixCache:
         path: list[Node] = []
         node, depth = self.root, 0
         while depth < length:
-            child = max(node.children, key=lambda c: _common(c.tokens, tokens, depth))
-            n = min(_common(child.tokens, tokens, depth), length - depth)
+            child = max(node.children, key=lambda c: common_length(c.tokens, tokens, depth))
+            n = min(common_length(child.tokens, tokens, depth), length - depth)
             assert n > 0, "attach beyond the resident prefix"
             if n < len(child.tokens):
                 child = self._split(child, n)
