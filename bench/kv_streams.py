@@ -4,7 +4,7 @@
 Rounds alternate; the ratio is streams over unified.
 
     .venv/bin/python bench/kv_streams.py [--rounds 2] [--json]
-    .venv/bin/python bench/kv_streams.py --placement     # streams: adjacent vs scattered ids, stream copy cost
+    .venv/bin/python bench/kv_streams.py --placement     # streams: adjacent vs scattered ids, stream copy costs
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from tokenomy.engine import runner  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
@@ -44,9 +45,14 @@ def measure(unified: bool, b: int, steps: int = 128, prompt: int = 30, retired: 
     return b * steps / dt
 
 
+COPY_TOKENS = (300, 700, 1500, 3000)
+SHIPPED_SHARE = runner.STATE_COPY_SHARE
+
+
 def placement(rounds: int) -> dict[str, float]:
     """With streams: decode tok/s of 8 sequences on adjacent, split and scattered stream ids (llama.cpp computes one
-    ubatch per run of consecutive ids), and the cost of one whole-stream copy of 4,096 cells."""
+    ubatch per run of consecutive ids), and what copying a 4,096-cell stream holding n tokens costs: llama.cpp's
+    whole-stream copy against the runner's copy of the cells in use through the sequence state."""
     r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
                     EngineConfig(n_ctx=32 * 4096, max_running=32, max_retired=0, kv_unified=False))
     toks = r.tokenize("hello world " * 400)
@@ -61,18 +67,24 @@ def placement(rounds: int) -> dict[str, float]:
             for i in range(48):
                 r.decode([Chunk(sl, [toks[i]], 30 + i, True) for sl in slots])
             out.setdefault(name, []).append(8 * 48 / (time.perf_counter() - t))
-    r.remove(5)
-    r.decode([Chunk(5, toks[:500], 0, True)])
-    for _ in range(3):
-        r.remove(9)
-        t = time.perf_counter()
-        r.decode([Chunk(9, [toks[1]], 0, True)])
-        plain = time.perf_counter() - t
-        r.copy_stream(5, 9)
-        r.remove(9, 400)
-        t = time.perf_counter()
-        r.decode([Chunk(9, [toks[400]], 400, True)])
-        out.setdefault("copy_ms", []).append(1000 * (time.perf_counter() - t - plain))
+    toks = r.tokenize("hello world " * 2 * max(COPY_TOKENS))
+    for n in COPY_TOKENS:                # a stream holding n tokens copied, both ways, rounds alternating
+        r.remove(5)
+        for i in range(0, n, 512):
+            r.decode([Chunk(5, toks[i:min(n, i + 512)], i, False)])
+        for _ in range(rounds + 1):
+            for share, name in ((0.0, "whole"), (1.0, "cells")):
+                runner.STATE_COPY_SHARE = share
+                r.remove(9)
+                t = time.perf_counter()
+                r.decode([Chunk(9, [toks[1]], 0, True)])
+                plain = time.perf_counter() - t
+                t = time.perf_counter()
+                r.copy_stream(5, 9)
+                r.remove(9, n - 1)
+                r.decode([Chunk(9, [toks[n - 1]], n - 1, True)])     # a whole-stream copy happens in here
+                out.setdefault(f"copy_{name}_{n}_ms", []).append(1000 * (time.perf_counter() - t - plain))
+    runner.STATE_COPY_SHARE = SHIPPED_SHARE
     r.close()
     return {k: statistics.median(v) for k, v in out.items()}
 
@@ -88,12 +100,20 @@ def main() -> None:
         if args.json:
             print(json.dumps(res, indent=2))
             return
-        t = Table(title="8 decoding sequences by stream ids (tok/s, median of rounds); one 4,096-cell stream copy")
-        for col in ("streams 0-7", "0-3 and 20-23", "0, 2, .., 14", "copy ms"):
+        t = Table(title="8 decoding sequences by stream ids (tok/s, median of rounds)")
+        for col in ("streams 0-7", "0-3 and 20-23", "0, 2, .., 14"):
             t.add_column(col, justify="right")
         t.add_row(f"{res['0-7']:.1f}", f"{res['0-3,20-23']:.1f} ({res['0-3,20-23'] / res['0-7']:.2f}x)",
-                  f"{res['0,2,..,14']:.1f} ({res['0,2,..,14'] / res['0-7']:.2f}x)", f"{res['copy_ms']:.1f}")
+                  f"{res['0,2,..,14']:.1f} ({res['0,2,..,14'] / res['0-7']:.2f}x)")
         Console().print(t)
+        c = Table(title="Copying a 4,096-cell stream holding n tokens (ms, median of rounds)")
+        for col in ("tokens", "whole stream (llama.cpp)", "cells in use (state)", "ratio", "runner uses"):
+            c.add_column(col, justify="right")
+        for n in COPY_TOKENS:
+            whole, cells = res[f"copy_whole_{n}_ms"], res[f"copy_cells_{n}_ms"]
+            c.add_row(str(n), f"{whole:.1f}", f"{cells:.1f}", f"{cells / whole:.2f}x",
+                      "cells" if n <= SHIPPED_SHARE * 4096 else "whole")
+        Console().print(c)
         return
     batches = [1, 8, 16]
     runs: dict[int, dict[str, list[float]]] = {b: {"unified": [], "streams": []} for b in batches}

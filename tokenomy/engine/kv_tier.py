@@ -33,7 +33,7 @@ BANDWIDTH_DECAY = 0.7
 class Entry:
     tokens: np.ndarray            # int32, the prefix the saved state holds
     nbytes: int
-    blob: bytes | None = None     # in RAM
+    blob: bytes | bytearray | None = None     # in RAM
     path: Path | None = None      # on disk
 
     @property
@@ -102,7 +102,7 @@ class KVTiers:
             return True
         return entry.nbytes / self.bytes_per_s[entry.tier] < recompute
 
-    def load(self, entry: Entry) -> bytes | None:
+    def load(self, entry: Entry) -> bytes | bytearray | None:
         """The saved state, read from its tier (None if its file is gone); counts as a use. An entry dropped since
         it was matched (the eviction that made room for its restore saved another prefix) still gives its blob
         if it was in RAM."""
@@ -129,7 +129,7 @@ class KVTiers:
             self.bytes_per_s[tier] = BANDWIDTH_DECAY * self.bytes_per_s[tier] + (1 - BANDWIDTH_DECAY) * rate
 
     # ---- storing ------------------------------------------------------------------------------------
-    def put(self, tokens: list[int], blob: bytes) -> None:
+    def put(self, tokens: list[int], blob: bytes | bytearray) -> None:
         """Keep `blob`, the saved state of a sequence holding `tokens`, in RAM, then spill the least recently used
         entries (this one too, when RAM cannot hold it) to disk, or drop them, to stay within bounds. Entries that
         `tokens` extends are dropped."""

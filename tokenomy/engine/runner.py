@@ -16,6 +16,9 @@ import numpy as np
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.vocab import Vocab
 
+STATE_COPY_SHARE = 0.5      # KV streams: a stream holding at most this share of its cells is copied through the
+                            # sequence state, cells in use only (cheaper up to about half: docs/engine.md)
+
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
 
@@ -76,6 +79,7 @@ class ModelRunner(Vocab):
         self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)   # cells one sequence can hold (its stream's)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self._pending: set[int] = set()     # streams a copy_stream reads or writes at the next decode
+        self._scratch = bytearray()          # copy_stream's state buffer
 
         n = cfg.max_batch_tokens
         self._tok = np.zeros(n, dtype=np.int32)
@@ -92,31 +96,48 @@ class ModelRunner(Vocab):
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, 0, length)
 
     def copy_stream(self, src: int, dst: int) -> None:
-        """Make `dst` hold all of `src`'s KV. Across KV streams llama.cpp copies the whole stream's buffers (at the
-        next decode, in the order asked); `dst`'s own KV is dropped."""
+        """Make `dst` hold all of `src`'s KV; `dst`'s own KV is dropped. Across KV streams llama.cpp's own copy
+        moves the whole stream's buffers, whatever its cells hold, at the next decode (in the order asked). A
+        stream holding at most STATE_COPY_SHARE of its cells is copied now instead, through llama.cpp's sequence
+        state, which moves only the cells in use; while a copy into or out of either stream waits, so does this."""
         llama_cpp.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        if self.cfg.kv_unified:
+            llama_cpp.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+            return
+        used = llama_cpp.llama_memory_seq_pos_max(self.mem, src) + 1
+        if not {src, dst} & self._pending and used <= STATE_COPY_SHARE * self.n_ctx_seq:
+            got = self._get_state(src, scratch=True)
+            if got is not None and self._set_state(dst, *got):
+                return
         llama_cpp.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
-        if not self.cfg.kv_unified:
-            self._pending |= {src, dst}
+        self._pending |= {src, dst}
 
-    def save(self, slot: int) -> bytes | None:
+    def save(self, slot: int) -> bytearray | None:
         """The slot's KV as llama.cpp's sequence state, or None while a stream copy into or out of it waits for
         the next decode (its buffer is not yet what its cells say)."""
-        if slot in self._pending:
-            return None
-        n = llama_cpp.llama_state_seq_get_size(self.ctx, slot)
-        buf = (ctypes.c_uint8 * n)()
-        if llama_cpp.llama_state_seq_get_data(self.ctx, buf, n, slot) != n:
-            return None
-        return bytes(buf)
+        got = None if slot in self._pending else self._get_state(slot)
+        return got[0] if got is not None else None
 
-    def restore(self, slot: int, blob: bytes) -> bool:
+    def restore(self, slot: int, blob: bytes | bytearray) -> bool:
         """Load a state from `save` into the (empty) slot; False if llama.cpp found no room or a stream copy
         into or out of the slot waits for the next decode."""
-        if slot in self._pending:
-            return False
-        src = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        if llama_cpp.llama_state_seq_set_data(self.ctx, src, len(blob), slot) == 0:
+        return slot not in self._pending and self._set_state(slot, blob, len(blob))
+
+    def _get_state(self, slot: int, scratch: bool = False) -> tuple[bytearray, int] | None:
+        """(a buffer holding the slot's state in its first n bytes, n); in the runner's reused scratch buffer
+        (kept as large as the largest state copied, so a copy faults in no fresh pages) or in a new one."""
+        n = llama_cpp.llama_state_seq_get_size(self.ctx, slot)
+        if scratch and len(self._scratch) < n:
+            self._scratch = bytearray(n)
+        buf = self._scratch if scratch else bytearray(n)
+        if llama_cpp.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * n).from_buffer(buf), n, slot) != n:
+            return None
+        return buf, n
+
+    def _set_state(self, slot: int, buf: bytes | bytearray, n: int) -> bool:
+        src = ((ctypes.c_uint8 * n).from_buffer(buf) if isinstance(buf, bytearray)
+               else (ctypes.c_uint8 * n).from_buffer_copy(buf))
+        if llama_cpp.llama_state_seq_set_data(self.ctx, src, n, slot) == 0:
             llama_cpp.llama_memory_seq_rm(self.mem, slot, -1, -1)
             return False
         return True

@@ -1,0 +1,65 @@
+"""The runner's KV operations on the real SmolLM2: copying a KV stream, saving and restoring a sequence's state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.runner import STATE_COPY_SHARE, Chunk, ModelRunner
+from tokenomy.models import resolve_gguf
+
+
+@pytest.fixture(scope="module")
+def runner():
+    # 4 streams of 256 cells: a stream copy goes through the state up to 128 tokens
+    r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
+                    EngineConfig(n_ctx=1024, max_running=4, max_retired=0, max_batch_tokens=256, kv_unified=False))
+    yield r
+    r.close()
+
+
+def fill(r: ModelRunner, slot: int, tokens: list[int]) -> None:
+    r.remove(slot)
+    r.decode([Chunk(slot, tokens, 0, 0)])
+
+
+def next_logits(r: ModelRunner, slot: int, token: int, pos: int) -> np.ndarray:
+    return np.array(r.decode([Chunk(slot, [token], pos, 1)])[0])
+
+
+@pytest.mark.parametrize("n", [100, 200])      # copied through the state, and as the whole stream
+def test_a_copied_stream_gives_the_logits_its_source_gives(runner, n):
+    toks = runner.tokenize("The quick brown fox jumps over the lazy dog. " * 40)[:n + 1]
+    fill(runner, 0, toks[:n])
+    runner.copy_stream(0, 1)
+    assert bool(runner._pending) == (n > STATE_COPY_SHARE * runner.n_ctx_seq)   # the state copy is done at once
+    copied = next_logits(runner, 1, toks[n], n)
+    assert not runner._pending
+    source = next_logits(runner, 0, toks[n], n)
+    assert np.array_equal(copied, source)
+
+
+def test_a_stream_a_waiting_copy_writes_is_copied_after_it(runner):
+    toks = runner.tokenize("One two three four five six seven eight nine ten. " * 20)[:61]
+    other = runner.tokenize("Colourless green ideas sleep furiously. " * 20)[:60]
+    fill(runner, 0, toks[:60])
+    fill(runner, 2, other)
+    big = runner.tokenize("The quick brown fox jumps over the lazy dog. " * 40)[:200]
+    fill(runner, 3, big)
+    runner.copy_stream(3, 1)                 # a whole-stream copy, waiting for the next decode
+    runner.copy_stream(0, 1)                 # must land after it, so it waits too: llama.cpp keeps the order
+    assert runner._pending == {0, 1, 3}
+    assert np.array_equal(next_logits(runner, 1, toks[60], 60), next_logits(runner, 0, toks[60], 60))
+
+
+def test_a_saved_state_restores_from_ram_and_from_bytes_read_off_disk(runner):
+    toks = runner.tokenize("Pack my box with five dozen liquor jugs. " * 20)[:81]
+    fill(runner, 0, toks[:80])
+    state = runner.save(0)
+    assert isinstance(state, bytearray)
+    want = next_logits(runner, 0, toks[80], 80)
+    for blob in (state, bytes(state)):
+        runner.remove(1)
+        assert runner.restore(1, blob)
+        assert np.array_equal(next_logits(runner, 1, toks[80], 80), want)
