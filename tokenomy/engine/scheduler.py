@@ -19,10 +19,10 @@ max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engi
   streams: an arrival goes next to the running block unless a stream elsewhere holds IN_PLACE_TOKENS or more of
   its prefix (then it runs there), and when a gap opens and nobody waits, the highest running sequence is moved
   down into it, a cached prefix in the gap moving first to the one stream kept empty for that;
-- a prefix in another stream is shared by copying the whole stream (`seq_cp` across streams), so a prefix is
-  copied only when it has MIN_COPY_TOKENS or more, and what an in-place reuse would cut off is copied elsewhere
-  first when it is that long. With every stream holding something, the least recently used prefix next to the
-  running block gives way.
+- a prefix in another stream is shared by copying the stream (runner.copy_stream: the whole stream, or the cells
+  in use when it is short), so a prefix is copied only when it has MIN_COPY_TOKENS or more, and what an in-place
+  reuse would cut off is copied elsewhere first when it is that long. With every stream holding something, the
+  least recently used prefix next to the running block gives way.
 
 A cached prefix that gives way (either layout) is saved to the KV tiers first (kv_tier.py) and restored from there
 when a prompt shares more of it than is resident. With `context_overflow: shift` (KV streams), a sequence about to
@@ -39,8 +39,8 @@ from tokenomy.engine.kv_tier import MIN_TIER_TOKENS, Entry, KVTiers
 from tokenomy.engine.prefix_cache import FINGERPRINT_TOKENS, PrefixCache
 from tokenomy.engine.sequence import Sequence, Status
 
-MIN_COPY_TOKENS = 8        # KV streams: fewer tokens are recomputed rather than copied (a 4,096-cell stream copy
-                           # costs ~14 ms here, a prefilled token 4-6 ms: docs/engine.md)
+MIN_COPY_TOKENS = 8        # KV streams: fewer tokens are recomputed rather than copied (a stream copy costs 2-14
+                           # ms here, a prefilled token 4-6 ms: docs/engine.md)
 IN_PLACE_TOKENS = 128      # KV streams: a cached prefix this long is used where it lies, even apart from the running
 COMPACT_MIN_LEFT = 8       # KV streams: a sequence with fewer tokens left to generate is not moved to close a gap
 
@@ -358,7 +358,7 @@ class Scheduler:
 
     def _compact(self) -> None:
         """Close a gap between running streams when nobody waits to fill it: the sequence on the highest stream
-        moves down into the gap (a whole-stream copy) and its old stream empties. A cached prefix in the gap moves
+        moves down into the gap (a stream copy) and its old stream empties. A cached prefix in the gap moves
         out first, to the spare empty stream; with none, the gap stays (closing it would drop a cached prefix)."""
         if self.waiting or len(self.running) < 2:
             return
