@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tokenomy.engine import runner as runner_module
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.runner import STATE_COPY_SHARE, Chunk, ModelRunner
 from tokenomy.models import resolve_gguf
@@ -63,3 +64,12 @@ def test_a_saved_state_restores_from_ram_and_from_bytes_read_off_disk(runner):
         runner.remove(1)
         assert runner.restore(1, blob)
         assert np.array_equal(next_logits(runner, 1, toks[80], 80), want)
+
+
+def test_a_state_over_the_byte_cap_is_copied_as_the_whole_stream(runner, monkeypatch):
+    toks = runner.tokenize("Sphinx of black quartz, judge my vow. " * 20)[:41]
+    fill(runner, 0, toks[:40])
+    monkeypatch.setattr(runner_module, "STATE_COPY_MAX_BYTES", 1024)
+    runner.copy_stream(0, 1)
+    assert runner._pending == {0, 1}
+    assert np.array_equal(next_logits(runner, 1, toks[40], 40), next_logits(runner, 0, toks[40], 40))

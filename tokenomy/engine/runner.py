@@ -18,6 +18,7 @@ from tokenomy.engine.vocab import Vocab
 
 STATE_COPY_SHARE = 0.5      # KV streams: a stream holding at most this share of its cells is copied through the
                             # sequence state, cells in use only (cheaper up to about half: docs/engine.md)
+STATE_COPY_MAX_BYTES = 256 << 20   # ... and a state no larger than this (the runner keeps a buffer that size)
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
@@ -125,8 +126,11 @@ class ModelRunner(Vocab):
 
     def _get_state(self, slot: int, scratch: bool = False) -> tuple[bytearray, int] | None:
         """(a buffer holding the slot's state in its first n bytes, n); in the runner's reused scratch buffer
-        (kept as large as the largest state copied, so a copy faults in no fresh pages) or in a new one."""
+        (kept as large as the largest state copied, so a copy faults in no fresh pages; None for a state over
+        STATE_COPY_MAX_BYTES) or in a new one."""
         n = llama_cpp.llama_state_seq_get_size(self.ctx, slot)
+        if scratch and n > STATE_COPY_MAX_BYTES:
+            return None
         if scratch and len(self._scratch) < n:
             self._scratch = bytearray(n)
         buf = self._scratch if scratch else bytearray(n)
