@@ -47,3 +47,16 @@ def test_the_requantized_target_shares_the_draft_models_vocabulary(tmp_path, mon
         v.close()
     with pytest.raises(FileNotFoundError):
         bench.model_path(str(tmp_path / "missing.gguf"))
+
+
+def test_stream_placement_compares_the_two_rules_on_one_engine(monkeypatch, capsys):
+    bench = load_bench("stream_placement.py")
+    path = shared_data("grounded/dev.jsonl", "TOKENOMY_GROUNDED")
+    monkeypatch.setattr(sys, "argv", ["stream_placement.py", "--prompts", "3", "--concurrency", "2", "--rounds", "1",
+                                      "--max-tokens", "3", "--delay-ms", "0", "--streams", "4", "--n-ctx", "8192",
+                                      "--grounded", str(path)])
+    bench.main()
+    out = capsys.readouterr().out
+    rows = {m[1]: m for m in re.finditer(r"^\s*(128|None)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M)}
+    assert set(rows) == {"128", "None"}, out
+    assert float(rows["128"][3]) == 1.0 and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows.values())

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from tokenomy.engine import scheduler
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.kv_tier import KVTiers
 from tokenomy.engine.sampling_params import SamplingParams
@@ -302,9 +303,11 @@ def test_streams_run_side_by_side_and_each_step_lists_them_in_stream_order():
     assert [q.slot for q, _ in s.schedule()] == [1, 2] and not kv.ops
 
 
-def test_a_cached_prefix_is_used_in_place_next_to_the_running_or_when_long_else_copied():
+@pytest.mark.parametrize("in_place", [None, 128])
+def test_a_cached_prefix_is_used_in_place_next_to_the_running_else_copied_next_to_them(in_place, monkeypatch):
+    monkeypatch.setattr(scheduler, "IN_PLACE_TOKENS", in_place)
     s, kv = streams()
-    a = seq(range(100, 160))             # 60 tokens: above MIN_COPY_TOKENS, below IN_PLACE_TOKENS
+    a = seq(range(100, 160))             # 60 tokens: above MIN_COPY_TOKENS
     serve(s, a)
     s.finish(a)
     again = seq(list(range(100, 160)) + [1, 2])
@@ -329,8 +332,12 @@ def test_a_cached_prefix_is_used_in_place_next_to_the_running_or_when_long_else_
     s.finish(bs[2])                      # now stream 4 stands apart from the running 1 and 2
     again = seq(list(range(2000, 2200)) + [3])
     kv.ops.clear()
-    serve(s, again)
-    assert again.slot == 4 and again.cached_tokens == 200 and not any(op[0] == "copy" for op in kv.ops)
+    serve(s, again)                      # however long, it is copied next to them rather than run apart
+    if in_place is None:
+        assert again.slot in (0, 3) and again.cached_tokens == 200 and ("copy", 4, again.slot) in kv.ops
+        assert 4 in s.prefix.retired     # and stays cached where it was
+    else:                                # unless a prefix that long is to run where it lies
+        assert again.slot == 4 and again.cached_tokens == 200 and not any(op[0] == "copy" for op in kv.ops)
     check_streams(s)
 
 

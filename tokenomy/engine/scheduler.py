@@ -16,8 +16,8 @@ row's attention scans only its own stream, and a finished sequence's stream is a
 anything. Cells are then no shared pool: each sequence is capped at its stream's size (the engine's
 max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engine.md, "KV streams"):
 - it splits a step into one compute per run of consecutive stream ids, so running sequences are kept on adjacent
-  streams: an arrival goes next to the running block unless a stream elsewhere holds IN_PLACE_TOKENS or more of
-  its prefix (then it runs there), and when a gap opens and nobody waits, the highest running sequence is moved
+  streams: an arrival goes next to the running block (in place when an idle stream there holds its prefix, else
+  with its prefix copied there), and when a gap opens and nobody waits, the highest running sequence is moved
   down into it, a cached prefix in the gap moving first to the one stream kept empty for that;
 - a prefix in another stream is shared by copying the stream (runner.copy_stream: the whole stream, or the cells
   in use when it is short), so a prefix is copied only when it has MIN_COPY_TOKENS or more, and what an in-place
@@ -41,7 +41,8 @@ from tokenomy.engine.sequence import Sequence, Status
 
 MIN_COPY_TOKENS = 8        # KV streams: fewer tokens are recomputed rather than copied (a stream copy costs 2-14
                            # ms here, a prefilled token 4-6 ms: docs/engine.md)
-IN_PLACE_TOKENS = 128      # KV streams: a cached prefix this long is used where it lies, even apart from the running
+IN_PLACE_TOKENS: int | None = None   # KV streams: a cached prefix this long runs where it lies, even apart from
+                                     # the running (None: never; bench/stream_placement.py measures both)
 COMPACT_MIN_LEFT = 8       # KV streams: a sequence with fewer tokens left to generate is not moved to close a gap
 
 
@@ -221,9 +222,9 @@ class Scheduler:
     # ---- KV streams -------------------------------------------------------------------------------------
     def _admit_stream(self, seq: Sequence, budget: int) -> int:
         """Start `seq` on a KV stream: in place on an idle stream holding its longest cached prefix when that
-        stream is next to the running ones, or wherever it lies when the prefix has IN_PLACE_TOKENS or more
-        (recomputing it costs more than the extra compute a separate run of streams costs a step, which _compact
-        may undo); else on a fresh stream (_place), with the prefix copied in from a stream holding it."""
+        stream is next to the running ones; else on a fresh stream next to them (_place), with the prefix copied
+        in from a stream holding it. A copy costs once (2-14 ms for a 4,096-cell stream, by the cells in use), a
+        stream apart one more ubatch every step until _compact closes the gap (with more copies)."""
         tokens = seq.kv_tokens()
         length, holders = (0, set())
         if self.cfg.prefix_caching:
@@ -233,7 +234,9 @@ class Scheduler:
         tier_len, entry = self._tier_match(tokens[:-1], length)
         running = {s.slot for s in self.running}
         idle = sorted(h for h in holders if h not in running)
-        here = [h for h in idle if _adjacent(h, running)] or (idle if length >= IN_PLACE_TOKENS else [])
+        here = [h for h in idle if _adjacent(h, running)]
+        if not here and IN_PLACE_TOKENS is not None and length >= IN_PLACE_TOKENS:
+            here = idle
         if not here and not self.free_slots and set(self.prefix.retired) <= holders:
             here = idle                       # every idle stream holds the prefix: take one as it is
         if entry is not None:
