@@ -1,5 +1,5 @@
-"""The engine's bench scripts work as their docs say: the plain-client latency bench against a live server, and
-the requantized draft pair that bench/engine_techniques.py builds."""
+"""The engine's bench scripts work as their docs say: the plain-client latency bench against a live server, the
+requantized draft pair that bench/engine_techniques.py builds, and the stream placement bench's two rules."""
 
 from __future__ import annotations
 
