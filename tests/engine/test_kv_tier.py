@@ -110,6 +110,33 @@ def test_an_evicted_prefix_comes_back_from_its_tier_with_the_same_answer(path, t
         assert not any(tmp_path.iterdir())
 
 
+def test_a_finished_prompt_is_saved_once_between_steps_after_its_answer_is_sent(path):
+    """Four streams and one prompt: nothing is evicted, yet the finished prompt is saved, after the step that ended
+    it has run its after-step hooks (where the engine process sends the step's events); asked again, it is found
+    resident and not saved a second time."""
+    cfg = EngineConfig(n_ctx=4 * 1024, max_running=2, max_retired=2, max_batch_tokens=256, kv_unified=False)
+    engine = Engine(path, cfg)
+    hooks: list[tuple[bool, int]] = []       # (a prefix is retired, saved entries) at each step's after-step hooks
+    engine.after_step.append(lambda: hooks.append((bool(engine.scheduler.prefix.retired),
+                                                   engine.tiers.stats.entries["ram"])))
+    engine.start()
+    try:
+        prompt = prompts(engine)[0]
+        first, _ = greedy_ids(engine, prompt, max_tokens=4)
+        engine.run_in_loop(lambda: None)              # the loop has finished the iteration that ended the answer
+        st = engine.tiers.stats
+        ended = next(entries for retired, entries in hooks if retired)   # the step that ended the answer
+        assert ended == 0 and hooks[-1] == (True, 1)    # saved after its hooks, before the next iteration's
+        assert st.saved["ram"] == 1 and engine.tiers.covers(prompt)
+        assert engine.scheduler.used_cells >= len(prompt)      # still resident too: nothing was evicted
+        again, cached = greedy_ids(engine, prompt, max_tokens=4)
+        engine.run_in_loop(lambda: None)
+        assert again == first and cached == len(prompt) - 1 and st.hits["ram"] == 0
+        assert st.saved["ram"] == 1
+    finally:
+        engine.stop()
+
+
 def test_a_restore_over_http_counts_as_cached_tokens_and_shows_in_metrics():
     engine = {"n_ctx": 2048, "max_running": 1, "max_retired": 1, "max_batch_tokens": 256}
     with live_server({"engine": engine, "cache": NO_CACHE}) as srv:

@@ -190,6 +190,10 @@ class Engine:
                     self._finish(seq, "error", error=str(e))
             for cb in self.after_step:
                 cb()
+            try:
+                self.scheduler.save_finished()
+            except Exception:  # a failed save loses a tier entry, nothing a request needs
+                log.exception("saving finished prefixes to the KV tiers failed")
 
     def _take_inbox(self) -> None:
         self.scheduler.waiting.extend(self._inbox)

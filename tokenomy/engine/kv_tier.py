@@ -1,10 +1,11 @@
 """KV tiers: a cached prefix outlives its KV cells.
 
-When the scheduler evicts a cached prefix from llama.cpp's KV memory, its sequence state (the KV of every token it
-holds, llama.cpp's per-sequence state) is kept here, in host RAM up to `kv_tier_ram_mb`, then, when RAM is full,
-in files under `kv_tier_disk_dir` up to `kv_tier_disk_mb`, least recently used out first. A later prompt that
-shares a saved prefix (longer than what is still resident) has it restored into a fresh sequence instead of
-recomputed, when the measured restore time of that tier is below the estimated time to prefill those tokens.
+When a sequence finishes, and again when the scheduler evicts a cached prefix no saved state holds yet, the
+prefix's sequence state (the KV of every token it holds, llama.cpp's per-sequence state) is kept here, in host RAM
+up to `kv_tier_ram_mb`, then, when RAM is full, in files under `kv_tier_disk_dir` up to `kv_tier_disk_mb`, least
+recently used out first. A later prompt that shares a saved prefix (longer than what is still resident) has it
+restored into a fresh sequence instead of recomputed, when the measured restore time of that tier is below the
+estimated time to prefill those tokens.
 
 Entries are matched by their longest common prefix with the prompt; a saved prefix that another entry extends is
 dropped (the longer one restores it as well). The disk tier belongs to one engine process: its directory is

@@ -24,9 +24,11 @@ max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engi
   reuse would cut off is copied elsewhere first when it is that long. With every stream holding something, the
   least recently used prefix next to the running block gives way.
 
-A cached prefix that gives way (either layout) is saved to the KV tiers first (kv_tier.py) and restored from there
-when a prompt shares more of it than is resident. With `context_overflow: shift` (KV streams), a sequence about to
-outgrow its stream keeps its first tokens and its recent half (`shift`); its KV is then no reusable prefix."""
+A finished sequence's prefix is saved to the KV tiers (kv_tier.py) between steps, once its output is sent
+(save_finished), and a cached prefix that gives way (either layout) is saved first if no saved state holds it yet;
+it is restored from there when a prompt shares more of it than is resident. With `context_overflow: shift` (KV
+streams), a sequence about to outgrow its stream keeps its first tokens and its recent half (`shift`); its KV is
+then no reusable prefix."""
 
 from __future__ import annotations
 
@@ -86,6 +88,7 @@ class Scheduler:
         self.batch_tokens = cfg.batch_step_tokens     # batch tokens a step; the engine resizes it by measured cost
         self._steps = 0
         self._reserved = 0
+        self._finished: list[int] = []     # slots retired by the last step, to save to the tiers (save_finished)
 
     @property
     def free_cells(self) -> int:
@@ -306,6 +309,20 @@ class Scheduler:
                 if blob is not None:
                     self.tiers.put(tokens, blob)
 
+    def save_finished(self) -> None:
+        """Save the prefixes retired since the last call to the tiers, each unless a saved state already holds
+        it. The engine calls this after a step's output is sent, so the save that evicting the prefix would
+        otherwise make falls between two steps, not in the step of the arrival that needs its stream (a save
+        writes fresh memory: 2-4 ms per MiB of state under load on these machines, docs/engine.md)."""
+        done, self._finished = self._finished, []
+        if not self.tiers.enabled:
+            return
+        for slot in done:
+            if slot in self.prefix.retired and self.prefix.resident(slot) >= MIN_TIER_TOKENS:
+                tokens = self.prefix.tokens(slot)
+                if not self.tiers.covers(tokens) and (blob := self.kv.save(slot)) is not None:
+                    self.tiers.put(tokens, blob)
+
     def _place(self, running: set[int], keep: set[int]) -> int:
         """A fresh stream next to the running ones: an empty one (unless it is the last, kept spare for _compact),
         else the one whose cached prefix was used least recently among those next to the running (not one of
@@ -470,6 +487,8 @@ class Scheduler:
                 if not keep:
                     self.cut(seq.slot, len(seq.prompt))
                 self.prefix.retire(seq.slot, protected=seq.reused)
+                if self.tiers.enabled and seq.slot not in self._finished:
+                    self._finished.append(seq.slot)
                 if not self.streams:       # in its own stream a cached prefix slows no step: streams cap it
                     self._evict_until(lambda: self.retired_cells(protected=False) <= self.retired_cap,
                                       protected=False)
