@@ -43,8 +43,8 @@ GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")
 
 
 def closed_loop(engine: Engine, prompts: list[list[int]], order: list[int], clients: int, delay_s: float,
-                max_tokens: int) -> tuple[float, float]:
-    """`clients` threads ask the prompts in `order`, one request at a time each; (output tok/s, TTFT p50 s)."""
+                max_tokens: int) -> tuple[float, list[float]]:
+    """`clients` threads ask the prompts in `order`, one request at a time each; (output tok/s, each TTFT in s)."""
     lock = threading.Lock()
     todo = iter(order)
     ttft: list[float] = []
@@ -81,7 +81,7 @@ def closed_loop(engine: Engine, prompts: list[list[int]], order: list[int], clie
         th.start()
     for th in threads:
         th.join()
-    return tokens[0] / (time.perf_counter() - t0), statistics.median(ttft)
+    return tokens[0] / (time.perf_counter() - t0), ttft
 
 
 def main() -> None:
@@ -125,7 +125,9 @@ def main() -> None:
         for v in values if r % 2 == 0 else values[::-1]:
             scheduler.IN_PLACE_TOKENS = v
             before = copies[0]
-            tok_s, ttft = closed_loop(engine, prompts, order, args.concurrency, args.delay_ms / 1e3, args.max_tokens)
+            tok_s, ttfts = closed_loop(engine, prompts, order, args.concurrency, args.delay_ms / 1e3,
+                                       args.max_tokens)
+            ttft = statistics.median(ttfts)
             results.setdefault(v, []).append((tok_s, ttft, copies[0] - before))
             print(f"round {r + 1} in_place={v}: {tok_s:.1f} tok/s, TTFT p50 {ttft * 1e3:.0f} ms, "
                   f"{copies[0] - before} stream copies", file=sys.stderr)

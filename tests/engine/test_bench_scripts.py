@@ -1,5 +1,6 @@
 """The engine's bench scripts work as their docs say: the plain-client latency bench against a live server, the
-requantized draft pair that bench/engine_techniques.py builds, and the stream placement bench's two rules."""
+requantized draft pair that bench/engine_techniques.py builds, the stream placement bench's two rules and the KV tier
+save bench's two rules."""
 
 from __future__ import annotations
 
@@ -60,3 +61,17 @@ def test_stream_placement_compares_the_two_rules_on_one_engine(monkeypatch, caps
     rows = {m[1]: m for m in re.finditer(r"^\s*(128|None)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M)}
     assert set(rows) == {"128", "None"}, out
     assert float(rows["128"][3]) == 1.0 and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows.values())
+
+
+def test_tier_save_compares_saving_at_eviction_with_saving_after_finish(monkeypatch, capsys):
+    bench = load_bench("tier_save.py")
+    path = shared_data("grounded/dev.jsonl", "TOKENOMY_GROUNDED")
+    monkeypatch.setattr(sys, "argv", ["tier_save.py", "--prompts", "4", "--streams", "3", "--concurrency", "1",
+                                      "--rounds", "1", "--max-tokens", "2", "--delay-ms", "0",
+                                      "--grounded", str(path)])
+    bench.main()
+    out = capsys.readouterr().out
+    rows = {m[1]: m for m in re.finditer(r"^\s*(at eviction|after finish)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                                         r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)}
+    assert set(rows) == {"at eviction", "after finish"}, out
+    assert float(rows["at eviction"][3]) == 1.0 and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows.values())
