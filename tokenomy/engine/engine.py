@@ -1,4 +1,5 @@
-"""The engine loop, one thread per model: schedule -> one llama_decode -> sample and emit, nothing else."""
+"""The engine loop, one thread per model: schedule -> one llama_decode -> sample and emit; between steps, save what
+finished to the KV tiers."""
 
 from __future__ import annotations
 
