@@ -33,6 +33,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tokenomy.bench.workload import grounded  # noqa: E402
 from tokenomy.engine import scheduler  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.engine import Engine  # noqa: E402
@@ -40,6 +41,11 @@ from tokenomy.engine.sampling_params import SamplingParams  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
 
 GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")
+
+
+def grounded_prompts(engine: Engine, path: str) -> list[list[int]]:
+    """The prompts of `tokenomy bench --workload grounded` (the first user turns of `path`), chat-templated."""
+    return [engine.tokenizer.encode_chat(r.body["messages"]) for r in grounded({"path": path}, random.Random(0))]
 
 
 def closed_loop(engine: Engine, prompts: list[list[int]], order: list[int], clients: int, delay_s: float,
@@ -100,8 +106,6 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     values: list[int | None] = [None if v == "none" else int(v) for v in args.in_place.split(",")]
-    rows = [json.loads(line) for line in open(args.grounded, encoding="utf-8") if line.strip()]
-    texts = [r["turns"][0] for r in rows][:args.prompts]
     # by default the bench server pair's layout (docs/bench.md): 32 streams of 4,096 cells, no extra ids
     cfg = EngineConfig(max_running=args.streams, max_retired=0, n_ctx=args.n_ctx, n_threads=args.threads,
                        kv_unified=False)
@@ -114,7 +118,7 @@ def main() -> None:
         copy_stream(src, dst)
 
     engine.runner.copy_stream = counted  # type: ignore[method-assign]
-    prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
+    prompts = grounded_prompts(engine, args.grounded)[:args.prompts]
     rng = random.Random(0)
     closed_loop(engine, prompts, list(range(len(prompts))), args.concurrency, 0.0, args.max_tokens)   # cache them
     shipped = scheduler.IN_PLACE_TOKENS

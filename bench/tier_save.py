@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from stream_placement import GROUNDED, closed_loop  # noqa: E402  (bench/stream_placement.py, beside this script)
+from stream_placement import GROUNDED, closed_loop, grounded_prompts  # noqa: E402  (bench/stream_placement.py, beside this script)
 
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.engine import Engine  # noqa: E402
@@ -51,13 +51,11 @@ def main() -> None:
     ap.add_argument("--grounded", default=GROUNDED)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = [json.loads(line) for line in open(args.grounded, encoding="utf-8") if line.strip()]
     cfg = EngineConfig(max_running=args.streams, max_retired=0, n_ctx=args.streams * 4096, n_threads=args.threads,
                        kv_unified=False)
     engine = Engine(str(resolve_gguf("smollm2-135m-instruct")), cfg).start()
     s = engine.scheduler
-    chat = [engine.tokenizer.encode_chat([{"role": "user", "content": r["turns"][0]}]) for r in rows]
-    prompts = sorted(chat, key=len)[:args.prompts]
+    prompts = sorted(grounded_prompts(engine, args.grounded), key=len)[:args.prompts]
     saves, save_s = [0], [0.0]
     save = engine.runner.save
 
