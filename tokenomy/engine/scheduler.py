@@ -298,16 +298,17 @@ class Scheduler:
         self._save(slot)
         self._drop_slot(slot)
 
-    def _save(self, slot: int) -> None:
-        """Keep the slot's state in the tiers when it is long enough and held nowhere else (no other slot, no
-        saved state), before its KV is dropped or cut."""
+    def _save(self, slot: int, even_if_resident: bool = False) -> None:
+        """Keep the slot's state in the tiers when it is long enough and held nowhere else: no saved state and
+        (unless `even_if_resident`) no other slot; before its KV is dropped or cut."""
         if self.tiers.enabled and self.prefix.resident(slot) >= MIN_TIER_TOKENS:
             tokens = self.prefix.tokens(slot)
-            length, holders = self.prefix.match_slots(tokens)
-            if not (length == len(tokens) and holders - {slot}) and not self.tiers.covers(tokens):
-                blob = self.kv.save(slot)
-                if blob is not None:
-                    self.tiers.put(tokens, blob)
+            if not even_if_resident:
+                length, holders = self.prefix.match_slots(tokens)
+                if length == len(tokens) and holders - {slot}:
+                    return
+            if not self.tiers.covers(tokens) and (blob := self.kv.save(slot)) is not None:
+                self.tiers.put(tokens, blob)
 
     def save_finished(self) -> None:
         """Save the prefixes retired since the last call to the tiers, each unless a saved state already holds
@@ -315,13 +316,9 @@ class Scheduler:
         otherwise make falls between two steps, not in the step of the arrival that needs its stream (a save
         writes fresh memory: 2-4 ms per MiB of state under load on these machines, docs/engine.md)."""
         done, self._finished = self._finished, []
-        if not self.tiers.enabled:
-            return
         for slot in done:
-            if slot in self.prefix.retired and self.prefix.resident(slot) >= MIN_TIER_TOKENS:
-                tokens = self.prefix.tokens(slot)
-                if not self.tiers.covers(tokens) and (blob := self.kv.save(slot)) is not None:
-                    self.tiers.put(tokens, blob)
+            if slot in self.prefix.retired:
+                self._save(slot, even_if_resident=True)
 
     def _place(self, running: set[int], keep: set[int]) -> int:
         """A fresh stream next to the running ones: an empty one (unless it is the last, kept spare for _compact),
