@@ -303,6 +303,66 @@ def test_streams_run_side_by_side_and_each_step_lists_them_in_stream_order():
     assert [q.slot for q, _ in s.schedule()] == [1, 2] and not kv.ops
 
 
+def block_of(s, n, length=40, kv=None):
+    """`n` sequences served one by one onto streams 0..n-1, each with a token to decode next."""
+    qs = [seq(range(1000 * (i + 1), 1000 * (i + 1) + length), max_tokens=64) for i in range(n)]
+    for q in qs:
+        serve(s, q, kv)
+    for q in qs:
+        q.output.append(7)
+    assert [q.slot for q in qs] == list(range(n))
+    return qs
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["empty-gap", "saved-prefix-in-gap"])
+def test_a_gap_closes_with_one_move_into_it_not_by_shifting_the_block_down(cached):
+    """Once moved the top sequence to the lowest stream next to the block: with room below, the gap stayed and
+    every step paid one more stream copy (11-25 ms each on the grounded bench) while the block crept down."""
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=8, max_retired=8, max_batch_tokens=512, kv_unified=False), kv,
+                  n_ctx=16 * 512, tiers=KVTiers(1 << 20))
+    qs = block_of(s, 6, length=80, kv=kv)
+    s.finish(qs[0], keep_prefix=False)
+    s.finish(qs[1], keep_prefix=False)            # the running 2..5 have room below them
+    s.finish(qs[3], keep_prefix=cached)           # and a gap at 3
+    s.save_finished()
+    kv.ops.clear()
+    plan = s.schedule()
+    assert sorted(q.slot for q, _ in plan) == [2, 3, 4]
+    assert ("copy", 5, 3) in kv.ops and not any(op[0] == "copy" and op[2] < 2 for op in kv.ops)
+    if cached:                                    # saved already: dropped, not copied to the spare stream first
+        assert [op for op in kv.ops if op[0] == "copy"] == [("copy", 5, 3)]
+        assert s.tiers.covers(qs[3].prompt)
+    run_plan(s, plan, kv)
+    for q in s.running:
+        q.output.append(7)
+    kv.ops.clear()
+    assert sorted(q.slot for q, _ in s.schedule()) == [2, 3, 4] and not kv.ops     # one move closed it
+    check_streams(s, kv)
+
+
+def test_an_arrival_fills_a_gap_in_the_block_before_a_stream_at_its_edge():
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=8, max_retired=8, max_batch_tokens=512, kv_unified=False), kv,
+                  n_ctx=16 * 512, tiers=KVTiers(1 << 20))
+    qs = block_of(s, 6, length=80, kv=kv)
+    s.finish(qs[0], keep_prefix=False)            # empty below the block: 0
+    s.finish(qs[4], keep_prefix=False)            # an empty gap: 4
+    a = seq(range(50_000, 50_030))
+    serve(s, a, kv)
+    assert a.slot == 4
+    s.finish(qs[2])                               # a gap holding a prompt that a saved state holds too
+    s.save_finished()
+    b = seq(range(60_000, 60_030))
+    serve(s, b, kv)
+    assert b.slot == 2 and s.tiers.covers(qs[2].prompt)
+    s.finish(qs[3], keep_prefix=True)             # a gap whose prompt is saved nowhere: kept, c goes to an edge
+    c = seq(range(70_000, 70_030))
+    serve(s, c, kv)
+    assert c.slot in (0, 6) and s.prefix.tokens(3) == qs[3].prompt
+    check_streams(s, kv)
+
+
 @pytest.mark.parametrize("in_place", [None, 128])
 def test_a_cached_prefix_is_used_in_place_next_to_the_running_else_copied_next_to_them(in_place, monkeypatch):
     monkeypatch.setattr(scheduler, "IN_PLACE_TOKENS", in_place)

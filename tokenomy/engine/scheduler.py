@@ -237,7 +237,7 @@ class Scheduler:
         tier_len, entry = self._tier_match(tokens[:-1], length)
         running = {s.slot for s in self.running}
         idle = sorted(h for h in holders if h not in running)
-        here = [h for h in idle if _adjacent(h, running)]
+        here = sorted((h for h in idle if _adjacent(h, running)), key=lambda h: (_runs(running | {h}), h))
         if not here and IN_PLACE_TOKENS is not None and length >= IN_PLACE_TOKENS:
             here = idle
         if not here and not self.free_slots and set(self.prefix.retired) <= holders:
@@ -321,16 +321,21 @@ class Scheduler:
                 self._save(slot, even_if_resident=True)
 
     def _place(self, running: set[int], keep: set[int]) -> int:
-        """A fresh stream next to the running ones: an empty one (unless it is the last, kept spare for _compact),
-        else the one whose cached prefix was used least recently among those next to the running (not one of
-        `keep`): a stream apart from the block costs every step it runs in (0.85x for two runs of streams, 0.62x
-        for alternate ones), for the rest of the sequence. Where no stream next to the block can be had, any empty
-        one, the least recently used cached prefix dropped first when fewer than two streams are empty (one of
-        `keep` when nothing else is cached: the caller checks whether its holder survived)."""
+        """A fresh stream next to the running ones, one in a gap of the block first (it joins two runs): an empty
+        one (unless it is the last, kept spare for _compact) or, in a gap, one whose cached prefix a saved state
+        holds (dropped), else the one whose cached prefix was used least recently among those next to the running
+        (not one of `keep`): a stream apart from the block costs every step it runs in (0.85x for two runs of
+        streams, 0.62x for alternate ones), for the rest of the sequence. Where no stream next to the block can
+        be had, any empty one, the least recently used cached prefix dropped first when fewer than two streams are
+        empty (one of `keep` when nothing else is cached: the caller checks whether its holder survived)."""
         empty = sorted(self.free_slots)
-        near = [s for s in empty if _adjacent(s, running)]
-        if near and len(empty) > 1:
-            slot = near[0]
+        near = [s for s in empty if _adjacent(s, running)] if len(empty) > 1 else []
+        gaps = [s for s in self.prefix.retired if s not in keep and s - 1 in running and s + 1 in running]
+        near += [s for s in gaps if self._saved(s)]
+        if near:
+            slot = min(near, key=lambda s: (_runs(running | {s}), s in self.prefix.paths, s))
+            if slot in self.prefix.paths:
+                self._drop_slot(slot)
         elif (lru := self._lru_cached(exclude=keep, near=running)) is not None:
             self._evict(lru)
             slot = lru
@@ -375,30 +380,41 @@ class Scheduler:
 
     def _compact(self) -> None:
         """Close a gap between running streams when nobody waits to fill it: the sequence on the highest stream
-        moves down into the gap (a stream copy) and its old stream empties. A cached prefix in the gap moves
-        out first, to the spare empty stream; with none, the gap stays (closing it would drop a cached prefix)."""
+        moves (a stream copy) to the stream where the running ones form the fewest runs, then the shortest span,
+        when that is fewer or shorter than now (a gap inside the block, not a stream below it, which would only
+        shift the gap down a stream a step); its old stream empties. A cached prefix there is dropped when a saved
+        state holds it, else moved out first to the spare empty stream; with neither, it stays where it is."""
         if self.waiting or len(self.running) < 2:
             return
-        slots = sorted(s.slot for s in self.running)
-        if slots[-1] - slots[0] + 1 == len(slots):
+        slots = {s.slot for s in self.running}
+        if _runs(slots) == 1:
             return
         top = max(self.running, key=lambda s: s.slot)
         if top.params.max_tokens - len(top.output) < COMPACT_MIN_LEFT or top.dropped:
             return       # a shifted sequence is not moved: a pending shift and a stream copy, in which order?
-        others = set(slots[:-1])
-        hole = next((h for h in range(top.slot) if h not in others and _adjacent(h, others)), None)
-        if hole is None:
+        others = slots - {top.slot}
+        holes = [h for h in range(self.cfg.n_seqs) if h not in slots]
+        hole = min(holes, key=lambda h: (_shape(others | {h}), h in self.prefix.paths, h), default=None)
+        if hole is None or _shape(others | {hole}) >= _shape(slots):
             return
         if hole in self.prefix.paths:
-            if not self._duplicate(hole, keep=top.slot, spare=True):
+            if self._saved(hole):
+                self._drop_slot(hole)
+            elif self._duplicate(hole, keep=top.slot, spare=True):
+                self._drop_slot(hole)
+            else:
                 return
-            self._drop_slot(hole)
         self.free_slots.remove(hole)
         old = top.slot
         self.kv.copy_stream(old, hole)
         self.prefix.clone(old, hole)
         top.slot = hole
         self._drop_slot(old)
+
+    def _saved(self, slot: int) -> bool:
+        """Whether a saved state in the tiers holds all of the cached prefix in `slot` (dropping it loses nothing
+        a restore cannot bring back)."""
+        return self.tiers.enabled and self.tiers.covers(self.prefix.tokens(slot))
 
     def _evict_until(self, ok, keep: int | None = None, bump_batch: bool = False,  # noqa: ANN001
                      protected: bool | None = None) -> bool:
@@ -518,6 +534,16 @@ class Scheduler:
         for slot in list(self.prefix.retired):
             self._drop_slot(slot)
         self.tiers.clear()
+
+
+def _runs(slots: set[int]) -> int:
+    """Runs of consecutive stream ids in `slots`: llama.cpp computes a step in one pass per run."""
+    return sum(1 for s in slots if s - 1 not in slots)
+
+
+def _shape(slots: set[int]) -> tuple[int, int]:
+    """(runs, span) of running streams: fewer runs is a cheaper step; a shorter span, a gap closer to closing."""
+    return _runs(slots), max(slots) - min(slots) + 1
 
 
 def _adjacent(slot: int, running: set[int]) -> bool:
