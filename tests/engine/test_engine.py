@@ -183,12 +183,14 @@ class CopyLog:
         return getattr(self.runner, name)
 
 
-def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_same_answer(path):
+@pytest.mark.parametrize("tier_mb", [0, 64], ids=["copied", "restored"])
+def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_same_answer(path, tier_mb):
     """kv_unified false: a greedy answer is the same cold, from the prompt its own stream still holds, and from a
-    copy of the stream that holds it (while another sequence runs where the prompt was); and sequences batched
-    together answer as they do alone."""
+    copy of the stream that holds it (while another sequence runs where the prompt was), or with a RAM tier, from
+    the state saved there (a restore is cheaper than a stream copy); and sequences batched together answer as
+    they do alone."""
     engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256,
-                                       kv_unified=False)).start()
+                                       kv_unified=False, kv_tier_ram_mb=tier_mb)).start()
     log = engine.scheduler.kv = CopyLog(engine.runner)
     try:
         assert engine.max_model_len == engine.runner.n_ctx_seq == 512      # 8 streams of 512 cells
@@ -204,7 +206,11 @@ def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_sam
                       lambda ev: ev.finish_reason and done.set())
         copied, cached = greedy_ids(engine, ids, 48)
         assert done.wait(60)
-        assert cached == len(ids) - 1 and len(log.copies) >= 2   # the prompt moved out of stream 0, then back in
+        assert cached == len(ids) - 1
+        if tier_mb:                                               # moved out of stream 0, then restored
+            assert len(log.copies) >= 1 and engine.scheduler.tiers.stats.hits["ram"] >= 1
+        else:                                                     # moved out of stream 0, then copied back in
+            assert len(log.copies) >= 2 and not engine.scheduler.tiers.enabled
         assert cold == warm == copied
         solo = [run(engine, [p])[0] for p in PROMPTS[:4]]
         for got, want in zip(run(engine, PROMPTS[:4]), solo, strict=True):

@@ -363,6 +363,31 @@ def test_an_arrival_fills_a_gap_in_the_block_before_a_stream_at_its_edge():
     check_streams(s, kv)
 
 
+@pytest.mark.parametrize("tiers", [False, True], ids=["no-tiers", "tiers"])
+def test_a_prefix_apart_from_the_block_is_restored_from_ram_rather_than_copied_when_saved(tiers):
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=4, max_retired=4, max_batch_tokens=512, kv_unified=False), kv,
+                  n_ctx=8 * 512, tiers=KVTiers(1 << 20) if tiers else None)
+    a = seq(range(100, 180))
+    serve(s, a, kv)
+    s.finish(a)                                   # stream 0 keeps a's prompt; saved between steps
+    s.save_finished()
+    b, c = seq(range(500, 540), max_tokens=64), seq(range(600, 640), max_tokens=64)
+    serve(s, b, kv)
+    serve(s, c, kv)
+    s.finish(b, keep_prefix=False)                # only c runs, on stream 2: stream 0 is apart from it
+    c.output.append(7)
+    again = seq([*a.prompt, 1])
+    kv.ops.clear()
+    serve(s, again, kv)
+    assert again.cached_tokens == 80 and again.slot != 0 and 0 in s.prefix.retired
+    if tiers:
+        assert ("restore", again.slot) in kv.ops and not any(op[0] == "copy" for op in kv.ops)
+    else:
+        assert ("copy", 0, again.slot) in kv.ops
+    check_streams(s, kv)
+
+
 @pytest.mark.parametrize("in_place", [None, 128])
 def test_a_cached_prefix_is_used_in_place_next_to_the_running_else_copied_next_to_them(in_place, monkeypatch):
     monkeypatch.setattr(scheduler, "IN_PLACE_TOKENS", in_place)

@@ -20,7 +20,8 @@ max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engi
   with its prefix copied there), and when a gap opens and nobody waits, the highest running sequence is moved
   down into it, a cached prefix in the gap moving first to the one stream kept empty for that;
 - a prefix in another stream is shared by copying the stream (runner.copy_stream: the whole stream, or the cells
-  in use when it is short), so a prefix is copied only when it has MIN_COPY_TOKENS or more, and what an in-place
+  in use when it is short), or by restoring a state saved in RAM that holds as much (half the memory traffic of a
+  copy), so a prefix is copied only when it has MIN_COPY_TOKENS or more, and what an in-place
   reuse would cut off is copied elsewhere first when it is that long. With every stream holding something, the
   least recently used prefix next to the running block gives way.
 
@@ -244,6 +245,12 @@ class Scheduler:
             here = idle                       # every idle stream holds the prefix: take one as it is
         if entry is not None:
             here = []                         # a saved state holds more of the prompt than any stream
+        elif not here and length and self.tiers.enabled:
+            # a state saved in RAM holding as much is restored rather than copied from its stream: a restore writes
+            # the cells once, a stream copy reads them out to a buffer first (about half the time, docs/engine.md)
+            tier_len, entry = self.tiers.match(tokens[:-1], length - 1)
+            if entry is not None and entry.tier != "ram":
+                tier_len, entry = 0, None
         if here:
             slot = here[0]
             if self.prefix.resident(slot) - length >= MIN_COPY_TOKENS and not self._duplicate(slot, keep=None):
