@@ -3,6 +3,10 @@
 `Vocab(path, vocab_only=True)` loads no weights (milliseconds, a few MB): the gateway tokenizes, renders chat
 templates, detokenizes and compiles grammars with it while the weights live in the engine process. ModelRunner
 is a Vocab over a fully loaded model.
+
+Text with special tokens (a rendered chat) is tokenized piece by piece where that gives llama.cpp's exact tokens
+(`Vocab.tokenize`): llama.cpp itself cuts such a text at its special tokens and tokenizes each piece between them
+alone, so a piece seen before (a system prompt, an earlier turn, a document) is looked up, not tokenized again.
 """
 
 from __future__ import annotations
@@ -10,6 +14,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
+import threading
+from array import array
+from collections import OrderedDict
 
 import llama_cpp
 import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback, which honours the level below)
@@ -17,6 +25,7 @@ import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callbac
 llama_cpp._logger.logger.setLevel(logging.ERROR)
 
 _backend_ready = False
+PIECE_CACHE_CHARS = 1 << 22     # text of the pieces whose tokens are kept (about 1M tokens, 8 MB)
 
 
 class Vocab:
@@ -38,6 +47,10 @@ class Vocab:
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
         self._pieces = [self._piece(t) for t in range(self.n_vocab)]
         self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
+        self._specials, self._splitter = self._special_splitter()
+        self._piece_ids: OrderedDict[str, array] = OrderedDict()
+        self._piece_chars = 0
+        self._piece_lock = threading.Lock()
 
     def _piece(self, token: int, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -59,6 +72,13 @@ class Vocab:
         return self._piece(token, special=True).decode("utf-8", errors="replace")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """llama.cpp's tokens for `text`; with `parse_special` and no `add_special` (a rendered chat), through the
+        piece cache where that is exact (see the module's docstring)."""
+        if parse_special and not add_special and self._splitter is not None:
+            return self._tokenize_pieces(text)
+        return self._tokenize(text, add_special, parse_special)
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 16
         buf = (llama_cpp.llama_token * cap)()
@@ -68,6 +88,64 @@ class Vocab:
             buf = (llama_cpp.llama_token * cap)()
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
+
+    def _tokenize_pieces(self, text: str) -> list[int]:
+        assert self._splitter is not None
+        out: list[int] = []
+        at = 0
+        for m in self._splitter.finditer(text):
+            if m.start() > at:
+                out.extend(self._piece_tokens(text[at:m.start()]))
+            out.append(self._specials[m.group()])
+            at = m.end()
+        if at < len(text):
+            out.extend(self._piece_tokens(text[at:]))
+        return out
+
+    def _piece_tokens(self, piece: str) -> array:
+        with self._piece_lock:
+            got = self._piece_ids.get(piece)
+            if got is not None:
+                self._piece_ids.move_to_end(piece)
+                return got
+        got = array("i", self._tokenize(piece, False, False))
+        with self._piece_lock:
+            if piece not in self._piece_ids and len(piece) <= PIECE_CACHE_CHARS // 4:
+                self._piece_ids[piece] = got
+                self._piece_chars += len(piece)
+                while self._piece_chars > PIECE_CACHE_CHARS:
+                    old, _ = self._piece_ids.popitem(last=False)
+                    self._piece_chars -= len(old)
+        return got
+
+    def _special_splitter(self) -> tuple[dict[str, int], re.Pattern[str] | None]:
+        """The special tokens llama.cpp cuts a text at (control, user-defined and unknown ones) by their text, and
+        a pattern finding them, when cutting there and tokenizing the pieces alone is exactly what llama.cpp does:
+        a BPE vocabulary (SentencePiece ones prefix a piece with a space by what precedes it), no special token
+        that strips the whitespace beside it, and no two special texts that can overlap (llama.cpp cuts at the
+        longest first; the pattern at the leftmost). Otherwise no pattern: the whole text goes to llama.cpp."""
+        kinds = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        kinds |= llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        strips = llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
+        specials: dict[str, int] = {}
+        exact = llama_cpp.llama_vocab_type(self.vocab) == llama_cpp.LLAMA_VOCAB_TYPE_BPE
+        for t in range(self.n_vocab):
+            attr = llama_cpp.llama_vocab_get_attr(self.vocab, t)
+            if not attr & kinds:
+                continue
+            raw = llama_cpp.llama_vocab_get_text(self.vocab, t) or b""
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                exact = False
+                continue
+            if attr & strips or not text or text in specials:
+                exact = False
+            specials[text] = t
+        if not exact or len(specials) > 512 or _overlapping(list(specials)):
+            return specials, None
+        alternatives = sorted(specials, key=len, reverse=True)
+        return specials, re.compile("|".join(re.escape(t) for t in alternatives)) if specials else None
 
     def meta(self, key: str) -> str | None:
         size = 1 << 16
@@ -96,3 +174,18 @@ class Vocab:
         if getattr(self, "model", None):
             llama_cpp.llama_model_free(self.model)
             self.model = None
+
+
+def _overlapping(texts: list[str]) -> bool:
+    """Whether one text contains another, or a text's end is another's (or its own) start: where the two may cut a
+    text differently (also when there are too many long texts to tell quickly)."""
+    if sum(len(t) ** 2 for t in texts) > 1 << 21:
+        return True
+    whole = set(texts)
+    starts = {t[:k] for t in texts for k in range(1, len(t))}
+    for a in texts:
+        if any(a[i:] in starts for i in range(1, len(a))):
+            return True
+        if any(a[i:j] in whole for i in range(len(a)) for j in range(i + 1, len(a) + 1) if j - i < len(a)):
+            return True
+    return False
