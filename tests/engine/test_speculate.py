@@ -58,6 +58,23 @@ def test_plan_drafts_where_verifying_is_cheap_and_not_where_it_costs_a_step_per_
     assert alone > crowded
 
 
+def test_with_kv_streams_a_sequences_drafts_beside_others_cost_a_ubatch_of_their_own():
+    """llama.cpp's equal split feeds a step's first token per sequence in one ubatch and a sequence's further
+    tokens in another, which reads all the weights again. Priced as one step of all the tokens, drafts looked
+    free at concurrency 8 and made steps 95-117 ms instead of 60 on the grounded bench."""
+    weights = _cost(per_token=0.001, fixed=0.010)           # most of a step is reading the weights
+    eight = [1] * 7                                         # seven other sequences decoding beside the candidate
+    assert speculate.plan(8, 8, [(0.6, 8)], weights, 100)[0] > 0                 # one step of 8 + k tokens
+    assert speculate.plan(8, 8, [(0.6, 8)], weights, 100, apart=eight) == [0]   # 8 tokens, then k more
+    assert speculate.plan(1, 1, [(0.6, 8)], weights, 100, apart=[]) == speculate.plan(1, 1, [(0.6, 8)], weights,
+                                                                                      100)   # alone: one ubatch
+    # a second ubatch is dear whatever it feeds, so one draft token never pays alone, but eight well-accepted
+    # ones do: the plan takes them together
+    flat = _cost(per_token=0.00001, fixed=0.010)
+    assert speculate.plan(4, 4, [(0.95, 8)], flat, 100, apart=[1, 1, 1]) == [8]
+    assert speculate.plan(4, 4, [(0.5, 8)], flat, 100, apart=[1, 1, 1]) == [0]
+
+
 def test_a_draft_keeps_the_sampled_distribution():
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
     p = SamplingParams(temperature=1.0, seed=7)
@@ -82,15 +99,20 @@ def path() -> str:
 COPY = ["Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog."]
 
 
-def test_greedy_answers_with_speculation_equal_those_without(path):
-    cfg = dict(n_ctx=4096, max_running=4, max_retired=0, max_batch_tokens=256, prefix_caching=False)
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["unified", "streams"])
+def test_greedy_answers_with_speculation_equal_those_without(path, kv_unified):
+    """With KV streams a sequence's drafts cost a ubatch of their own beside others (speculate.plan), which a
+    step cost of 10 ms a ubatch never pays for: there the copying prompt runs alone, in one ubatch."""
+    cfg = dict(n_ctx=4096, max_running=4, max_retired=0, max_batch_tokens=256, prefix_caching=False,
+               kv_unified=kv_unified)
+    prompts = COPY + ["Name a fruit."] if kv_unified else COPY
     plain = Engine(path, EngineConfig(**cfg, speculative=False)).start()
     spec = Engine(path, EngineConfig(**cfg, speculative=True)).start()
     try:
         spec.step_cost = _cost(per_token=0.00001, fixed=0.01)   # make drafting pay, whatever this CPU measures
         spec.step_cost.observe = lambda n, dt: None
-        want = run(plain, COPY + ["Name a fruit."], max_tokens=32)
-        got = run(spec, COPY + ["Name a fruit."], max_tokens=32)
+        want = run(plain, prompts, max_tokens=32)
+        got = run(spec, prompts, max_tokens=32)
         for g, w in zip(got, want, strict=True):
             assert_same_up_to_noise(g, w)
             assert len(g) == len(w)

@@ -267,8 +267,10 @@ class Engine:
                        for seq, _ in found]
         budget = min(self.cfg.max_batch_tokens - base, self.scheduler.free_cells)
         sampling = sum(seq.n_kv + n == seq.num_kv_tokens for seq, n in plan)
+        drafting = {seq for seq, _ in found}
+        others = None if self.cfg.kv_unified else [n for seq, n in plan if seq not in drafting]
         ks = speculate.plan(base, sampling, [(seq.spec_acceptance, room) for seq, room in found], self.step_cost,
-                            budget, draft_s, fixed_s)
+                            budget, draft_s, fixed_s, apart=others)
         if self.drafter is not None:
             made = self.drafter.propose([(seq.seq_id, seq.tokens, k) for (seq, _), k in zip(found, ks, strict=True)
                                          if k])

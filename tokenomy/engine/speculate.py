@@ -92,51 +92,74 @@ def expected_tokens(acceptance: float, k: int) -> float:
 
 def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]], cost: StepCost,
          budget: int, draft_s: Callable[[int], float | None] | None = None,
-         fixed_s: list[float] | None = None) -> list[int]:
+         fixed_s: list[float] | None = None, apart: list[int] | None = None) -> list[int]:
     """Draft lengths for ``candidates`` (acceptance rate, tokens available to draft) in a step that already
     feeds ``base_tokens`` and yields ``base_yield`` tokens (one per sequence that samples, candidates included),
-    with at most ``budget`` extra tokens: grown one token at a time where that raises the step's expected
-    tokens per second. When drafts cost time to make (a draft model), ``draft_s(k)`` is the seconds to make
-    drafts whose longest is k tokens and ``fixed_s[i]`` what candidate i adds to the step by drafting at all
-    (its share of a one-time cost, such as the draft model catching up on its prompt). All zeros when the cost
+    with at most ``budget`` extra tokens: grown where that raises the step's expected tokens per second, by the
+    number of tokens (one or more) that raises it most each time, so a first draft token too dear alone can
+    still come with the ones after it. When drafts cost time to make (a draft model), ``draft_s(k)`` is the
+    seconds to make drafts whose longest is k tokens and ``fixed_s[i]`` what candidate i adds to the step by
+    drafting at all (its share of a one-time cost, such as the draft model catching up on its prompt).
+
+    ``apart``: with one KV stream per sequence, the chunk lengths of the step's other sequences. llama.cpp's
+    equal split then feeds every sequence's first token in one ubatch and a sequence's tokens past that in
+    further ubatches, each reading all the weights again, so a step is costed as one of a token per sequence
+    plus, for each sequence feeding more (a prompt chunk, or k drafts), a step of its extra tokens (an upper
+    bound: neighbouring streams feeding alike share a ubatch); a sequence alone in its step is one ubatch.
+    Without it the step is one of ``base_tokens`` plus all drafts (the unified buffer). All zeros when the cost
     of a larger step (or of drafting) is not measured yet."""
-    ks = [0] * len(candidates)
-    fixed = fixed_s or [0.0] * len(candidates)
-    paid = 0.0
-    base_t = cost.predict(base_tokens)
+    n = len(candidates)
+    ks = [0] * n
+    fixed = fixed_s or [0.0] * n
+    split = apart is not None and len(apart) + n > 1
+    if split:
+        assert apart is not None
+        parts = [cost.predict(len(apart) + n)] + [cost.predict(x - 1) for x in apart if x > 1]
+        base_t = None if None in parts else sum(p for p in parts if p is not None)
+    else:
+        base_t = cost.predict(base_tokens)
     if base_t is None or not candidates:
         return ks
-    yields = [1.0] * len(candidates)
-    total, extra = float(max(base_yield, len(candidates))), 0
+    own = [0.0] * n                  # split: each drafting candidate's own ubatch
+    paid = 0.0
+    yields = [1.0] * n
+    total, extra = float(max(base_yield, n)), 0
     rate = total / base_t
     while extra < budget:
-        best, best_rate = -1, rate
-        t = cost.predict(base_tokens + extra + 1)
-        if t is None:
-            break
+        best, best_d, best_rate = -1, 0, rate
         longest = max(ks)
         for i, (acc, avail) in enumerate(candidates):
-            if ks[i] >= min(avail, MAX_DRAFT):
-                continue
-            t_i = t + paid + (fixed[i] if ks[i] == 0 else 0.0)
-            if draft_s is not None:
-                d = draft_s(max(longest, ks[i] + 1))
-                if d is None:
-                    return [0] * len(candidates)
-                t_i += d
-            gain = expected_tokens(acc, ks[i] + 1) - yields[i]
-            r = (total + gain) / t_i
-            if r > best_rate:
-                best, best_rate = i, r
+            for d in range(1, min(avail, MAX_DRAFT) - ks[i] + 1):
+                if extra + d > budget:
+                    break
+                k = ks[i] + d
+                if split:
+                    mine = cost.predict(k)
+                    t = None if mine is None else base_t + sum(own) - own[i] + mine
+                else:
+                    t = cost.predict(base_tokens + extra + d)
+                if t is None:
+                    break
+                t_i = t + paid + (fixed[i] if ks[i] == 0 else 0.0)
+                if draft_s is not None:
+                    made = draft_s(max(longest, k))
+                    if made is None:
+                        return [0] * n
+                    t_i += made
+                r = (total + expected_tokens(acc, k) - yields[i]) / t_i
+                if r > best_rate:
+                    best, best_d, best_rate = i, d, r
         if best < 0:
             break
         if ks[best] == 0:
             paid += fixed[best]
-        ks[best] += 1
+        ks[best] += best_d
+        if split:
+            own[best] = cost.predict(ks[best]) or 0.0
         new_yield = expected_tokens(candidates[best][0], ks[best])
         total += new_yield - yields[best]
         yields[best] = new_yield
-        extra += 1
+        extra += best_d
         rate = best_rate
     return ks
 
