@@ -16,9 +16,10 @@ row's attention scans only its own stream, and a finished sequence's stream is a
 anything. Cells are then no shared pool: each sequence is capped at its stream's size (the engine's
 max_model_len). Two rules follow from how llama.cpp runs such a batch (docs/engine.md, "KV streams"):
 - it splits a step into one compute per run of consecutive stream ids, so running sequences are kept on adjacent
-  streams: an arrival goes next to the running block (in place when an idle stream there holds its prefix, else
-  with its prefix copied there), and when a gap opens and nobody waits, the highest running sequence is moved
-  down into it, a cached prefix in the gap moving first to the one stream kept empty for that;
+  streams: an arrival goes next to the running block, into a gap of it first (in place when an idle stream there
+  holds its prefix, else with its prefix copied or restored there), and when a gap opens and nobody waits, the
+  highest running sequence is moved into it, a cached prefix in the gap dropped when the tiers hold it, else
+  moved first to the one stream kept empty for that;
 - a prefix in another stream is shared by copying the stream (runner.copy_stream: the whole stream, or the cells
   in use when it is short), or by restoring a state saved in RAM that holds as much (half the memory traffic of a
   copy), so a prefix is copied only when it has MIN_COPY_TOKENS or more, and what an in-place

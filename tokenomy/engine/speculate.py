@@ -121,6 +121,7 @@ def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]],
     if base_t is None or not candidates:
         return ks
     own = [0.0] * n                  # split: each drafting candidate's own ubatch
+    ub = [cost.predict(k) if k else 0.0 for k in range(MAX_DRAFT + 1)] if split else []
     paid = 0.0
     yields = [1.0] * n
     total, extra = float(max(base_yield, n)), 0
@@ -128,24 +129,28 @@ def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]],
     while extra < budget:
         best, best_d, best_rate = -1, 0, rate
         longest = max(ks)
+        # the predictions this round needs, once each (not per candidate): a step's, and drafting's, by size
+        step = [None] + [cost.predict(base_tokens + extra + d) for d in range(1, MAX_DRAFT + 1)] if not split else []
+        made: list[float | None] = [0.0] * (MAX_DRAFT + 1)
+        if draft_s is not None:
+            made = [None] + [draft_s(max(longest, k)) for k in range(1, MAX_DRAFT + 1)]
         for i, (acc, avail) in enumerate(candidates):
             for d in range(1, min(avail, MAX_DRAFT) - ks[i] + 1):
                 if extra + d > budget:
                     break
                 k = ks[i] + d
                 if split:
-                    mine = cost.predict(k)
+                    mine = ub[k]
                     t = None if mine is None else base_t + sum(own) - own[i] + mine
                 else:
-                    t = cost.predict(base_tokens + extra + d)
+                    t = step[d]
                 if t is None:
                     break
                 t_i = t + paid + (fixed[i] if ks[i] == 0 else 0.0)
                 if draft_s is not None:
-                    made = draft_s(max(longest, k))
-                    if made is None:
+                    if made[k] is None:
                         return [0] * n
-                    t_i += made
+                    t_i += made[k] or 0.0
                 r = (total + expected_tokens(acc, k) - yields[i]) / t_i
                 if r > best_rate:
                     best, best_d, best_rate = i, d, r
@@ -155,7 +160,7 @@ def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]],
             paid += fixed[best]
         ks[best] += best_d
         if split:
-            own[best] = cost.predict(ks[best]) or 0.0
+            own[best] = ub[ks[best]] or 0.0
         new_yield = expected_tokens(candidates[best][0], ks[best])
         total += new_yield - yields[best]
         yields[best] = new_yield
