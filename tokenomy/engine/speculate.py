@@ -7,11 +7,12 @@ model is needed, and grounded tasks (summaries, answers from given passages, edi
 Sizing: a step that feeds ``n`` tokens costs ``t(n)`` seconds, measured from the engine's own steps
 (``StepCost``); a sequence's drafts are accepted at a rate ``a`` tracked per sequence. With ``k`` drafted
 tokens a sequence expects ``(1 - a^(k+1)) / (1 - a)`` tokens from the step instead of one. ``plan`` grows the
-drafts one token at a time where that raises the batch's expected tokens per second ``sum(E_i) / t(n)``, and
-stops when nothing does: on a compute-bound CPU, where verifying k tokens costs nearly k steps, it drafts only
-behind long accepted runs, and as the batch fills, the step's extra cost outweighs any one sequence's gain, so
-it drafts less. Drafting nothing is always a candidate, so speculation never plans a slower step than plain
-decoding by its own measurements.
+drafts, each time by the sequence and number of tokens that raise the batch's expected tokens per second
+``sum(E_i) / t`` most, and stops when nothing does (with KV streams ``t`` counts a sequence's drafts as a ubatch
+of their own, as llama.cpp runs them): on a compute-bound CPU, where verifying k tokens costs nearly k steps, it
+drafts only behind long accepted runs, and as the batch fills, the step's extra cost outweighs any one
+sequence's gain, so it drafts less. Drafting nothing is always a candidate, so speculation never plans a slower
+step than plain decoding by its own measurements.
 
 Verification (in ``SequenceOutput.after_logits``) keeps the target distribution: a greedy request accepts a
 draft token when it is the argmax; a sampled one accepts draft token d with probability p(d) and otherwise
