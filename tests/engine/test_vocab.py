@@ -39,7 +39,7 @@ TRICKY = [
 def test_a_chat_is_tokenized_piece_by_piece_with_exactly_llama_cpps_tokens(smollm):
     """Two passes (the second all cache hits) over real grounded prompts and texts with special tokens in odd
     places give llama.cpp's own tokens for the whole text."""
-    assert smollm._splitter is not None        # a BPE vocabulary whose special tokens cannot overlap
+    assert smollm._cuts[1] is not None        # a BPE vocabulary whose special tokens cannot overlap
     tok = Tokenizer(smollm)
     path = shared_data("grounded/dev.jsonl", "TOKENOMY_GROUNDED")
     texts = [tok.render_chat(r.body["messages"]) for r in grounded({"path": str(path)}, random.Random(0))][:20]
@@ -67,7 +67,7 @@ def test_vocabularies_where_pieces_would_not_be_exact_tokenize_the_whole_text():
     """Gemma's SentencePiece vocabulary prefixes a piece with a space by what precedes it: no piece cache."""
     g = Vocab(str(resolve_gguf("gemma3-270m")), vocab_only=True)
     try:
-        assert g._splitter is None
+        assert g._cuts[1] is None
         text = "<start_of_turn>user\nhello there<end_of_turn>\n<start_of_turn>model\n"
         assert g.tokenize(text, add_special=False, parse_special=True) == whole(g, text)
     finally:
