@@ -32,3 +32,14 @@ def test_thread_safe_puts_stay_bounded() -> None:
     for t in threads:
         t.join()
     assert len(lru) == 16
+
+
+def test_peek_and_items_leave_the_order_and_pop_removes() -> None:
+    lru: LRU[str, int] = LRU(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert lru.peek("a") == 1 and lru.peek("zz", 9) == 9
+    assert lru.items() == [("a", 1), ("b", 2)]       # peeking at a did not make it the most recent
+    lru.put("c", 3)
+    assert "a" not in lru and lru.items() == [("b", 2), ("c", 3)]
+    assert lru.pop("b") == 2 and lru.pop("b") is None and len(lru) == 1

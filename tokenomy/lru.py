@@ -1,8 +1,8 @@
 """A bounded mapping that forgets its least recently used entries first.
 
-``get`` and ``get_or_compute`` count as a use; ``in`` and ``len`` do not. ``put`` stores (or replaces) a value as
-the most recent and then drops the oldest entries beyond ``max_size``. ``None`` is a value like any other: a
-miss is told apart from a stored ``None`` by ``in``, or by ``get_or_compute``.
+``get`` and ``get_or_compute`` count as a use; ``peek``, ``items``, ``in`` and ``len`` do not. ``put`` stores (or
+replaces) a value as the most recent and then drops the oldest entries beyond ``max_size``. ``None`` is a value like
+any other: a miss is told apart from a stored ``None`` by ``in``, or by ``get_or_compute``.
 
 With ``thread_safe=True`` every operation holds an internal lock; ``get_or_compute`` does not hold it while
 ``compute`` runs, so two threads missing the same key at once may both compute it (the later ``put`` wins).
@@ -47,6 +47,21 @@ class LRU(Generic[K, V]):
                 return default
             self._data.move_to_end(key)
             return value  # type: ignore[return-value]
+
+    def peek(self, key: K, default: V | None = None) -> V | None:
+        """The value stored for ``key``, or ``default``, leaving the order as it is."""
+        with self._lock:
+            return self._data.get(key, default)
+
+    def items(self) -> list[tuple[K, V]]:
+        """The entries, least recently used first (a snapshot)."""
+        with self._lock:
+            return list(self._data.items())
+
+    def pop(self, key: K, default: V | None = None) -> V | None:
+        """Remove ``key``; its value, or ``default``."""
+        with self._lock:
+            return self._data.pop(key, default)
 
     def put(self, key: K, value: V) -> None:
         """Store ``value`` as the most recent entry, then evict beyond ``max_size``."""

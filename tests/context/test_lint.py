@@ -45,7 +45,7 @@ def test_memory_is_bounded() -> None:
     t = PrefixTracker(history=2, max_keys=3, max_units=50)
     for i in range(10):
         t.observe(f"t{i}", "r", chat(RULES * 20, "q"))
-    assert len(t) == 3 and all(len(d) <= 2 and len(d[0].units) <= 50 for d in t._recent.values())
+    assert len(t) == 3 and all(len(d) <= 2 and len(d[0].units) <= 50 for _, d in t._recent.items())
 
 
 def test_volatile_lines_takes_date_lines_only() -> None:

@@ -9,8 +9,9 @@ what each replica still holds, which is all a router needs.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
+
+from tokenomy.lru import LRU
 
 
 def render(kind: str, messages: list[dict[str, Any]] | None, prompt: str | None) -> str:
@@ -29,7 +30,7 @@ def render(kind: str, messages: list[dict[str, Any]] | None, prompt: str | None)
 class PrefixIndex:
     def __init__(self, block_chars: int = 256, max_blocks: int = 200_000) -> None:
         self.block_chars, self.max_blocks = block_chars, max_blocks
-        self._table: OrderedDict[int, set[str]] = OrderedDict()
+        self._table: LRU[int, set[str]] = LRU(max_blocks)
 
     def __len__(self) -> int:
         return len(self._table)
@@ -46,7 +47,7 @@ class PrefixIndex:
         """For each replica that holds the first block: how many leading blocks it holds."""
         runs: dict[str, int] = {}
         for i, h in enumerate(hashes):
-            holders = self._table.get(h)
+            holders = self._table.peek(h)
             if not holders:
                 break
             grew = False
@@ -63,17 +64,13 @@ class PrefixIndex:
         for h in hashes:
             holders = self._table.get(h)
             if holders is None:
-                self._table[h] = {replica}
+                self._table.put(h, {replica})
             else:
                 holders.add(replica)
-                self._table.move_to_end(h)
-        while len(self._table) > self.max_blocks:
-            self._table.popitem(last=False)
 
     def forget(self, replica: str) -> None:
         """A replica that restarted holds nothing: drop it everywhere."""
-        for h in [h for h, holders in self._table.items() if replica in holders]:
-            holders = self._table[h]
+        for h, holders in self._table.items():
             holders.discard(replica)
             if not holders:
-                del self._table[h]
+                self._table.pop(h)

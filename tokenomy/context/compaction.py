@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tokenomy.lru import LRU
 
 Message = dict[str, Any]
 Count = Callable[[list[Message]], int]
@@ -105,27 +106,11 @@ def with_note(head: list[Message], note: str) -> list[Message]:
     return [{"role": "system", "content": note}]
 
 
-class SummaryCache:
+class SummaryCache(LRU[str, str]):
     """Summaries by the hash of the turns they replace (LRU, bounded)."""
 
     def __init__(self, max_entries: int = 4096) -> None:
-        self.max_entries = max_entries
-        self._items: OrderedDict[str, str] = OrderedDict()
-
-    def get(self, key: str) -> str | None:
-        v = self._items.get(key)
-        if v is not None:
-            self._items.move_to_end(key)
-        return v
-
-    def put(self, key: str, summary: str) -> None:
-        self._items[key] = summary
-        self._items.move_to_end(key)
-        while len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._items)
+        super().__init__(max_entries)
 
 
 def _boundaries(movable: int, block: int) -> list[int]:

@@ -16,8 +16,9 @@ coming back after its eviction counts as seen.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
+
+from tokenomy.lru import LRU
 
 FINGERPRINT_TOKENS = 128    # a prompt's identity for "seen before": its first tokens (past any shared template)
 GHOSTS = 4096               # fingerprints of evicted prefixes remembered
@@ -51,7 +52,7 @@ class PrefixCache:
         self.paths: dict[int, list[Node]] = {}   # slot -> nodes root..leaf (root excluded)
         self.retired: dict[int, float] = {}      # slot -> last use, for LRU eviction
         self.protected: set[int] = set()          # retired slots whose prompt was seen before
-        self.ghosts: OrderedDict[int, None] = OrderedDict()   # fingerprints of evicted retired prefixes
+        self.ghosts: LRU[int, None] = LRU(GHOSTS)   # fingerprints of evicted retired prefixes
         self.used_cells = 0
 
     # ---- lookup -------------------------------------------------------------------------------------
@@ -120,10 +121,7 @@ class PrefixCache:
                 if len(held) >= FINGERPRINT_TOKENS:
                     break
             fp = _fingerprint(held)
-            self.ghosts[fp] = None
-            self.ghosts.move_to_end(fp)
-            while len(self.ghosts) > GHOSTS:
-                self.ghosts.popitem(last=False)
+            self.ghosts.put(fp, None)
         for node in reversed(self.paths.pop(slot, [])):
             node.slots.discard(slot)
             if not node.slots:
