@@ -32,6 +32,14 @@ def test_predict_follows_the_threshold(trained: RouteClassifier, held_out: Routi
     assert 0.25 < share < 0.75  # train set the threshold for 50% strong on its own rows
 
 
+def test_a_routes_own_threshold_replaces_the_calibrated_one(trained: RouteClassifier, held_out: RoutingData) -> None:
+    prompt = held_out.prompts[0]
+    p = trained.p_weak_ok(prompt)
+    below, above = trained.predict(prompt, threshold=p / 2), trained.predict(prompt, threshold=(1 + p) / 2)
+    assert (below.model, below.threshold) == (trained.weak, p / 2)
+    assert (above.model, above.threshold) == (trained.strong, (1 + p) / 2) and "<" in above.reason
+
+
 def test_save_load_round_trip(trained: RouteClassifier, held_out: RoutingData, tmp_path) -> None:
     path = tmp_path / "router.json"
     trained.save(path)

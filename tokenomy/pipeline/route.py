@@ -116,10 +116,10 @@ class Route:
             # The contextual head when the prompt's contextual vector is already at hand (the semantic cache's
             # lookup computed it), else the static one: the better head wherever its cost is already paid.
             head = self._classifier(spec.classifier.path).head_for(text in ctx.vectors)
-            p = float(head.p_weak_ok(text, self._vector(ctx, head, text)))
-            threshold = spec.classifier.threshold if spec.classifier.threshold is not None else head.threshold
-            signals.update(p_cheap_ok=round(p, 4), threshold=round(float(threshold), 4), head=head.embedding)
-            start = 0 if p >= threshold else len(models) - 1
+            pred = head.predict(text, self._vector(ctx, head, text), spec.classifier.threshold)
+            p, threshold = pred.probability, pred.threshold
+            signals.update(p_cheap_ok=round(p, 4), threshold=round(threshold, 4), head=head.embedding)
+            start = 0 if pred.model == head.weak else len(models) - 1
             by = f"classifier: p={p:.4f} {'>=' if start == 0 else '<'} {threshold:.4f} ({head.embedding} head)"
         if "load" in s:
             if not {"rules", "classifier"} & set(s):

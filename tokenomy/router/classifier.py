@@ -141,16 +141,20 @@ class RouteClassifier:
         `embedding`: this prompt's vector of the router's embedding kind, when the caller has it already."""
         return float(self.p_weak_ok_many([prompt], embedding)[0])
 
-    def predict(self, prompt: str, embedding: np.ndarray | None = None) -> Prediction:
-        """The weak model when p_weak_ok >= threshold, else the strong one, with the numbers behind it."""
+    def predict(self, prompt: str, embedding: np.ndarray | None = None, threshold: float | None = None
+                ) -> Prediction:
+        """The weak model when p_weak_ok >= threshold, else the strong one, with the numbers behind it.
+
+        `threshold`: a route's own (config `classifier.threshold`) instead of this head's calibrated one."""
+        threshold = self.threshold if threshold is None else float(threshold)
         p = self.class_probabilities([prompt], embedding)[0]
         p_ok = float(weak_ok_probability(p[None, :])[0])
         weak_right, strong_right = float(p[2] + p[3]), float(p[1] + p[3])
-        if p_ok >= self.threshold:
-            model, reason = self.weak, f"p_weak_ok {p_ok:.3f} >= threshold {self.threshold:.3f}"
+        if p_ok >= threshold:
+            model, reason = self.weak, f"p_weak_ok {p_ok:.3f} >= threshold {threshold:.3f}"
         else:
-            model, reason = self.strong, f"p_weak_ok {p_ok:.3f} < threshold {self.threshold:.3f}"
-        return Prediction(model, p_ok, self.threshold, reason, weak_right, strong_right)
+            model, reason = self.strong, f"p_weak_ok {p_ok:.3f} < threshold {threshold:.3f}"
+        return Prediction(model, p_ok, threshold, reason, weak_right, strong_right)
 
     # ---- file --------------------------------------------------------------------------------------------
 
