@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import yaml  # noqa: E402
 
-from tokenomy.backends.base import GenRequest, Usage  # noqa: E402
 from tokenomy.config import Price, load_config  # noqa: E402
+from tokenomy.generation import GenRequest, Usage  # noqa: E402
 from tokenomy.meter.ledger import Ledger  # noqa: E402
 from tokenomy.meter.prompts import prompt_from_context  # noqa: E402
 from tokenomy.meter.row import row_from_context  # noqa: E402

@@ -39,10 +39,10 @@ sys.path.insert(0, ROOT)
 
 from agreement import lcs_f1  # noqa: E402  (bench/agreement.py, beside this script)
 
-from tokenomy.backends.base import GenRequest, Usage  # noqa: E402
 from tokenomy.backends.embedded import EmbeddedBackend  # noqa: E402
 from tokenomy.config import Price  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
+from tokenomy.generation import GenRequest, Usage  # noqa: E402
 from tokenomy.meter.pricing import cost  # noqa: E402
 from tokenomy.models import PACKAGED, resolve_gguf  # noqa: E402
 from tokenomy.offline.router.token import calibrate  # noqa: E402

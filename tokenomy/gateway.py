@@ -7,12 +7,12 @@ import logging
 import os
 from typing import Any
 
-from tokenomy.backends.base import GenRequest, Usage
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
 from tokenomy.config import Config, ConfigError, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
+from tokenomy.generation import GenRequest, Usage
 from tokenomy.meter import pricing
 from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect

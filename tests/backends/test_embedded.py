@@ -9,10 +9,10 @@ import json
 import pytest
 
 from tests.conftest import SMALL_ENGINE
-from tokenomy.backends.base import GenRequest
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.config import StructuredSettings
 from tokenomy.engine.config import EngineConfig
+from tokenomy.generation import GenRequest
 from tokenomy.models import resolve_gguf
 
 

@@ -16,11 +16,11 @@ import pytest
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
-from tokenomy.backends.base import GenRequest
 from tokenomy.backends.load_signals import parse_prometheus, parse_slots
 from tokenomy.backends.pool import Pool
 from tokenomy.backends.prefix_index import PrefixIndex, render
 from tokenomy.config import Config, ModelSpec
+from tokenomy.generation import GenRequest
 
 SYSTEMS = {t: f"You are the assistant of {t}. " + " ".join(f"{t} rule {i}: be brief and exact." for i in range(40))
            for t in ("acme", "globex", "initech")}

@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.backends.base import GenRequest, Usage
 from tokenomy.config import Price
 from tokenomy.errors import APIError
+from tokenomy.generation import GenRequest, Usage
 from tokenomy.meter.energy import Energy
 from tokenomy.meter.row import LedgerRow, row_from_context
 from tokenomy.pipeline.request import RequestContext

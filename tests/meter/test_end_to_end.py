@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.conftest import SMALL_ENGINE, live_server
-from tokenomy.backends.base import GenRequest
+from tokenomy.generation import GenRequest
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.report import build
 from tokenomy.meter.sink import MeterSink

@@ -8,8 +8,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.meter.synthetic import Spec, rows_for
-from tokenomy.backends.base import GenRequest, Usage
 from tokenomy.config import Price
+from tokenomy.generation import GenRequest, Usage
 from tokenomy.meter import schema
 from tokenomy.meter.ledger import Ledger, normalize_url
 from tokenomy.meter.metrics import Metrics

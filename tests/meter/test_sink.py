@@ -86,8 +86,8 @@ def test_a_route_that_served_cheaper_saves_the_price_difference():
 
 
 def test_a_batch_request_is_marked_and_priced_at_its_models_batch_price(tmp_path):
-    from tokenomy.backends.base import GenRequest, Usage
     from tokenomy.config import Price
+    from tokenomy.generation import GenRequest, Usage
 
     prices = {"m": Price(input=1.0, cached_input=0.5, output=2.0, batch_discount=0.5)}
     with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:

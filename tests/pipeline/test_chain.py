@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from tokenomy.backends.base import GenRequest, Usage
 from tokenomy.config import RouteSpec
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
+from tokenomy.generation import GenRequest, Usage
 from tokenomy.meter.metrics import Metrics
 from tokenomy.pipeline.chain import Pipeline
 from tokenomy.pipeline.context import Context

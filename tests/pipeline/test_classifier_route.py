@@ -52,8 +52,8 @@ def test_classifier_strategy_routes_with_its_calibrated_threshold(tmp_path):
 def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(tmp_path):
     """A router on the "minilm" embedding reads the prompt's vector from the request's memo (where the semantic
     cache's lookup leaves it) and leaves it there when it had to embed (for the cache's add)."""
-    from tokenomy.backends.base import GenRequest
     from tokenomy.config import RouteSpec
+    from tokenomy.generation import GenRequest
     from tokenomy.offline.router.dataset import load_routing_data
     from tokenomy.offline.router.train import train_classifier
     from tokenomy.pipeline.request import RequestContext
@@ -95,8 +95,8 @@ def test_a_two_head_router_uses_the_contextual_head_only_when_the_memo_holds_the
     request's memo (the semantic cache's lookup put it there), and with the static head otherwise, without
     embedding the prompt contextually; the signals and the reason say which head decided."""
     from tests.routing_fixtures import synthetic_rows
-    from tokenomy.backends.base import GenRequest
     from tokenomy.config import RouteSpec
+    from tokenomy.generation import GenRequest
     from tokenomy.offline.router.dataset import load_routing_data
     from tokenomy.offline.router.train import train_router
     from tokenomy.pipeline.request import RequestContext

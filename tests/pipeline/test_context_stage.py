@@ -114,9 +114,9 @@ def test_compression_switches_itself_off_on_the_embedded_engine(gw):
 def test_a_priced_upstream_gets_compressed_and_the_compressor_is_charged():
     import asyncio
 
-    from tokenomy.backends.base import GenRequest
     from tokenomy.config import RouteSpec
     from tokenomy.context.tokens import TokenCount
+    from tokenomy.generation import GenRequest
     from tokenomy.pipeline.context import Context
     from tokenomy.pipeline.request import RequestContext
 

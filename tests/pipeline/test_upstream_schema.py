@@ -7,7 +7,7 @@ import httpx
 from tests.conftest import NO_CACHE, live_server
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
-from tokenomy.backends.base import GenRequest, Usage
+from tokenomy.generation import GenRequest, Usage
 from tokenomy.pipeline.generate import schema_problem
 from tokenomy.pipeline.request import Result
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tokenomy.backends.base import Usage
 from tokenomy.config import Config
 from tokenomy.engine.sampler import confidence
 from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.generation import Usage
 from tokenomy.router.token import StopScan, Tally, cut_segment
 
 

@@ -26,11 +26,11 @@ from tokenomy.api.errors import (
     unhandled_handler,
     validation_handler,
 )
-from tokenomy.api.schemas import ChatCompletionRequest, CompletionRequest
-from tokenomy.api.wire import ChunkWriter, chat_body, completion_body
-from tokenomy.backends.base import GenRequest
+from tokenomy.dialect.schemas import ChatCompletionRequest, CompletionRequest
+from tokenomy.dialect.wire import ChunkWriter, chat_body, completion_body
 from tokenomy.errors import APIError
 from tokenomy.gateway import Gateway
+from tokenomy.generation import GenRequest
 from tokenomy.pipeline.request import RequestContext
 
 
@@ -70,9 +70,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         body = await _parse_recorded(gateway, request, ChatCompletionRequest, "chat")
         assert isinstance(body, ChatCompletionRequest)
-        gen = GenRequest(model=body.model, kind="chat", messages=[m.plain() for m in body.messages],
-                         params=body.sampling(), tools=body.tools, tool_choice=body.tool_choice,
-                         response_format=body.response_format, user=body.user)
+        gen = body.gen_request()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await _serve(request, gateway, gen, body.stream, include_usage)
 
@@ -80,10 +78,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     async def completions(request: Request) -> Response:
         body = await _parse_recorded(gateway, request, CompletionRequest, "completion")
         assert isinstance(body, CompletionRequest)
-        if body.suffix:
-            raise APIError(400, "suffix is not supported", param="suffix")
-        gen = GenRequest(model=body.model, kind="completion", prompt=body.text, params=body.sampling(),
-                         user=body.user)
+        gen = body.gen_request()
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return await _serve(request, gateway, gen, body.stream, include_usage,
                             echo=body.text if body.echo else "")

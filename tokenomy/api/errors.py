@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokenomy.dialect.schemas import body_error
 from tokenomy.errors import APIError
 
 __all__ = ["APIError", "error_response"]
@@ -24,21 +25,7 @@ async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
 
 async def validation_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errs = exc.errors()
-    first = errs[0] if errs else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    if first.get("type") == "json_invalid":
-        msg = "We could not parse the JSON body of your request: " + str(first.get("ctx", {}).get("error", ""))
-        return error_response(APIError(400, msg.strip(), code="invalid_json"))
-    if first.get("type") == "model_attributes_type" or (not loc and first.get("type") == "dict_type"):
-        return error_response(APIError(400, "The request body must be a JSON object.", code="invalid_body"))
-    param = ".".join(loc) or None
-    msg = first.get("msg", "invalid request")
-    if first.get("type") == "missing":
-        msg = f"Missing required parameter: '{param}'."
-    elif param:
-        msg = f"Invalid value for '{param}': {msg}"
-    return error_response(APIError(400, msg, param=param, code="invalid_value"))
+    return error_response(body_error(list(exc.errors())))
 
 
 async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:

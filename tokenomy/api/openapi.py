@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from tokenomy.api.schemas import ChatCompletionRequest, CompletionRequest
+from tokenomy.dialect.schemas import ChatCompletionRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Overloaded, Usage
+from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
 from tokenomy.config import StructuredSettings
 from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineClient, EngineUnavailable
@@ -22,6 +22,7 @@ from tokenomy.engine.output import TokenLogprob
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import TemplateError
+from tokenomy.generation import Delta, GenRequest, Usage
 
 
 def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,

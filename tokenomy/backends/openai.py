@@ -16,9 +16,10 @@ from typing import Any
 
 import httpx
 
-from tokenomy.backends.base import BackendError, Delta, GenRequest, InvalidRequest, Usage
+from tokenomy.backends.base import BackendError, InvalidRequest
 from tokenomy.config import ModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
+from tokenomy.generation import Delta, GenRequest, Usage
 from tokenomy.meter.metrics import Metrics
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}

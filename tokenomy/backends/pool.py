@@ -32,12 +32,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tokenomy.backends.base import BackendError, Delta, GenRequest
+from tokenomy.backends.base import BackendError
 from tokenomy.backends.load_signals import LoadSignal, parse_prometheus, parse_slots
 from tokenomy.backends.openai import OpenAIBackend
 from tokenomy.backends.prefix_index import PrefixIndex, render
 from tokenomy.config import ModelSpec
 from tokenomy.context.tokens import TokenCount
+from tokenomy.generation import Delta, GenRequest
 from tokenomy.meter.metrics import Metrics
 
 log = logging.getLogger("tokenomy.pool")

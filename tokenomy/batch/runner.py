@@ -23,12 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from tokenomy.api.schemas import ChatCompletionRequest, CompletionRequest
-from tokenomy.api.wire import chat_body, completion_body
-from tokenomy.backends.base import GenRequest
 from tokenomy.batch.store import BatchStore, Item, new_id
+from tokenomy.dialect.schemas import gen_request
+from tokenomy.dialect.wire import chat_body, completion_body
 from tokenomy.errors import APIError
 from tokenomy.meter.budget import BudgetExceeded
 from tokenomy.pipeline.request import RequestContext
@@ -44,24 +41,9 @@ def request_id(item: Item, attempt: int) -> str:
 
 
 def to_context(endpoint: str, body: dict[str, Any], rid: str) -> RequestContext:
-    """The RequestContext the API would build for this body (APIError 400 when it does not validate)."""
-    schema: type[BaseModel] = ChatCompletionRequest if endpoint == "/v1/chat/completions" else CompletionRequest
-    try:
-        req = schema.model_validate({**body, "stream": False})
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(x) for x in first.get("loc", ())) or None
-        raise APIError(400, f"Invalid value for '{param}': {first.get('msg')}", param=param,
-                       code="invalid_value") from None
-    if isinstance(req, ChatCompletionRequest):
-        gen = GenRequest(model=req.model, kind="chat", messages=[m.plain() for m in req.messages],
-                         params=req.sampling(), tools=req.tools, tool_choice=req.tool_choice,
-                         response_format=req.response_format, priority="batch")
-    else:
-        assert isinstance(req, CompletionRequest)
-        gen = GenRequest(model=req.model, kind="completion", prompt=req.text, params=req.sampling(),
-                         priority="batch")
-    return RequestContext(gen=gen, request_id=rid)
+    """The RequestContext the API would build for this body, at batch priority (APIError 400 when it does not
+    validate)."""
+    return RequestContext(gen=gen_request(endpoint, body, priority="batch"), request_id=rid)
 
 
 class BatchRunner:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tokenomy.backends.base import GenRequest
+from tokenomy.generation import GenRequest
 
 KEPT_HEADERS = ("cache-control",)
 META_PREFIX = "x-tokenomy-meta-"

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tokenomy.backends.base import Usage
 from tokenomy.errors import APIError
+from tokenomy.generation import Usage
 from tokenomy.meter.energy import Energy, label
 from tokenomy.meter.pricing import PriceLike, cache_saving, cost, prefix_saving
 

@@ -13,8 +13,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from tokenomy.backends.base import Delta, Usage
 from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.generation import Delta, Usage
 from tokenomy.meter.row import CacheSaving
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, Result

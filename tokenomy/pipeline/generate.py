@@ -11,9 +11,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tokenomy.backends.base import BackendError, Delta, InvalidRequest, Overloaded
+from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
 from tokenomy.backends.registry import Registry
 from tokenomy.errors import APIError
+from tokenomy.generation import Delta
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, Result
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from tokenomy.backends.base import Delta, Usage
 from tokenomy.errors import APIError
+from tokenomy.generation import Delta, Usage
 from tokenomy.meter.metrics import Metrics
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext

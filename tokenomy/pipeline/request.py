@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.backends.base import Delta, GenRequest, Usage
 from tokenomy.errors import APIError
+from tokenomy.generation import Delta, GenRequest, Usage
 from tokenomy.meter.row import CacheSaving
 
 

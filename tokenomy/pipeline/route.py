@@ -30,9 +30,9 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from tokenomy.backends.base import Delta
 from tokenomy.config import RouteSpec
 from tokenomy.errors import APIError
+from tokenomy.generation import Delta
 from tokenomy.messages import last_user_text
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, RouteDecision

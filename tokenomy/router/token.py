@@ -29,7 +29,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.backends.base import BackendError, Delta, GenRequest, Usage
+from tokenomy.backends.base import BackendError
+from tokenomy.generation import Delta, GenRequest, Usage
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from tokenomy.backends.base import GenRequest
 from tokenomy.config import Config
+from tokenomy.generation import GenRequest
 from tokenomy.offline.replay.trace import Recorded, RowPrice, Trace
 from tokenomy.pipeline.request import RequestContext
 from tokenomy.pipeline.route import Route

@@ -144,7 +144,7 @@ async def sample_answers(backend: Any, requests: Sequence[dict[str, Any]], max_t
     """Greedy answers of `backend` (a Backend: embedded or openai) to each request, with their token logprobs.
 
     stream_buffer: judge only the first N tokens, as the route stage does for streamed answers."""
-    from tokenomy.backends.base import GenRequest
+    from tokenomy.generation import GenRequest
 
     gate = asyncio.Semaphore(max(1, concurrency))
     upstream = getattr(backend, "engine", None) is None     # an upstream only sends logprobs when asked

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenomy.backends.base import GenRequest
+from tokenomy.generation import GenRequest
 from tokenomy.router.token import TokenRouter, TokenSettings, large_prefix
 
 TOKENS_PER_HANDOVER = {"token": 1.0, "word": 1.3}

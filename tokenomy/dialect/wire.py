@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tokenomy.backends.base import Delta, Usage
+from tokenomy.generation import Delta, Usage
 from tokenomy.pipeline.request import RequestContext
 
 

@@ -1,11 +1,17 @@
 """OpenAI request bodies. Unknown fields are ignored (as vLLM does), known ones are type-checked strictly, as
-OpenAI checks them: "8" is not a number, "yes" and 1 are not booleans (an int still passes for a float)."""
+OpenAI checks them: "8" is not a number, "yes" and 1 are not booleans (an int still passes for a float).
+
+A body becomes the pipeline's internal request in one place, `gen_request`, for the HTTP routes and the batch
+worker alike; a body that does not validate gets the 400 `body_error` says."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tokenomy.errors import APIError
+from tokenomy.generation import GenRequest
 
 
 class _Body(BaseModel):
@@ -126,6 +132,11 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("tool_choice is only allowed when tools are specified")
         return self
 
+    def gen_request(self, priority: str = "interactive") -> GenRequest:
+        return GenRequest(model=self.model, kind="chat", messages=[m.plain() for m in self.messages],
+                          params=self.sampling(), tools=self.tools, tool_choice=self.tool_choice,
+                          response_format=self.response_format, user=self.user, priority=priority)
+
     def sampling(self) -> dict[str, Any]:
         d = super().sampling()
         if self.parallel_tool_calls is not None:
@@ -152,6 +163,12 @@ class CompletionRequest(_Sampling):
             raise ValueError("prompt must not be empty")
         return v
 
+    def gen_request(self, priority: str = "interactive") -> GenRequest:
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        return GenRequest(model=self.model, kind="completion", prompt=self.text, params=self.sampling(),
+                          user=self.user, priority=priority)
+
     @property
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else str(self.prompt[0])
@@ -164,3 +181,35 @@ class CompletionRequest(_Sampling):
             d["logprobs"] = True
             d["top_logprobs"] = self.logprobs
         return d
+
+
+BODIES: dict[str, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    "/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest}
+
+
+def body_error(errors: list[Any]) -> APIError:
+    """The 400 for a body that does not validate (pydantic's `errors()`), naming the first field at fault."""
+    first = errors[0] if errors else {}
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        msg = "We could not parse the JSON body of your request: " + str(first.get("ctx", {}).get("error", ""))
+        return APIError(400, msg.strip(), code="invalid_json")
+    if first.get("type") == "model_attributes_type" or (not loc and first.get("type") == "dict_type"):
+        return APIError(400, "The request body must be a JSON object.", code="invalid_body")
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "missing":
+        msg = f"Missing required parameter: '{param}'."
+    elif param:
+        msg = f"Invalid value for '{param}': {msg}"
+    return APIError(400, msg, param=param, code="invalid_value")
+
+
+def gen_request(endpoint: str, body: dict[str, Any], priority: str = "interactive") -> GenRequest:
+    """The internal request for a body sent to `endpoint` (a key of BODIES), not streamed; an APIError 400 when it
+    does not validate."""
+    try:
+        req = BODIES[endpoint].model_validate({**body, "stream": False})
+    except ValidationError as e:
+        raise body_error(e.errors()) from None
+    return req.gen_request(priority)

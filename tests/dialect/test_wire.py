@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from tokenomy.api.wire import usage_body
-from tokenomy.backends.base import Usage
+from tokenomy.dialect.wire import usage_body
+from tokenomy.generation import Usage
 
 OPENAI_KEYS = {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details",
                "completion_tokens_details"}

@@ -1,0 +1,76 @@
+"""One generation as every layer sees it: the internal request each dialect maps to (`GenRequest`), the pieces of
+its answer (`Delta`) and what it used (`Usage`). The pipeline hands it to backends, the meter prices it; it
+imports nothing of tokenomy, so every layer can.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenRequest:
+    """One generation, already validated. `messages` for chat, `prompt` for completions."""
+
+    model: str
+    kind: str = "chat"                                  # chat | completion
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)   # OpenAI sampling fields, normalised
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    request_id: str = ""
+    priority: str = "interactive"   # batch: served only in capacity interactive requests leave (docs/batch.md)
+    user: str | None = None                             # the client's `user` field (session affinity)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)   # the client's, lower-cased (a pool's
+    #                                                     session-affinity header)
+    stream: bool = True     # False: the caller only wants the whole answer, which a backend may deliver in one piece
+    # Token-level routing (router/token.py), embedded backends only: `prompt_ids` are the prompt's exact tokens (no
+    # template is rendered); `signal` asks for each token's confidence, `handover_below` ends the answer with
+    # finish_reason "handover" where it falls below (engine/sampling_params.py).
+    prompt_ids: list[int] | None = field(default=None, repr=False)
+    signal: str | None = None
+    handover_below: float | None = None
+    handover_after: int = 0
+    # A backend's count_tokens leaves its work here: (backend name, kind, messages, tools, prompt, token ids).
+    # Generating on the same backend from the very same inputs (identical objects, as dataclasses.replace keeps
+    # them) reuses the ids instead of rendering the template and tokenizing a second time; any new messages,
+    # tools or prompt object invalidates it.
+    counted: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class Delta:
+    """A piece of a streamed answer. The last one carries finish_reason and usage."""
+
+    text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] | None = None      # OpenAI delta tool_calls, passed through
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+    confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when the backend knows them
+    token_ids: list[int] = field(default_factory=list)      # the tokens of `text`, from an embedded backend
+    signals: list[float] = field(default_factory=list)      # each token's confidence, when GenRequest.signal asked
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    counted: bool = False        # True when we counted because the upstream sent no usage
+    queue_s: float = 0.0
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    mean_logprob: float | None = None
+    min_logprob: float | None = None
+    replica: str | None = None   # which replica of a pooled model served (backends/pool.py); None: not pooled
+    draft_tokens: int | None = None     # speculative draft tokens the engine fed for this answer (None: unknown)
+    draft_accepted: int | None = None   # ... and how many of them it accepted
+    handovers: int | None = None        # token-level routing: times the large model took over (None: not routed)
+    # an answer several models wrote (token-level routing): each model's own usage, in the order first used;
+    # the fields above are their sums, and each part is priced at its own model's price
+    parts: list[tuple[str, Usage]] = field(default_factory=list)
