@@ -1,5 +1,6 @@
 """Prometheus metrics, grouped by eight layers: hardware, communication, scheduling, engine, model, token, cost and
-business (deploy/grafana/tokenomy.json has a row for each). One registry per app (tests run several)."""
+business (deploy/grafana/tokenomy.json has a row for each). One registry per app (tests run several). Every
+metric tokenomy exports is defined here; the stages and backends that count into one take the `Metrics`."""
 
 from __future__ import annotations
 
@@ -200,6 +201,20 @@ class Metrics:
                                          ["model"], registry=r)
         self.spec_accepted = Counter("tokenomy_spec_decode_num_accepted_tokens_total", "Drafted tokens accepted",
                                      ["model"], registry=r)
+        # routing (pipeline/route.py) and token-level routing (router/token.py)
+        self.route_decisions = Counter("tokenomy_route_decisions_total", "Routing decisions", ["route", "model", "by"],
+                                       registry=r)
+        self.route_escalations = Counter("tokenomy_route_escalations_total", "Cascade escalations",
+                                         ["route", "from"], registry=r)
+        self.token_route_tokens = Counter("tokenomy_token_route_tokens_total", "Answer tokens of token-routed "
+                                          "answers by the model that wrote them (counted in the small model's "
+                                          "tokens)", ["route", "model"], registry=r)
+        self.token_route_handovers = Histogram("tokenomy_token_route_handovers", "Handovers to the large model per "
+                                               "answer", ["route"], buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128),
+                                               registry=r)
+        self.token_route_large_failures = Counter("tokenomy_token_route_large_failures_total", "Token-routed "
+                                                  "answers the small model finished alone because the large model "
+                                                  "failed", ["route"], registry=r)
         # model
         self.ttft = Histogram("tokenomy_ttft_seconds", "Time to first token", ["model"], buckets=LATENCY_BUCKETS,
                               registry=r)
@@ -217,6 +232,8 @@ class Metrics:
         # cost
         self.schema_cut = Counter("tokenomy_schema_cut_total", "Answers under a JSON response_format that ended at "
                                   "max_tokens inside the JSON", ["model"], registry=r)
+        self.schema_invalid = Counter("tokenomy_schema_invalid_total", "Upstream answers that failed their schema",
+                                      ["model", "action"], registry=r)
         self.cost = Counter("tokenomy_cost_usd_total", "USD spent", ["model"], registry=r)
         self.saved = Counter("tokenomy_saved_usd_total", "USD saved", ["by"], registry=r)
         # business

@@ -25,25 +25,17 @@ class Generate:
     def __init__(self, registry: Registry, schema_policy: dict[str, str] | None = None, metrics: Any = None) -> None:
         self.registry = registry
         self.schema_policy = schema_policy or {}      # upstream model -> flag | repair
-        self.invalid = self.token_metrics = None
-        if metrics is not None:
-            from prometheus_client import Counter
-
-            from tokenomy.router.token import TokenMetrics
-
-            self.invalid = Counter("tokenomy_schema_invalid_total", "Upstream answers that failed their schema",
-                                   ["model", "action"], registry=metrics.registry)
-            self.token_metrics = TokenMetrics(metrics.registry)
+        self.metrics = metrics                        # meter.metrics.Metrics (None: nothing counted)
 
     def _token_router(self, ctx: RequestContext, small: Any) -> Any:
         """The route's token-level router over its two models' backends (router/token.py)."""
-        from tokenomy.router.token import TokenRouter, large_prefix
+        from tokenomy.router.token import TokenRouter, large_prefix, observer
 
         t = ctx.token_route
         large = self.registry.get(t.large)
         done = None
-        if self.token_metrics is not None:
-            done = self.token_metrics.observer(ctx.route or "", t.small, t.large)
+        if self.metrics is not None:
+            done = observer(self.metrics, ctx.route or "", t.small, t.large)
         return TokenRouter(small, large, t, large_prefix(large, t.template, small), on_done=done)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
@@ -117,13 +109,13 @@ class Generate:
             repaired = await _collect(backend.stream(fix))
             ctx.escalations.append((name, result.usage))   # the first try is paid
             if schema_problem(req, repaired) is None:
-                if self.invalid is not None:
-                    self.invalid.labels(name, "repaired").inc()
+                if self.metrics is not None:
+                    self.metrics.schema_invalid.labels(name, "repaired").inc()
                 ctx.response_headers["x-tokenomy-schema"] = "repaired"
                 return repaired
             result, problem = repaired, schema_problem(req, repaired)
-        if self.invalid is not None:
-            self.invalid.labels(name, "flagged").inc()
+        if self.metrics is not None:
+            self.metrics.schema_invalid.labels(name, "flagged").inc()
         ctx.response_headers["x-tokenomy-schema"] = "invalid"
         ctx.schema_problem = problem
         return result

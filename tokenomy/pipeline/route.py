@@ -28,8 +28,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from prometheus_client import Counter
-
 from tokenomy.config import RouteSpec
 from tokenomy.errors import APIError
 from tokenomy.generation import Delta
@@ -47,17 +45,14 @@ class Route:
     name = "route"
 
     def __init__(self, models: list[str], routes: dict[str, RouteSpec], expected_wait: Callable[[str], float]
-                 | None = None, registry: Any = None) -> None:
+                 | None = None, metrics: Any = None) -> None:
+        """`metrics`: the gateway's meter.metrics.Metrics, which counts decisions and escalations (None: not
+        counted)."""
         self.models = models
         self.routes = routes
         self.expected_wait = expected_wait or (lambda _: 0.0)
+        self.metrics = metrics
         self._classifiers: dict[str, Any] = {}
-        self.decisions = self.escalations = None
-        if registry is not None:
-            self.decisions = Counter("tokenomy_route_decisions_total", "Routing decisions", ["route", "model", "by"],
-                                     registry=registry)
-            self.escalations = Counter("tokenomy_route_escalations_total", "Cascade escalations", ["route", "from"],
-                                       registry=registry)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         asked = ctx.gen.model
@@ -82,8 +77,8 @@ class Route:
                                  strategies=list(spec.strategies), signals=signals)
         ctx.route_decision = decision
         ctx.route_reason = f"route {asked}: {by}"
-        if self.decisions is not None:
-            self.decisions.labels(asked, ladder[0], by.split(" ")[0]).inc()
+        if self.metrics is not None:
+            self.metrics.route_decisions.labels(asked, ladder[0], by.split(" ")[0]).inc()
         if "token" in spec.strategies:
             self._token(ctx, spec, decision)
             await call_next(ctx)
@@ -196,8 +191,8 @@ class Route:
             decision.escalations.append({"from": ctx.model, "reasons": verdict.reasons})
             ctx.route_reason += f"; escalated from {ctx.model} ({', '.join(verdict.reasons)})"
             ctx.escalations.append((ctx.model or model, ctx.usage))
-            if self.escalations is not None:
-                self.escalations.labels(ctx.route or "", ctx.model or model).inc()
+            if self.metrics is not None:
+                self.metrics.route_escalations.labels(ctx.route or "", ctx.model or model).inc()
 
     async def _judge_stream(self, ctx: RequestContext, spec: RouteSpec
                             ) -> tuple[Verdict, AsyncIterator[Delta] | None]:

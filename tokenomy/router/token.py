@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,27 +292,14 @@ def _template(name: str) -> Any:
     return Tokenizer(Vocab(str(resolve_gguf(name)), vocab_only=True))
 
 
-class TokenMetrics:
-    """Prometheus: answer tokens by the model that wrote them, handovers per answer, large-model failures."""
+def observer(metrics: Any, route: str, small: str, large: str) -> Callable[[Tally, str | None], None]:
+    """What counts a finished token-routed answer into `metrics` (meter.metrics.Metrics, tokenomy_token_route_*):
+    its tokens by the model that wrote them, its handovers, a large model that failed."""
+    def done(tally: Tally, finish: str | None) -> None:
+        metrics.token_route_tokens.labels(route, small).inc(tally.small_tokens)
+        metrics.token_route_tokens.labels(route, large).inc(tally.large_tokens)
+        metrics.token_route_handovers.labels(route).observe(tally.handovers)
+        if tally.large_failed:
+            metrics.token_route_large_failures.labels(route).inc()
 
-    def __init__(self, registry: Any) -> None:
-        from prometheus_client import Counter, Histogram
-
-        self.tokens = Counter("tokenomy_token_route_tokens_total", "Answer tokens of token-routed answers by the "
-                              "model that wrote them (counted in the small model's tokens)", ["route", "model"],
-                              registry=registry)
-        self.handovers = Histogram("tokenomy_token_route_handovers", "Handovers to the large model per answer",
-                                   ["route"], buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128), registry=registry)
-        self.large_failures = Counter("tokenomy_token_route_large_failures_total", "Token-routed answers the "
-                                      "small model finished alone because the large model failed", ["route"],
-                                      registry=registry)
-
-    def observer(self, route: str, small: str, large: str) -> Any:
-        def done(tally: Tally, finish: str | None) -> None:
-            self.tokens.labels(route, small).inc(tally.small_tokens)
-            self.tokens.labels(route, large).inc(tally.large_tokens)
-            self.handovers.labels(route).observe(tally.handovers)
-            if tally.large_failed:
-                self.large_failures.labels(route).inc()
-
-        return done
+    return done
