@@ -18,6 +18,7 @@ from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
+from tokenomy.meter.pricing import PriceLike
 from tokenomy.meter.shared import SharedCounters
 from tokenomy.meter.sink import MeterSink
 from tokenomy.models import resolve_gguf
@@ -92,7 +93,8 @@ class Gateway:
             self.metrics.watch_limits(self.shared)
             self.shared.on_recover.append(lambda: self.budgets.reseed())   # the budgets of the latest reload
         admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open")
-        self.meter = MeterSink(self.ledger, {m.name: m.price for m in config.models}, self.metrics,
+        self.prices = {m.name: m.price for m in config.models}     # models change only with a restart
+        self.meter = MeterSink(self.ledger, self.prices, self.metrics,
                                self.budgets, self.energy, {m.name: m.backend for m in config.models},
                                store_prompts=led.stores_prompts if led is not None and led.store_prompts else None)
         durable = self._commit_ledger if self.ledger is not None and config.ledger_durable else None
@@ -100,11 +102,12 @@ class Gateway:
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
         self.exact_cache, self.semantic_cache = self._caches(config)
         self.metrics.watch_caches(self.cache_stores)
+        self.context = Context(self.count_tokens, self.routes, summarize=self.summarize, input_price=self.input_price,
+                               on_break=lambda reason: self.metrics.prefix_breaks.labels(reason).inc())
         self.pipeline = Pipeline([
             self.record,
             admit,
-            Context(self.count_tokens, self.routes, summarize=self.summarize, input_price=self.input_price,
-                    on_break=lambda reason: self.metrics.prefix_breaks.labels(reason).inc()),
+            self.context,
             Cache(self.exact_cache, self.semantic_cache, self.cost,
                   set(config.cache.semantic.routes) if config.cache.semantic.routes is not None else None),
             Route([m.name for m in config.models], self.routes,
@@ -196,13 +199,18 @@ class Gateway:
         return [(name, c.store) for name, c in (("exact", self.exact_cache), ("semantic", self.semantic_cache))
                 if c is not None]
 
-    def cost(self, model: str, usage: Usage) -> float:
+    def price(self, model: str, batch: bool = False) -> PriceLike | None:
+        """A configured model's price (by its name, else its gguf) for one request, the batch price for a batch
+        request (meter.pricing.price_of); None for a model not configured."""
+        models = self.config.models
+        spec = next((m for m in models if m.name == model), None) or next((m for m in models if m.gguf == model), None)
+        return pricing.price_of(self.prices, spec.name, batch) if spec is not None else None
+
+    def cost(self, model: str, usage: Usage, batch: bool = False) -> float:
         """USD for a generation: uncached input, cached input and output each at their own price."""
-        try:
-            p = self.config.model(model).price
-        except StopIteration:
+        p = self.price(model, batch)
+        if p is None:
             return 0.0
-        assert p is not None
         cached = min(usage.cached_tokens, usage.prompt_tokens)
         return pricing.cost(p, usage.prompt_tokens, cached, usage.completion_tokens).total_usd
 
@@ -231,8 +239,9 @@ class Gateway:
 
         engine.stats.on_step.append(on_step)
 
-    async def summarize(self, model: str, text: str, max_tokens: int) -> tuple[str, float]:
-        """A summary of `text` by `model` (compaction's summary model), and what it cost in USD."""
+    async def summarize(self, model: str, text: str, max_tokens: int, batch: bool = False) -> tuple[str, float]:
+        """A summary of `text` by `model` (compaction's summary model), and what it cost in USD (at the batch price
+        for a batch request's summary)."""
         from tokenomy.context.compaction import SUMMARY_PROMPT
         from tokenomy.pipeline.request import new_request_id
 
@@ -249,15 +258,15 @@ class Gateway:
                 usage = d.usage or usage
         finally:
             self.energy.pop(req.request_id)      # no row of its own: charged to the request it compacts
-        return "".join(parts), self.cost(model, usage) if usage is not None else 0.0
+        return "".join(parts), self.cost(model, usage, batch) if usage is not None else 0.0
 
-    def input_price(self, model: str) -> tuple[float, bool]:
+    def input_price(self, model: str, batch: bool = False) -> tuple[float, bool]:
         """USD per input token of a configured model (or a packaged model by name), and whether it is notional."""
         from tokenomy.models import PACKAGED
 
-        spec = next((m for m in self.config.models if m.name == model or m.gguf == model), None)
-        if spec is not None and spec.price is not None:
-            return spec.price.input / 1e6, spec.price.notional
+        p = self.price(model, batch)
+        if p is not None:
+            return p.input / 1e6, p.notional
         if model in PACKAGED:
             return PACKAGED[model].price_input / 1e6, True
         return 0.0, True

@@ -98,3 +98,43 @@ def test_redis_down_serves_uncached_and_counts_errors():
             r = chat(g, "Name a black animal.")
             assert r.status_code == 200 and r.headers["x-tokenomy-cache"] == "miss"
         assert g.gateway.exact_cache.errors >= 1
+
+
+def test_a_batch_answer_is_stored_at_the_batch_price_it_was_charged(tmp_path):
+    # The stored cost is what a later hit reports as saved; for a batch request it is what the batch row paid
+    # (the model's batch price), not the list price. No model runs: the upstream is never asked.
+    import asyncio
+
+    from tokenomy.config import Config
+    from tokenomy.gateway import Gateway
+    from tokenomy.generation import GenRequest, Usage
+    from tokenomy.pipeline.cache import cache_messages, cache_params
+    from tokenomy.pipeline.request import RequestContext, Result
+
+    cfg = Config.model_validate({
+        "models": [{"name": "up", "backend": "openai", "base_url": "http://127.0.0.1:9/v1",
+                    "price": {"input": 1.0, "cached_input": 0.5, "output": 2.0, "batch_discount": 0.5}}],
+        "cache": {"path": str(tmp_path), "semantic": {"enabled": False}}, "ledger": None})
+    gw = Gateway(cfg)
+    stage = next(s for s in gw.pipeline.stages if s.name == "cache")
+
+    async def generate(ctx: RequestContext) -> None:        # what the generate stage leaves behind
+        ctx.model, ctx.finish_reason = "up", "stop"
+        ctx.usage = Usage(prompt_tokens=1000, completion_tokens=500)
+        ctx.result = Result(text="an answer", finish_reason="stop", usage=ctx.usage)
+
+    async def run() -> dict[str, tuple[float, float]]:
+        paid = {}
+        for rid, batch in (("req_i", None), ("req_b", "batch_1")):
+            ctx = RequestContext(gen=GenRequest(model="up", messages=[{"role": "user", "content": rid}],
+                                                params={"temperature": 0}), request_id=rid, batch_id=batch)
+            await stage(ctx, generate)
+            gw.meter(ctx)
+            hit = gw.exact_cache.lookup(ctx.tenant, "up", cache_messages(ctx), cache_params(ctx))
+            paid[rid] = (ctx.cost_usd, hit.saved_usd)
+        await gw.close()
+        return paid
+
+    paid = asyncio.run(run())
+    assert paid["req_i"][0] == pytest.approx(0.002) and paid["req_b"][0] == pytest.approx(0.001)
+    assert all(charged == pytest.approx(stored) for charged, stored in paid.values())

@@ -43,9 +43,9 @@ def gw():
         calls = []
         real = stage.summarize
 
-        async def counting(model, text, n):
+        async def counting(model, text, n, batch):
             calls.append(text)
-            return await real(model, text, n)
+            return await real(model, text, n, batch)
 
         stage.summarize = counting
         s.summary_calls = calls
@@ -125,7 +125,7 @@ def test_a_priced_upstream_gets_compressed_and_the_compressor_is_charged():
 
     route = RouteSpec.model_validate({"models": ["up"], "context": {"compress": {"min_tokens": 32}}})
     prices = {"up": (0.2e-6, False), MODEL: (0.02e-6, True)}
-    stage = Context(count, {"up": route}, input_price=lambda m: prices.get(m, (0.0, True)))
+    stage = Context(count, {"up": route}, input_price=lambda m, batch: prices.get(m, (0.0, True)))
     text = "The harbour of the old town was rebuilt in 1890 after a storm, and the market moved near it. " * 6
     ctx = RequestContext(gen=GenRequest(model="up", messages=[{"role": "user", "content": text}]))
 

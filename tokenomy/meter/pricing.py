@@ -9,6 +9,7 @@ Cached prompt tokens are priced at the cached-input rate: never at the full inpu
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,15 @@ class PriceLike(Protocol):
     cached_input: float
     output: float
     notional: bool
+
+
+def price_of(prices: Mapping[str, PriceLike], model: str | None, batch: bool = False) -> PriceLike | None:
+    """A model's price for one request, from `prices` by model name (None for a model without one): a batch
+    request pays the model's batch price (`config.Price.for_batch`), any other its list price. Every price the
+    gateway charges, stores or weighs goes through here."""
+    price = prices.get(model) if model is not None else None
+    for_batch = getattr(price, "for_batch", None)
+    return for_batch() if batch and for_batch is not None else price
 
 
 @dataclass(frozen=True)

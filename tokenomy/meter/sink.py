@@ -13,7 +13,7 @@ from typing import Any, cast
 from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount
 from tokenomy.meter.ledger import Ledger
-from tokenomy.meter.pricing import PriceLike, cost, route_saving
+from tokenomy.meter.pricing import PriceLike, cost, price_of, route_saving
 from tokenomy.meter.prompts import Asked, prompt_from_context
 from tokenomy.meter.row import CACHE_HITS, Finished, LedgerRow, Saving, row_from_context
 
@@ -48,9 +48,7 @@ class MeterSink:
 
     def rate(self, model: str, ctx: Finished) -> PriceLike | None:
         """A model's price for this request: its batch price (config.Price.for_batch) for a batch request."""
-        price = self.prices.get(model)
-        for_batch = getattr(price, "for_batch", None)
-        return for_batch() if ctx.batch_id is not None and for_batch is not None else price
+        return price_of(self.prices, model, ctx.batch_id is not None)
 
     def top_price(self, ctx: Finished) -> PriceLike | None:
         """The price of the route's most capable candidate (the last; routes list models cheapest first) when a

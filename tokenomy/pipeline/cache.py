@@ -21,7 +21,7 @@ from tokenomy.pipeline.request import RequestContext, Result
 
 log = logging.getLogger("tokenomy.cache")
 
-CostFn = Callable[[str, Usage], float]
+CostFn = Callable[[str, Usage, bool], float]     # (model, usage, a batch request?) -> USD
 
 
 def cache_messages(ctx: RequestContext) -> list[dict[str, Any]]:
@@ -117,7 +117,7 @@ class Cache:
             response={"text": text, "finish_reason": ctx.finish_reason, "cached_tokens": u.cached_tokens,
                       "tool_calls": result.tool_calls if result is not None else None},
             chunks=chunks, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-            cost_usd=self.cost(ctx.model or ctx.gen.model, u), model=ctx.model or "")
+            cost_usd=self.cost(ctx.model or ctx.gen.model, u, ctx.batch_id is not None), model=ctx.model or "")
         try:
             if self.exact is not None:
                 self.exact.put(ctx.tenant, ctx.gen.model, msgs, params, entry)

@@ -31,10 +31,10 @@ from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import ContextWork, RequestContext
 
 Counter = Callable[[str, RequestContext], TokenCount]
-# (summary model, text, max tokens) -> (summary, USD)
-Summarizer = Callable[[str, str, int], Awaitable[tuple[str, float]]]
-# model name -> (input USD per token, notional?)
-InputPrice = Callable[[str], tuple[float, bool]]
+# (summary model, text, max tokens, a batch request?) -> (summary, USD)
+Summarizer = Callable[[str, str, int, bool], Awaitable[tuple[str, float]]]
+# (model name, a batch request?) -> (input USD per token, notional?)
+InputPrice = Callable[[str, bool], tuple[float, bool]]
 SWITCH = ("on", "off")
 
 
@@ -58,7 +58,7 @@ class Context:
         self.count = count
         self.routes = routes
         self.summarize = summarize
-        self.input_price = input_price or (lambda _m: (0.0, True))
+        self.input_price = input_price or (lambda _m, _b: (0.0, True))
         self.on_break = on_break
         self.tracker = tracker if tracker is not None else PrefixTracker()
         self.summaries = SummaryCache()
@@ -115,7 +115,7 @@ class Context:
                 model, summarizer = c.summary_model or target, self.summarize
 
                 async def summarize(text: str, n: int) -> tuple[str, float]:
-                    return await summarizer(model, text, n)
+                    return await summarizer(model, text, n, ctx.batch_id is not None)
             try:
                 done = await compact(messages, c, count, summarize, self.summaries,
                                      salt=f"{c.summary_model}:{c.max_summary_tokens}")
@@ -134,7 +134,7 @@ class Context:
                 work.cost_usd += done.cost_usd
                 work.summary_calls += done.summary_calls
         if s.compress is not None:
-            messages = await self._compress(messages, s.compress, target, work)
+            messages = await self._compress(messages, s.compress, target, work, ctx.batch_id is not None)
         if messages is not ctx.gen.messages and messages != ctx.gen.messages:
             ctx.gen = dataclasses.replace(ctx.gen, messages=messages, counted=None)
             tc = self.count(target, ctx)
@@ -172,15 +172,15 @@ class Context:
             comp.calibrate()
         return comp
 
-    async def _compress(self, messages: list[dict[str, Any]], s: Any, target: str,
-                        work: ContextWork) -> list[dict[str, Any]]:
+    async def _compress(self, messages: list[dict[str, Any]], s: Any, target: str, work: ContextWork,
+                        batch: bool) -> list[dict[str, Any]]:
         comp = await asyncio.to_thread(self.compressor, s.model)
         parts = await asyncio.to_thread(cz.long_parts, messages, s.protect, s.min_tokens, comp.scorer.count)
         tokens = sum(comp.scorer.count(p.text) for ps in parts for p in ps if not p.protected)
         if tokens == 0:
             return messages
-        price, notional = self.input_price(target)
-        comp_price, _ = self.input_price(s.model)
+        price, notional = self.input_price(target, batch)
+        comp_price, _ = self.input_price(s.model, batch)
         decision = cz.decide(tokens, s.target_ratio, cz.Costs(
             compressor_s_per_token=comp.s_per_token or 0.0,
             target_prefill_s_per_token=self.prefill_s_per_token.get(target),
