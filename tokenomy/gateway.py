@@ -332,6 +332,7 @@ class Gateway:
         if self.batch_runner is not None:
             await self.batch_runner.stop()
         await self.registry.close()
+        await asyncio.to_thread(self.context.close)
         if self.semantic_cache is not None:
             self.semantic_cache.close()
         if self.ledger is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -31,6 +32,18 @@ def test_compress_text_drops_predictable_words_and_keeps_numbers_and_names() -> 
     out = compress_text(s, 2.0)
     assert " 1998" in out and " Alice" in out and out.startswith("The") and out.endswith(".")
     assert " on" not in out and " the" not in out and len(out) < len("".join(pieces))
+
+
+def test_the_scorer_runs_in_an_engine_process_and_a_likely_word_surprises_less(scorer: Scorer) -> None:
+    assert scorer.engine.pid is not None and scorer.engine.pid != os.getpid()    # no llama context in here
+    likely, unlikely = scorer.score("The capital of France is Paris"), scorer.score("The capital of France is soup")
+    assert likely.pieces[:-1] == unlikely.pieces[:-1] and likely.pieces[-1] != unlikely.pieces[-1]
+    assert likely.surprisal[0] == np.inf and np.isfinite(likely.surprisal[1:]).all() and likely.seconds > 0
+    assert likely.surprisal[-1] < unlikely.surprisal[-1]
+    with pytest.raises(RuntimeError, match="unknown call"):       # a failed call fails alone
+        scorer.engine.call("no_such_call")
+    again = scorer.score("The capital of France is Paris").surprisal
+    assert np.allclose(again[1:], likely.surprisal[1:], rtol=1e-3, atol=1e-3)
 
 
 def test_real_prompt_halves_and_keeps_the_question(scorer: Scorer) -> None:

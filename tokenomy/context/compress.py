@@ -17,8 +17,6 @@ compressor as costly as the prefill it saves (the same small model on the same C
 from __future__ import annotations
 
 import re
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,46 +36,40 @@ class Scored:
 
 
 class Scorer:
-    """Token surprisal from a small GGUF model on its own llama.cpp context (one sequence, `window` tokens a
-    decode, logits at every position)."""
+    """Token surprisal from a small GGUF model, scored in an engine process of its own (engine/client.py; the
+    gateway holds only the model's vocabulary): `window` tokens a decode, logits at every position."""
 
     def __init__(self, model: str, n_threads: int = 1, window: int = 512) -> None:
+        from tokenomy.engine.client import EngineClient
         from tokenomy.engine.config import EngineConfig
-        from tokenomy.engine.runner import ModelRunner
         from tokenomy.models import resolve_gguf
 
         self.window = window
-        self.runner = ModelRunner(str(resolve_gguf(model)), EngineConfig(
-            n_ctx=max(window, 256), max_running=1, max_retired=0, max_batch_tokens=window, n_threads=n_threads))
-        self.lock = threading.Lock()
+        self.engine = EngineClient(str(resolve_gguf(model)), EngineConfig(
+            n_ctx=max(window, 256), max_running=1, max_retired=0, max_batch_tokens=window, n_threads=n_threads,
+            kv_tier_ram_mb=0, speculative=False), name=f"compressor {model}")
 
     def tokenize(self, text: str) -> list[int]:
-        return self.runner.tokenize(text, add_special=False, parse_special=False)
+        return self.engine.vocab.tokenize(text, add_special=False, parse_special=False)
 
     def count(self, text: str) -> int:
         return len(self.tokenize(text)) if text else 0
 
-    def score(self, text: str) -> Scored:
-        from tokenomy.engine.runner import Chunk
+    def score_ids(self, ids: list[int]) -> tuple[np.ndarray, float]:
+        """(each token's surprisal, the model's seconds) (engine.core.Core.score)."""
+        if not ids:
+            return np.zeros(0, dtype=np.float32), 0.0
+        surprisal, seconds = self.engine.score(ids, self.window)
+        return np.asarray(surprisal, dtype=np.float32), float(seconds)
 
+    def score(self, text: str) -> Scored:
         ids = self.tokenize(text)
-        out = np.full(len(ids), np.inf, dtype=np.float32)
-        t0 = time.perf_counter()
-        with self.lock:
-            for w in range(0, len(ids), self.window):
-                part = ids[w:w + self.window]
-                self.runner.clear()
-                logits = self.runner.decode([Chunk(0, part, 0, logits=len(part))])
-                rows = logits[:-1].astype(np.float64)
-                top = rows.max(axis=1)
-                lse = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
-                out[w + 1:w + len(part)] = lse - rows[np.arange(len(part) - 1), part[1:]]
-        seconds = time.perf_counter() - t0
-        pieces = [self.runner.piece(t).decode("utf-8", errors="replace") for t in ids]
-        return Scored(pieces, out, seconds)
+        surprisal, seconds = self.score_ids(ids)
+        pieces = [self.engine.vocab.piece(t).decode("utf-8", errors="replace") for t in ids]
+        return Scored(pieces, surprisal, seconds)
 
     def close(self) -> None:
-        self.runner.close()
+        self.engine.stop()
 
 
 def compress_text(scored: Scored, ratio: float) -> str:
@@ -224,16 +216,10 @@ class Compressor:
 
     def calibrate(self, tokens: int = 256) -> float:
         """Time one scoring pass over `tokens` tokens (the timing does not depend on the words)."""
-        from tokenomy.engine.runner import Chunk
-
         ids = list(range(1000, 1000 + min(tokens, self.scorer.window)))
-        with self.scorer.lock:
-            self.scorer.runner.clear()
-            t0 = time.perf_counter()
-            self.scorer.runner.decode([Chunk(0, ids, 0, logits=len(ids))])
-            dt = time.perf_counter() - t0
-        self.observe(dt, len(ids))
-        return dt / len(ids)
+        _, seconds = self.scorer.score_ids(ids)
+        self.observe(seconds, len(ids))
+        return seconds / len(ids)
 
     def observe(self, seconds: float, tokens: int) -> None:
         if tokens <= 0:

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.core import ConstraintSpec, StepReport
+from tokenomy.engine.core import SCORE_TIMEOUT_S, ConstraintSpec, StepReport
 from tokenomy.engine.engine import StepStats
 from tokenomy.engine.kv_tier import TierStats
 from tokenomy.engine.sampling_params import SamplingParams
@@ -169,8 +169,10 @@ class EngineClient:
                     self._dispatch(rid, ev)
             elif msg[0] == "reply":
                 fut = self._calls.pop(msg[1], None)
-                if fut is not None:
+                if fut is not None and msg[3] is None:
                     fut.set_result(msg[2])
+                elif fut is not None:
+                    fut.set_exception(RuntimeError(f"the engine for model {self.name!r} could not answer: {msg[3]}"))
         _reap(proc)
         if self.state != "stopped":
             self._crashed(describe_exit(proc.returncode))
@@ -263,13 +265,23 @@ class EngineClient:
             except EngineUnavailable:
                 pass
 
-    def call(self, name: str, timeout: float = 30.0) -> Any:
-        """Ask the engine process something (core.Core._call): "state", "clear_cache"."""
+    def call(self, name: str, *args: Any, timeout: float = 30.0) -> Any:
+        """Ask the engine process something (core.Core._call): "state", "clear_cache", "score"; RuntimeError
+        when the call failed there, EngineUnavailable when the process is not up or died meanwhile."""
         fut: Future[Any] = Future()
         cid = next(self._ids)
         self._calls[cid] = fut
-        self._send(("call", cid, name))
+        try:
+            self._send(("call", cid, name, *args))
+        except EngineUnavailable:
+            self._calls.pop(cid, None)
+            raise
         return fut.result(timeout)
+
+    def score(self, ids: list[int], window: int) -> tuple[Any, float]:
+        """Each token's surprisal in windows of `window` tokens, and the model's seconds (core.Core.score): for an
+        engine that serves nothing else, as a prompt compressor's does."""
+        return self.call("score", list(ids), window, timeout=SCORE_TIMEOUT_S + 30)
 
     def clear_cache(self) -> None:
         self.call("clear_cache")

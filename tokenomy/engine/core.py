@@ -4,9 +4,9 @@ The loop itself (engine.py) is unchanged; this module only moves requests and re
 Messages are tuples:
 
     in:   ("submit", rid, prompt, SamplingParams, ConstraintSpec | None, request_id, stream)
-          ("cancel", rid)    ("call", cid, name)    ("stop",)
+          ("cancel", rid)    ("call", cid, name, *args)    ("stop",)
     out:  ("ready", info)    ("failed", message)    ("step", StepReport, [(rid, TokenEvent), ...])
-          ("reply", cid, value)
+          ("reply", cid, value, error)     (error: None, or why the call failed)
 
 One "step" message carries a step's statistics and every event it produced, so a step costs one write however
 many sequences it ran; a request that is not streamed gets one event, at its end, so the gateway (which shares
@@ -22,10 +22,13 @@ import logging
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
+
+import numpy as np
 
 from tokenomy.engine.engine import Engine, QueueFull
 from tokenomy.engine.kv_tier import TierStats
@@ -35,6 +38,7 @@ from tokenomy.engine.sequence import TokenEvent
 log = logging.getLogger("tokenomy.engine")
 
 SELF_CHECK_TOKENS = 4
+SCORE_TIMEOUT_S = 600.0     # the longest a "score" call may hold the engine thread
 
 
 @dataclass
@@ -158,7 +162,10 @@ class Core:
                 elif msg[1] in self._compiling:
                     self._cancelled_early.add(msg[1])
             elif kind == "call":
-                self.send(("reply", msg[1], self._call(msg[2])))
+                try:
+                    self.send(("reply", msg[1], self._call(msg[2], *msg[3:]), None))
+                except Exception as e:       # a failed call fails that call, not the process
+                    self.send(("reply", msg[1], None, f"{type(e).__name__}: {e}"))
             elif kind == "stop":
                 return
 
@@ -238,8 +245,9 @@ class Core:
                 self._compiler = GrammarCompiler(tokenizer_from_vocab(r.vocab, n_vocab=r.n_vocab))
             return self._compiler
 
-    def _call(self, name: str) -> Any:
-        """Introspection and maintenance for tests and operators; runs beside the loop, so reads are a snapshot."""
+    def _call(self, name: str, *args: Any) -> Any:
+        """Introspection and maintenance for tests and operators ("state", "clear_cache"; runs beside the loop, so
+        reads are a snapshot), and "score" (ids, window) -> (surprisal, seconds): see `score`."""
         s = self.engine.scheduler
         if name == "state":
             return {"running": len(s.running), "waiting": self.engine.queue_depth, "used_cells": s.used_cells,
@@ -247,7 +255,44 @@ class Core:
         if name == "clear_cache":
             self.engine.run_in_loop(s.clear_cache)
             return True
+        if name == "score":
+            return self.score(*args)
         raise ValueError(f"unknown call {name}")
+
+    def score(self, ids: list[int], window: int, timeout: float = SCORE_TIMEOUT_S) -> tuple[np.ndarray, float]:
+        """Each token's surprisal, -log p(token | the tokens before it in its window of `window` tokens) (inf for a
+        window's first token: no context to judge it), and the seconds the model took. The engine of a scorer
+        (context/compress.py) serves no sequences: scoring takes its whole KV, so a busy engine refuses."""
+        if self.engine.running or self.engine.queue_depth or self._seqs:
+            raise RuntimeError("this engine is serving requests; scoring needs an engine of its own")
+        if not 0 < window <= self.engine.cfg.max_batch_tokens:
+            raise ValueError(f"window {window} is not within 1..max_batch_tokens ({self.engine.cfg.max_batch_tokens})")
+        out: list[tuple[np.ndarray, float]] = []
+        self.engine.run_in_loop(lambda: out.append(surprisal(self.engine, ids, window)), timeout)
+        if not out:
+            raise TimeoutError(f"scoring {len(ids)} tokens did not finish in {timeout:g} s")
+        return out[0]
+
+
+def surprisal(engine: Engine, ids: list[int], window: int) -> tuple[np.ndarray, float]:
+    """Core.score's work, on the engine thread: one decode per window, logits at every position."""
+    from tokenomy.engine.runner import Chunk
+
+    runner = engine.runner
+    out = np.full(len(ids), np.inf, dtype=np.float32)
+    t0 = time.perf_counter()
+    engine.scheduler.clear_cache()
+    try:
+        for w in range(0, len(ids), window):
+            part = ids[w:w + window]
+            runner.clear()
+            rows = runner.decode([Chunk(0, part, 0, logits=len(part))])[:-1].astype(np.float64)
+            top = rows.max(axis=1)
+            lse = top + np.log(np.exp(rows - top[:, None]).sum(axis=1))
+            out[w + 1:w + len(part)] = lse - rows[np.arange(len(part) - 1), part[1:]]
+    finally:
+        runner.clear()
+    return out, time.perf_counter() - t0
 
 
 def main(fd: int) -> None:

@@ -165,6 +165,12 @@ class Context:
         work.actions.append(f"rewrite=moved {len(moved)} volatile line(s) to the end")
         return out
 
+    def close(self) -> None:
+        """Stop the compressors' engine processes."""
+        for comp in self.compressors.values():
+            comp.scorer.close()
+        self.compressors.clear()
+
     def compressor(self, model: str) -> cz.Compressor:
         comp = self.compressors.get(model)
         if comp is None:
