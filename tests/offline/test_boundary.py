@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.test_layers import imported_modules
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tokenomy"
 ENTRY_POINTS = {PACKAGE / "cli.py"}  # the `tokenomy` command registers `tokenomy router ...`
-
-
-def _imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
 
 
 def test_no_runtime_module_imports_the_offline_tools() -> None:
     offline = PACKAGE / "offline"
     runtime = [p for p in PACKAGE.rglob("*.py") if offline not in p.parents and p not in ENTRY_POINTS]
     assert len(runtime) > 50
-    found = {str(p.relative_to(PACKAGE.parent)): sorted(n for n in _imports(p) if n.startswith("tokenomy.offline"))
-             for p in runtime}
+    found = {str(p.relative_to(PACKAGE.parent)): sorted(n for n in imported_modules(p)
+                                                        if n.startswith("tokenomy.offline")) for p in runtime}
     assert {k: v for k, v in found.items() if v} == {}
