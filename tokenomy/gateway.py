@@ -10,7 +10,7 @@ from typing import Any
 from tokenomy.backends.base import GenRequest, Usage
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
-from tokenomy.config import Config, ConfigError, ModelSpec, load_config
+from tokenomy.config import Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.meter import pricing
@@ -37,7 +37,7 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
                   n_threads: int | None = None) -> Any:
     """The backend for one configured model: the embedded engine (started here, with the model's engine and
     structured settings; ``n_threads`` overrides the engine's threads) or the OpenAI-compatible upstream."""
-    if spec.backend == "embedded":
+    if isinstance(spec, EmbeddedModelSpec):
         cfg = spec.engine or config.engine
         if n_threads is not None:
             cfg = cfg.model_copy(update={"n_threads": n_threads})
@@ -255,7 +255,8 @@ class Gateway:
         """USD per input token of a configured model (or a packaged model by name), and whether it is notional."""
         from tokenomy.models import PACKAGED
 
-        spec = next((m for m in self.config.models if m.name == model or m.gguf == model), None)
+        spec = next((m for m in self.config.models
+                     if m.name == model or isinstance(m, EmbeddedModelSpec) and m.gguf == model), None)
         if spec is not None and spec.price is not None:
             return spec.price.input / 1e6, spec.price.notional
         if model in PACKAGED:
