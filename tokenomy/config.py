@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from tokenomy import home
 from tokenomy.engine.config import EngineConfig
 from tokenomy.models import DEFAULT_MODEL, PACKAGED
 
@@ -455,8 +456,9 @@ class SemanticCacheSettings(_Strict):
 class CacheSettings(_Strict):
     """The response caches, in front of every model."""
 
-    path: str = Field("tokenomy-cache", description="directory of the caches' SQLite files and ANN index "
-                      "(relative: to the working directory)")
+    path: str | None = Field(None, description="directory of the caches' SQLite files and ANN index; null: cache/ "
+                             "in the data directory ($TOKENOMY_HOME, else $XDG_DATA_HOME/tokenomy, else "
+                             "~/.local/share/tokenomy)")
     store: str = Field("local", description="where cached answers live: local (SQLite under `path`) or "
                        "redis://host:port/db (shared by gateway replicas)")
     exact: ExactCacheSettings = Field(ExactCacheSettings(), description="the exact-match cache")
@@ -467,6 +469,10 @@ class CacheSettings(_Strict):
         if self.store != "local" and not self.store.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("cache.store must be 'local' or a redis:// URL")
         return self
+
+    def directory(self) -> Path:
+        """Where the caches' local files go: `path`, or the data directory's cache/."""
+        return Path(self.path).expanduser() if self.path else home.cache_path()
 
 
 class LimitsSettings(_Strict):
@@ -510,8 +516,9 @@ class LedgerSettings(_Strict):
     Bodies are personal data: off by default, per tenant when `store_prompts_tenants` lists them, deleted once
     older than `retention_days` (the rows themselves are kept)."""
 
-    url: str = Field("sqlite:///tokenomy.db", description="sqlite:///FILE (relative: to the working directory) "
-                     "or postgresql://user@host/db")
+    url: str | None = Field(None, description="sqlite:///FILE or postgresql://user@host/db; null: ledger.db in "
+                            "the data directory ($TOKENOMY_HOME, else $XDG_DATA_HOME/tokenomy, else "
+                            "~/.local/share/tokenomy)")
     store_prompts: bool = Field(False, description="keep request bodies and answers beside the rows")
     store_prompts_tenants: list[str] | None = Field(None, description="only these tenants' bodies; null: every "
                                                     "tenant's (when store_prompts is on)")

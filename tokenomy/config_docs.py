@@ -27,6 +27,10 @@ validates a file without starting anything and names each bad key; `tokenomy con
 writes the JSON Schema, so an editor completes and checks the file (with the YAML language server, first line
 `# yaml-language-server: $schema=tokenomy.schema.json`).
 
+State lives in a per-user data directory unless the file says otherwise: `$TOKENOMY_HOME` when set, else
+`$XDG_DATA_HOME/tokenomy`, else `~/.local/share/tokenomy`. The ledger is `ledger.db` there (`ledger.url`), the
+response caches `cache/` (`cache.path`); `tokenomy serve` prints both at start.
+
 Each section below is one mapping of the file, at the path in its heading (`[]`: each item of a list, `<name>`: a
 key you choose). Types: `null` means the key may be set to null (`~`); constraints follow the type.
 """

@@ -159,15 +159,14 @@ class Gateway:
         return b
 
     def _caches(self, config: Config) -> tuple[Any, Any]:
-        from pathlib import Path
-
         from tokenomy.cache.exact import ExactCache
         from tokenomy.cache.semantic import SemanticCache
         from tokenomy.cache.store import RedisStore, SQLiteStore
 
         c = config.cache
-        path = Path(c.path)
-        path.mkdir(parents=True, exist_ok=True)
+        path = c.directory()
+        if c.exact.enabled or c.semantic.enabled:
+            path.mkdir(parents=True, exist_ok=True)
 
         def store(namespace: str, max_entries: int) -> Any:
             if c.store == "local":
