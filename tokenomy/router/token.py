@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenomy.backends.base import BackendError, Delta, GenRequest, Usage
+from tokenomy.engine.stops import StopScan
 
 
 @dataclass(frozen=True)
@@ -81,39 +82,6 @@ def cut_segment(text: str, segment: str) -> str:
     while j < len(text) and not text[j].isspace():
         j += 1
     return text[:j] if j < len(text) else text
-
-
-class StopScan:
-    """Stop strings over the whole answer, across the models' pieces: what may be sent now (a tail that could
-    start a stop string is held back) and whether a stop string matched (the text is cut before it)."""
-
-    def __init__(self, stop: list[str]) -> None:
-        self.stop = [s for s in stop if s]
-        self.text = ""
-        self.sent = 0
-
-    def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
-        self.text += piece
-        if not self.stop:
-            out, self.sent = self.text[self.sent:], len(self.text)
-            return out, False
-        start = max(0, self.sent - max(len(s) for s in self.stop) + 1)
-        hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
-        if hits:
-            cut = min(hits)
-            out, self.text = self.text[self.sent:cut], self.text[:cut]
-            self.sent = cut
-            return out, True
-        keep = 0
-        if not final:
-            for s in self.stop:
-                for k in range(min(len(s) - 1, len(self.text) - self.sent), 0, -1):
-                    if self.text.endswith(s[:k]):
-                        keep = max(keep, k)
-                        break
-        end = len(self.text) - keep
-        out, self.sent = self.text[self.sent:end], end
-        return out, False
 
 
 class TokenRouter:
