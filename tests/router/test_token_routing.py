@@ -11,7 +11,7 @@ from tokenomy.backends.base import Usage
 from tokenomy.config import Config
 from tokenomy.engine.sampler import confidence
 from tokenomy.engine.sampling_params import SamplingParams
-from tokenomy.router.token import Tally, cut_segment
+from tokenomy.router.token_routing import Tally, cut_segment
 
 
 def test_word_segments_end_where_the_next_word_starts():
