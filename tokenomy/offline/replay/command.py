@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tokenomy.cli_output import emit
 from tokenomy.meter.ledger import DEFAULT_URL
-from tokenomy.output import emit
 
 HELP_WHAT = "cache, route, price or all."
 
