@@ -18,9 +18,9 @@ from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineClient, EngineUnavailable
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec
-from tokenomy.engine.output import TokenLogprob
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
+from tokenomy.engine.sequence_output import TokenLogprob
 from tokenomy.engine.tokenizer import TemplateError
 
 

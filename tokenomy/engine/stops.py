@@ -1,9 +1,10 @@
 """Stop strings over a growing text: what may be sent now, and where a stop string cuts it.
 
-One scanner for every answer that can end at a stop string: a sequence's own output (engine/output.py)
-and a token-routed answer written by two models in turns (router/token_routing.py), where a stop string may span
-the models' pieces. A tail of the text that could be the start of a stop string is held back until the next piece
-shows whether it is one; a matched stop string cuts the text before it, and nothing after the cut is ever sent.
+One scanner for every answer that can end at a stop string: a sequence's own output
+(engine/sequence_output.py) and a token-routed answer written by two models in turns (router/token_routing.py),
+where a stop string may span the models' pieces. A tail of the text that could be the start of a stop string is
+held back until the next piece shows whether it is one; a matched stop string cuts the text before it, and nothing
+after the cut is ever sent.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ A token-routed request, file by file (this module is step 3):
    model stays the fallback that answers whole when the small one cannot serve.
 3. Here, `TokenRouter.stream`: the loop below.
 4. `backends/embedded.py` turns a part's `TokenRouting` (backends/base.py: the exact prompt ids, the signal, the
-   handover threshold) into the engine's SamplingParams; `engine/output.py` ends the sequence with
+   handover threshold) into the engine's SamplingParams; `engine/sequence_output.py` ends the sequence with
    finish_reason "handover" before sampling a token whose signal is below the threshold
    (`engine/sampler.confidence` computes the signal).
 5. `engine/stops.py`, `StopScan`: stop strings, matched here over the whole answer across the models' pieces,

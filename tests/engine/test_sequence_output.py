@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenomy.engine.output import SequenceOutput
 from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.sequence_output import SequenceOutput
 from tokenomy.engine.vocab import Vocab
 from tokenomy.models import resolve_gguf
 
