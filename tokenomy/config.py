@@ -267,19 +267,20 @@ class CascadeSettings(_Strict):
 
 
 class TokenRouteSettings(_Strict):
-    """Token-level routing (router/token.py): the route's first model writes, its second takes over where the first
-    is unsure. `threshold` is on the `signal` (lower is less sure; `tokenomy router calibrate --token` picks one
-    for a target share of large-model tokens)."""
+    """Token-level routing (router/token_routing.py), the one settings class of a `token` route: the route's first
+    model writes, its second takes over where the first is unsure. `threshold` is on the `signal` (lower is less
+    sure; `tokenomy router calibrate --token` picks one for a target share of large-model tokens)."""
 
     signal: Literal["top1", "margin", "entropy"] = Field(
-        "entropy", description="the small model's certainty at each step: top1 (log-probability of its best "
-        "token), margin (best minus second), entropy (negated entropy of the distribution, nats)")
+        "entropy", description="how sure the small model is of its next token (engine/sampler.confidence): top1, "
+                               "the most likely token's probability; margin, the first minus the second; entropy, "
+                               "the negated entropy in nats. Lower is less sure for all three")
     threshold: float = Field(-3.2, description="hand over when the small model's signal is below this (entropy: "
                              "the negated entropy in nats; -3.2 gave SmolLM2 about 20% large-model tokens on "
                              "docs/token_routing.md's prompts)")
     segment: Literal["word", "token"] = Field(
-        "word", description="what the large model writes when it takes over: the rest of a word (up to "
-        "max_segment_tokens) or one token")
+        "word", description="what the large model's turn keeps: word, its text up to the end of its first word; "
+                            "token, its one token")
     max_segment_tokens: int = Field(4, ge=1, le=64, description="segment word: the most the large model writes")
     template: str | None = Field(
         None, description="an upstream large model's chat template: a packaged model name or GGUF path whose "

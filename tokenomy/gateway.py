@@ -109,7 +109,7 @@ class Gateway:
                   set(config.cache.semantic.routes) if config.cache.semantic.routes is not None else None),
             Route([m.name for m in config.models], self.routes,
                   expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
-                  registry=self.metrics.registry),
+                  registry=self.metrics.registry, backends=self.registry),
             Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend == "openai"},
                      self.metrics),
         ])

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
+from tokenomy.cli_output import emit
 from tokenomy.meter.ledger import Ledger, LedgerError, normalize_url
 from tokenomy.meter.report import BY, FORMATS, build, parse_time, render
-from tokenomy.output import emit
 
 
 def _sqlite_path(url: str) -> Path | None:

@@ -24,26 +24,12 @@ class Generate:
     def __init__(self, registry: Registry, schema_policy: dict[str, str] | None = None, metrics: Any = None) -> None:
         self.registry = registry
         self.schema_policy = schema_policy or {}      # upstream model -> flag | repair
-        self.invalid = self.token_metrics = None
+        self.invalid = None
         if metrics is not None:
             from prometheus_client import Counter
 
-            from tokenomy.router.token import TokenMetrics
-
             self.invalid = Counter("tokenomy_schema_invalid_total", "Upstream answers that failed their schema",
                                    ["model", "action"], registry=metrics.registry)
-            self.token_metrics = TokenMetrics(metrics.registry)
-
-    def _token_router(self, ctx: RequestContext, small: Any) -> Any:
-        """The route's token-level router over its two models' backends (router/token.py)."""
-        from tokenomy.router.token import TokenRouter, large_prefix
-
-        t = ctx.token_route
-        large = self.registry.get(t.large)
-        done = None
-        if self.token_metrics is not None:
-            done = self.token_metrics.observer(ctx.route or "", t.small, t.large)
-        return TokenRouter(small, large, t, large_prefix(large, t.template, small), on_done=done)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         failures: list[str] = []
@@ -54,8 +40,8 @@ class Generate:
                 ctx.attempts.append({"model": name, "outcome": "cooling"})
                 continue
             backend = self.registry.get(name)
-            if ctx.token_route is not None and name == ctx.token_route.small:
-                backend = self._token_router(ctx, backend)
+            if ctx.token_router is not None and name == ctx.token_router.name:
+                backend = ctx.token_router      # the small model's turn of a token route (router/token_routing.py)
             req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream,
                                       headers=ctx.headers)
             ctx.serving = name

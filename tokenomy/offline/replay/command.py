@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tokenomy.output import emit
+from tokenomy.cli_output import emit
 
 HELP_WHAT = "cache, route, price or all."
 
