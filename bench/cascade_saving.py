@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tokenomy.config import CascadeSettings, ModelSpec  # noqa: E402
+from tokenomy.config import CascadeSettings, EmbeddedModelSpec  # noqa: E402
 from tokenomy.meter.pricing import cost  # noqa: E402
 from tokenomy.offline.router.floors import Answer, choose_floors, sample_answers  # noqa: E402
 from tokenomy.router.cascade import judge  # noqa: E402
@@ -87,7 +87,8 @@ QUESTIONS = [
 ]
 
 
-async def answer(spec: ModelSpec, prompts: list[str], max_tokens: int, threads: int) -> list[Answer]:
+async def answer(spec: EmbeddedModelSpec, prompts: list[str], max_tokens: int,
+                 threads: int) -> list[Answer]:
     from tokenomy.backends.embedded import EmbeddedBackend
     from tokenomy.engine.config import EngineConfig
     from tokenomy.models import resolve_gguf
@@ -103,7 +104,7 @@ async def answer(spec: ModelSpec, prompts: list[str], max_tokens: int, threads: 
 
 
 def replay(settings: CascadeSettings | None, small: list[Answer], big: list[Answer], answers: list[str],
-           small_spec: ModelSpec, big_spec: ModelSpec) -> dict:
+           small_spec: EmbeddedModelSpec, big_spec: EmbeddedModelSpec) -> dict:
     """One policy on the measured half: None = always big; a CascadeSettings whose floors never fire and with no
     other signal = always small."""
     usd, esc, right, tokens = 0.0, 0, 0, 0
@@ -130,8 +131,8 @@ def main() -> None:
     ap.add_argument("--swap", action="store_true", help="calibrate on the odd half, measure on the even one")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    small_spec = ModelSpec(name="small", gguf="smollm2-135m-instruct")
-    big_spec = ModelSpec(name="big", gguf="gemma3-270m")
+    small_spec = EmbeddedModelSpec(name="small", gguf="smollm2-135m-instruct")
+    big_spec = EmbeddedModelSpec(name="big", gguf="gemma3-270m")
     cal_idx, test_idx = list(range(0, len(QUESTIONS), 2)), list(range(1, len(QUESTIONS), 2))
     if args.swap:
         cal_idx, test_idx = test_idx, cal_idx

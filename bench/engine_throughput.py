@@ -118,7 +118,8 @@ def start_server(port: int, layout: str, tmp: str) -> subprocess.Popen:
     with open(cfg, "w") as f:
         f.write(LAYOUTS[layout] + "ledger: null\n")
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "--config", cfg],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "TOKENOMY_HOME": tmp})   # no state from, or for, another run
     wait_up(f"http://127.0.0.1:{port}/health", [proc], 180)
     return proc
 

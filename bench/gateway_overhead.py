@@ -61,7 +61,8 @@ def main() -> None:
     cfg.close()
     procs = [subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(stub_port)], cwd=ROOT),
              subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(gw_port), "--config",
-                               cfg.name], cwd=ROOT, stderr=subprocess.DEVNULL)]
+                               cfg.name], cwd=ROOT, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "TOKENOMY_HOME": tempfile.mkdtemp(prefix="tokenomy-bench-")})]
     rows = []
     try:
         wait_up(f"http://127.0.0.1:{stub_port}/v1/models")

@@ -10,12 +10,13 @@ text. Quality is agreement with the large model's own greedy answer:
 All-small therefore scores its own agreement and all-large 1.0; the gap recovered at a setting is
 (Q - Q_small) / (1 - Q_small).
 
-Each prompt set is split in two by position: thresholds are calibrated (offline/router/token.py: quantile first
-guess, then bisection on real routing runs) on the first half for a target share of large-model tokens, and every
-figure is measured on the second half. Request-level routing at the same cost sends a random share f of whole
-prompts to the large model: f = (C - C_small) / (C_large - C_small), quality Q_small + f (1 - Q_small); the cost it
-needs for token routing's quality is C_small + gap (C_large - C_small). Costs use the packaged models' notional
-prices (tokenomy/models.py), each part at its own model's price, prompt re-reads included.
+Each prompt set is split in two by position: thresholds are calibrated (offline/router/token_threshold.py:
+quantile first guess, then bisection on real routing runs) on the first half for a target share of large-model
+tokens, and every figure is measured on the second half. Request-level routing at the same cost sends a random
+share f of whole prompts to the large model: f = (C - C_small) / (C_large - C_small), quality
+Q_small + f (1 - Q_small); the cost it needs for token routing's quality is C_small + gap (C_large - C_small).
+Costs use the packaged models' notional prices (tokenomy/models.py), each part at its own model's price, prompt
+re-reads included.
 
     .venv/bin/python bench/token_routing.py [--per-set 16] [--signals top1,margin,entropy] [--shares 0.1,0.2,0.4]
         [--segments word,token] [--rounds 2] [--threads 2] [--json out.json]
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import hashlib
 import json
 import os
@@ -40,13 +40,13 @@ sys.path.insert(0, ROOT)
 from agreement import lcs_f1  # noqa: E402  (bench/agreement.py, beside this script)
 
 from tokenomy.backends.embedded import EmbeddedBackend  # noqa: E402
-from tokenomy.config import Price  # noqa: E402
+from tokenomy.config import Price, TokenRouteSettings  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.generation import GenRequest, Usage  # noqa: E402
 from tokenomy.meter.pricing import cost  # noqa: E402
 from tokenomy.models import PACKAGED, resolve_gguf  # noqa: E402
-from tokenomy.offline.router.token import calibrate  # noqa: E402
-from tokenomy.router.token import TokenRouter, TokenSettings, large_prefix  # noqa: E402
+from tokenomy.offline.router.token_threshold import calibrate  # noqa: E402
+from tokenomy.router.token_routing import TokenRouter  # noqa: E402
 
 DATA = os.path.join(ROOT, "..", "shared", "data")
 SMALL, LARGE = "smollm2-135m-instruct", "gemma3-270m"
@@ -124,12 +124,11 @@ async def alone(backend: EmbeddedBackend, requests: list[dict[str, Any]]) -> tup
     return texts, sum(price_of(u, backend.name) for u in usages) / len(requests), seconds
 
 
-async def routed(small: EmbeddedBackend, large: EmbeddedBackend, settings: TokenSettings,
+async def routed(small: EmbeddedBackend, large: EmbeddedBackend, settings: TokenRouteSettings,
                  requests: list[dict[str, Any]]) -> dict[str, Any]:
     """Token routing on every request: texts, large share, handovers, cost and seconds per answer."""
     tallies: list[Any] = []
-    router = TokenRouter(small, large, settings, large_prefix(large, None, small),
-                         on_done=lambda t, _: tallies.append(t))
+    router = TokenRouter(small, large, settings, on_done=lambda t, _: tallies.append(t))
     texts, usages, seconds = await answers(router.stream, requests, small.name)
     n = len(requests)
     s_tok = sum(t.small_tokens for t in tallies)
@@ -178,9 +177,9 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
               f"${c_large * 1e6:.2f}/M answers", file=sys.stderr, flush=True)
 
         async def point(signal: str, segment: str, share: float) -> dict[str, Any]:
-            base = TokenSettings(small=SMALL, large=LARGE, signal=signal, segment=segment)
+            base = TokenRouteSettings(signal=signal, segment=segment)
             cal = await calibrate(small, large, base, calib, share, max_tokens=64, rounds=a.rounds)
-            r = await routed(small, large, dataclasses.replace(base, threshold=cal.threshold), evals)
+            r = await routed(small, large, base.model_copy(update={"threshold": cal.threshold}), evals)
             q = score(index, r["texts"], refs, tok)
             gap = (q["all"] - q_small["all"]) / max(1e-9, 1 - q_small["all"])
             f = (r["usd"] - c_small) / max(1e-12, c_large - c_small)

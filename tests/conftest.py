@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import pytest
 import uvicorn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# state a test does not place itself lands in a fresh data directory, never in the user's (tokenomy/home.py)
+os.environ["TOKENOMY_HOME"] = tempfile.mkdtemp(prefix="tokenomy-home-")
 
 
 def free_port() -> int:
@@ -31,8 +34,6 @@ class LiveServer:
 
 @contextmanager
 def live_server(config_data: dict[str, Any] | None = None, config_path: str | None = None) -> Iterator[LiveServer]:
-    import tempfile
-
     from tokenomy.api.app import create_app
     from tokenomy.config import Config, load_config
     from tokenomy.gateway import Gateway

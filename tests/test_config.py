@@ -113,3 +113,70 @@ def test_the_same_key_twice_and_unknown_allowed_models_are_refused() -> None:
         Config.model_validate({"keys": [{"key": "sk-same"}, {"key_sha256": digest.upper()}]})
     with pytest.raises(ValueError, match="unknown models or routes"):
         Config.model_validate({"keys": [{"key": "sk-a", "models": ["gpt-9"]}]})
+
+
+def test_a_models_engine_section_merges_over_the_top_level_one(tmp_path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("engine: {n_ctx: 16384, max_model_len: 4096, n_threads: 3}\n"
+                 "models:\n  - {name: a, gguf: smollm2-135m-instruct, engine: {max_running: 2, n_threads: 1}}\n"
+                 "  - {name: b, gguf: gemma3-270m}\n")
+    cfg = load_config(p)
+    a = cfg.model("a").engine
+    assert (a.n_ctx, a.max_model_len) == (16384, 4096)                 # kept from the top level
+    assert (a.max_running, a.n_threads) == (2, 1)                      # the model's own keys win
+    assert cfg.model("b").engine is None and cfg.engine.n_threads == 3 and cfg.engine.max_running == 16
+    assert Config.model_validate(cfg.model_dump()).model("a").engine == a   # merging again changes nothing
+    p.write_text("engine: {kv_unified: true}\n"
+                 "models: [{name: a, gguf: smollm2-135m-instruct, engine: {context_overflow: shift}}]\n")
+    with pytest.raises(ConfigError, match="model 'a'.*kv_unified false"):   # the merged section is validated
+        load_config(p)
+
+
+def test_each_backend_takes_only_its_own_keys(tmp_path) -> None:
+    from tokenomy.config import EmbeddedModelSpec, OpenAIModelSpec
+
+    cfg = Config.model_validate({"models": [{"name": "small", "gguf": "smollm2-135m-instruct"},
+                                            {"name": "big", "backend": "openai", "base_url": "http://h:1/v1"}]})
+    small, big = cfg.models
+    assert isinstance(small, EmbeddedModelSpec) and small.backend == "embedded"    # the default backend
+    assert isinstance(big, OpenAIModelSpec) and big.model == "big"
+    assert not hasattr(small, "base_url") and not hasattr(big, "gguf") and not hasattr(big, "engine")
+    p = tmp_path / "c.yaml"
+    for model, message in [
+            ("{name: a, gguf: smollm2-135m-instruct, base_url: 'http://h:1/v1', timeout_s: 5}",
+             r"models\.0: .*base_url, timeout_s: settings of `backend: openai` models; this one is embedded"),
+            ("{name: a, gguf: smollm2-135m-instruct, replicas: ['http://h:1/v1']}",
+             r"models\.0: .*replicas: settings of `backend: openai`"),
+            ("{name: a, backend: openai, base_url: 'http://h:1/v1', engine: {n_ctx: 4096}, structured: {}}",
+             r"models\.0: .*engine, structured: settings of `backend: embedded` models; this one is openai"),
+            ("{name: a, backend: vllm, base_url: 'http://h:1/v1'}", r"models\.0: `backend` must be embedded or openai"),
+            ("{name: a, gguf: smollm2-135m-instruct, nonsense: 1}", r"models\.0\.nonsense: Extra inputs")]:
+        p.write_text(f"models:\n  - {model}\n")
+        with pytest.raises(ConfigError, match=message):
+            load_config(p)
+
+
+def _with_named_models(data: dict) -> dict:
+    """A docs fragment with routes but no models: checked with the models its routes name, as embedded ones."""
+    if "models" in data or "routes" not in data:
+        return data
+    names = {m for r in data["routes"].values() for m in r.get("models", []) + [x["model"] for x in
+                                                                                 r.get("rules", [])]}
+    return {**data, "models": [{"name": n, "gguf": "smollm2-135m-instruct"} for n in sorted(names)]}
+
+
+def test_every_config_in_the_readme_and_docs_loads() -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    blocks = [(f, b) for f in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+              for b in re.findall(r"```yaml\n(.*?)```", f.read_text(), re.S)]
+    assert len(blocks) >= 9
+    for f, block in blocks:
+        try:
+            Config.model_validate(_with_named_models(yaml.safe_load(block)))
+        except ValueError as e:
+            pytest.fail(f"a config in {f.name} does not load: {e}")

@@ -34,7 +34,7 @@ def serve(
     run(host=host, port=port, config_path=config)
 
 
-config_app = typer.Typer(no_args_is_help=True, help="Check configuration files.")
+config_app = typer.Typer(no_args_is_help=True, help="Check configuration files; print their schema and reference.")
 app.add_typer(config_app, name="config")
 
 
@@ -49,6 +49,24 @@ def config_check(path: Path = typer.Argument(..., help="YAML config file")) -> N
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{path}: ok ({len(cfg.models)} models, {len(cfg.routes)} routes, {len(cfg.keys)} keys)")
+
+
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the config file's JSON Schema, for editors to complete and check the YAML with."""
+    import json
+
+    from tokenomy.config_docs import schema
+
+    typer.echo(json.dumps(schema(), indent=2))
+
+
+@config_app.command("docs")
+def config_docs() -> None:
+    """Print the configuration reference made from the config's models (docs/config.md)."""
+    from tokenomy.config_docs import markdown
+
+    typer.echo(markdown(), nl=False)
 
 
 if __name__ == "__main__":

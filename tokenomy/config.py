@@ -1,14 +1,18 @@
-"""The one YAML file, validated by pydantic. Every option has a default, so no file at all runs."""
+"""The one YAML file, validated by pydantic. Every option has a default, so no file at all runs.
+
+Every field carries a description: `tokenomy config docs` renders them into docs/config.md and `tokenomy config
+schema` into the JSON Schema editors complete the YAML with (tokenomy/config_docs.py)."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
+from tokenomy import home
 from tokenomy.engine.config import EngineConfig
 from tokenomy.models import DEFAULT_MODEL, PACKAGED
 
@@ -18,25 +22,32 @@ class _Strict(BaseModel):
 
 
 class BudgetLimits(_Strict):
-    """Limits for one key or tenant; any left out is unlimited. Meant for the config file."""
+    """Spend limits for one key or tenant, over UTC days and calendar months; any left out is unlimited. A request
+    is refused (429) once a limit is spent; one admitted under it may finish above it (meter/budget.py)."""
 
-    usd_per_day: float | None = Field(None, gt=0)
-    usd_per_month: float | None = Field(None, gt=0)
-    tokens_per_day: int | None = Field(None, gt=0)
-    tokens_per_month: int | None = Field(None, gt=0)
-    warn_at: float = Field(0.8, gt=0, le=1, description="share of a limit that logs a warning")
+    usd_per_day: float | None = Field(None, gt=0, description="USD a day (response-cache hits cost nothing); "
+                                      "null: no daily USD limit")
+    usd_per_month: float | None = Field(None, gt=0, description="USD a calendar month; null: no monthly USD limit")
+    tokens_per_day: int | None = Field(None, gt=0, description="billed tokens (prompt + completion of generated "
+                                       "answers) a day; null: no daily token limit")
+    tokens_per_month: int | None = Field(None, gt=0, description="billed tokens a calendar month; null: no "
+                                         "monthly token limit")
+    warn_at: float = Field(0.8, gt=0, le=1, description="share of a limit that logs a warning and counts "
+                           "tokenomy_budget_warnings_total, once per limit and period")
 
     def limit(self, unit: str, period: str) -> float | None:
         return getattr(self, f"{unit}_per_{period}")
 
 
 class Price(_Strict):
-    """USD per 1M tokens."""
+    """A model's rates in USD per 1M tokens: the ledger's cost, budgets and the cost-aware strategies read them."""
 
-    input: float = Field(0.0, ge=0)
-    cached_input: float = Field(0.0, ge=0)
-    output: float = Field(0.0, ge=0)
-    notional: bool = False      # a made-up price for a packaged model; reports say so
+    input: float = Field(0.0, ge=0, description="USD per 1M prompt tokens not served from the upstream's prompt "
+                         "cache")
+    cached_input: float = Field(0.0, ge=0, description="USD per 1M prompt tokens served from a prompt (prefix) "
+                                "cache")
+    output: float = Field(0.0, ge=0, description="USD per 1M completion tokens")
+    notional: bool = Field(False, description="a made-up price (a packaged model's default); reports say so")
     batch_discount: float = Field(0.5, ge=0, le=1, description="share taken off every rate for batch requests "
                                   "(OpenAI's Batch API: 0.5)")
 
@@ -53,17 +64,23 @@ class StructuredSettings(_Strict):
     to max_array_items), so they are off for a GGUF path; a packaged model starts from its measured defaults
     (models.PackagedModel.structured), and each field set here overrides one (null turns it off)."""
 
-    break_loops: bool = True                     # ban the token that continues a span repeated verbatim
+    break_loops: bool = Field(True, description="ban the token that continues a span the answer already repeated "
+                              "verbatim (small models loop inside JSON strings); false: only the schema constrains")
     wrap_up: float | None = Field(None, gt=0, lt=1, description="past this share of max_tokens, only tokens "
-                                  "that close the JSON (so a long answer ends valid instead of cut)")
-    max_string_length: int | None = Field(None, ge=1, description="default maxLength of free strings")
-    max_array_items: int | None = Field(None, ge=1, description="default maxItems of unbounded arrays")
+                                  "that close the JSON (so a long answer ends valid instead of cut); null: off")
+    max_string_length: int | None = Field(None, ge=1, description="maxLength, in characters, given to free strings "
+                                          "the schema leaves unbounded; null: unbounded")
+    max_array_items: int | None = Field(None, ge=1, description="maxItems given to arrays the schema leaves "
+                                        "unbounded; null: unbounded")
 
 
 class BalanceSettings(_Strict):
     """How a model with several `replicas` picks one (tokenomy/backends/pool.py)."""
 
-    policy: Literal["least_outstanding", "prefix", "session", "round_robin"] = "least_outstanding"
+    policy: Literal["least_outstanding", "prefix", "session", "round_robin"] = Field(
+        "least_outstanding", description="least_outstanding: the replica with the fewest requests in flight; "
+        "prefix: the one holding the longest prefix of the prompt (its prefix cache answers it), within `margin`; "
+        "session: the same replica for a session; round_robin: in turn")
     margin: int = Field(4, ge=0, description="prefix: send to the replica holding the longest prompt prefix "
                         "unless its load exceeds the least-loaded replica's by more than this many requests")
     affinity_header: str = Field("x-session-id", description="session: the request header that names a session "
@@ -71,79 +88,145 @@ class BalanceSettings(_Strict):
     block_chars: int = Field(256, ge=16, description="prefix: characters per hashed block of the rendered prompt")
     max_blocks: int = Field(200_000, ge=1, description="prefix: block hashes remembered, all replicas together")
     eject_after: int = Field(3, ge=1, description="consecutive failures that eject a replica")
-    eject_s: float = Field(2.0, gt=0, description="first ejection's length; doubles with each ejection in a row")
-    max_eject_s: float = Field(60.0, gt=0)
-    check_interval_s: float = Field(5.0, ge=0, description="active health checks and load-signal scrapes (0: off)")
+    eject_s: float = Field(2.0, gt=0, description="first ejection's length, in seconds; doubles with each ejection "
+                           "in a row")
+    max_eject_s: float = Field(60.0, gt=0, description="the longest an ejection lasts, in seconds")
+    check_interval_s: float = Field(5.0, ge=0, description="seconds between active health checks and load-signal "
+                                    "scrapes (0: off)")
 
 
-class ModelSpec(_Strict):
-    name: str
-    backend: Literal["embedded", "openai"] = "embedded"
-    gguf: str | None = None                      # embedded: packaged name or path
-    base_url: str | None = None                  # openai: http://host:port/v1
-    replicas: list[str] | None = None            # openai: several OpenAI-compatible servers of the same model
-    balance: BalanceSettings = BalanceSettings()  # how a request picks one of the replicas
-    model: str | None = None                     # openai: the upstream's model name
-    api_key_env: str | None = None               # openai: env var holding the upstream key (never the key)
-    tokenizer: str | None = None                 # a tiktoken encoding or a packaged model name to count with
-    price: Price | None = None
-    engine: EngineConfig | None = None         # per-model engine overrides
-    timeout_s: float = Field(60.0, gt=0)
-    connect_timeout_s: float = Field(5.0, gt=0)
-    max_retries: int = Field(2, ge=0, le=10)
-    deadline_s: float | None = Field(None, gt=0, description="openai: the most one request may wait for the "
-                                     "upstream's first byte, retries included (default: timeout_s)")
-    retry_after_send: bool = Field(False, description="openai: also retry a request the upstream may have "
-                                   "received (a read timeout or a dropped connection): it may be generated and "
-                                   "billed twice")
-    schema_policy: Literal["flag", "repair"] = "flag"   # openai: an answer that breaks its schema
-    structured: StructuredSettings = StructuredSettings()   # embedded: constrained decoding
+BACKENDS = ("embedded", "openai")
+
+
+class _ModelSpec(_Strict):
+    """What every model takes, whatever its backend."""
+
+    name: str = Field(description="the name clients ask for in `model`, and routes, keys and tenants list")
+    backend: Literal["embedded", "openai"] = Field(description="embedded: tokenomy's own engine runs a GGUF "
+                                                   "model; openai: an OpenAI-compatible upstream server")
+    price: Price | None = Field(None, description="USD per 1M tokens, for the ledger, budgets and reports; "
+                                "default: a packaged model's notional price, else 0")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_its_backend(cls, data: Any) -> Any:
+        """A setting of the other backend is named as such, not as an unknown field."""
+        if isinstance(data, dict):
+            for other in _ModelSpec.__subclasses__():
+                wrong = sorted(k for k in data if k in other.model_fields and k not in cls.model_fields)
+                if wrong:
+                    raise ValueError(f"{', '.join(wrong)}: settings of `backend: {other.backend_name()}` models; "
+                                     f"this one is {cls.backend_name()}")
+        return data
+
+    @classmethod
+    def backend_name(cls) -> str:
+        return get_args(cls.model_fields["backend"].annotation)[0]
+
+
+class EmbeddedModelSpec(_ModelSpec):
+    """A GGUF model run by tokenomy's engine, in its own process (`backend: embedded`, the default)."""
+
+    backend: Literal["embedded"] = Field("embedded", description="embedded: tokenomy's own engine runs a GGUF "
+                                         "model (the default when `backend` is left out)")
+    gguf: str | None = Field(None, description="a packaged model's name (smollm2-135m-instruct, gemma3-270m) or a "
+                             ".gguf path; default: `name`, when it is a packaged model's")
+    engine: EngineConfig | None = Field(None, description="this model's engine settings, key by key over the "
+                                        "top-level `engine:` section (keys left out keep its values); null: that "
+                                        "section as it is")
+    structured: StructuredSettings = Field(StructuredSettings(), description="constrained decoding "
+                                           "(response_format json_schema); a packaged model starts from its "
+                                           "measured settings")
 
     @model_validator(mode="after")
-    def _check(self) -> ModelSpec:
-        if self.backend == "embedded":
-            self.gguf = self.gguf or (self.name if self.name in PACKAGED else None)
-            if not self.gguf:
-                raise ValueError(f"model {self.name!r}: embedded models need `gguf` (a packaged model or a path)")
-            if self.price is None and self.gguf in PACKAGED:
-                p = PACKAGED[self.gguf]
-                self.price = Price(input=p.price_input, cached_input=p.price_cached_input,
-                                   output=p.price_output, notional=True)
-            if self.gguf in PACKAGED:
-                chosen = self.structured.model_dump(exclude_unset=True)
-                self.structured = StructuredSettings(**{**PACKAGED[self.gguf].structured, **chosen})
-            if self.replicas is not None:
-                raise ValueError(f"model {self.name!r}: `replicas` are OpenAI-compatible servers; run more "
-                                 "tokenomy engines and list their URLs under an `openai` model")
-        else:
-            if self.replicas is not None:
-                if not self.replicas:
-                    raise ValueError(f"model {self.name!r}: `replicas` is empty; list at least one URL")
-                urls = [u.rstrip("/") for u in self.replicas]
-                if len(set(urls)) != len(urls):
-                    raise ValueError(f"model {self.name!r}: a replica is listed twice in `replicas`")
-                if self.base_url and [self.base_url.rstrip("/")] != urls:
-                    raise ValueError(f"model {self.name!r}: give `base_url` (one server) or `replicas` (several), "
-                                     "not both")
-                self.replicas = urls
-            elif not self.base_url:
-                raise ValueError(f"model {self.name!r}: openai backends need `base_url` (or `replicas`)")
-            self.model = self.model or self.name
+    def _check(self) -> EmbeddedModelSpec:
+        self.gguf = self.gguf or (self.name if self.name in PACKAGED else None)
+        if not self.gguf:
+            raise ValueError(f"model {self.name!r}: embedded models need `gguf` (a packaged model or a path)")
+        if self.price is None and self.gguf in PACKAGED:
+            p = PACKAGED[self.gguf]
+            self.price = Price(input=p.price_input, cached_input=p.price_cached_input,
+                               output=p.price_output, notional=True)
+        if self.gguf in PACKAGED:
+            chosen = self.structured.model_dump(exclude_unset=True)
+            self.structured = StructuredSettings(**{**PACKAGED[self.gguf].structured, **chosen})
         self.price = self.price or Price()
         return self
 
 
-class RuleWhen(_Strict):
-    """All given conditions must hold for the rule to match."""
+class OpenAIModelSpec(_ModelSpec):
+    """An OpenAI-compatible upstream (vLLM, llama-server, another tokenomy, a hosted API): one server at
+    `base_url`, or a pool of `replicas` serving the same model."""
 
-    min_prompt_tokens: int | None = Field(None, ge=0)
-    max_prompt_tokens: int | None = Field(None, ge=0)
-    regex: str | None = None                     # searched in the last user message
-    keywords: list[str] | None = None            # any of them, case-insensitive, in the last user message
-    has_tools: bool | None = None
-    has_response_format: bool | None = None
-    tenant: str | None = None
-    metadata: dict[str, str] | None = None       # request header x-tokenomy-meta-<key>: <value>
+    backend: Literal["openai"] = Field(description="openai: an OpenAI-compatible upstream server")
+    base_url: str | None = Field(None, description="the server's API root, e.g. http://host:8000/v1 (or give "
+                                 "`replicas`)")
+    replicas: list[str] | None = Field(None, description="API roots of several servers of the same model, "
+                                       "balanced per `balance` and failed over; instead of `base_url`")
+    balance: BalanceSettings = Field(BalanceSettings(), description="how a request picks one of the `replicas`")
+    model: str | None = Field(None, description="the model name the upstream knows; default: `name`")
+    api_key_env: str | None = Field(None, description="the environment variable holding the upstream's API key "
+                                    "(the key itself never goes in the file); null: no key sent")
+    tokenizer: str | None = Field(None, description="what prompt tokens are counted with, before the upstream "
+                                  "reports usage: a tiktoken encoding (cl100k_base, o200k_base) or a packaged "
+                                  "model's name; default: guessed from `model` (bytes / 4, flagged an estimate, "
+                                  "when unknown)")
+    timeout_s: float = Field(60.0, gt=0, description="seconds a read from the upstream may take (each chunk of a "
+                             "stream)")
+    connect_timeout_s: float = Field(5.0, gt=0, description="seconds to open a connection to the upstream")
+    max_retries: int = Field(2, ge=0, le=10, description="retries of a request that failed before the upstream "
+                             "answered (a pool of several replicas fails over instead)")
+    deadline_s: float | None = Field(None, gt=0, description="the most one request may wait for the "
+                                     "upstream's first byte, retries included (default: timeout_s)")
+    retry_after_send: bool = Field(False, description="also retry a request the upstream may have received (a "
+                                   "read timeout or a dropped connection): it may be generated and billed twice")
+    schema_policy: Literal["flag", "repair"] = Field("flag", description="an answer that breaks its request's "
+                                                     "json_schema: flag (pass it on with x-tokenomy-schema: "
+                                                     "invalid) or repair (ask once more, with the problem)")
+
+    @model_validator(mode="after")
+    def _check(self) -> OpenAIModelSpec:
+        if self.replicas is not None:
+            if not self.replicas:
+                raise ValueError(f"model {self.name!r}: `replicas` is empty; list at least one URL")
+            urls = [u.rstrip("/") for u in self.replicas]
+            if len(set(urls)) != len(urls):
+                raise ValueError(f"model {self.name!r}: a replica is listed twice in `replicas`")
+            if self.base_url and [self.base_url.rstrip("/")] != urls:
+                raise ValueError(f"model {self.name!r}: give `base_url` (one server) or `replicas` (several), "
+                                 "not both")
+            self.replicas = urls
+        elif not self.base_url:
+            raise ValueError(f"model {self.name!r}: openai backends need `base_url` (or `replicas`)")
+        self.model = self.model or self.name
+        self.price = self.price or Price()
+        return self
+
+
+def _backend(data: Any) -> str | None:
+    if isinstance(data, dict):
+        return data.get("backend", "embedded")
+    return getattr(data, "backend", None)
+
+
+ModelSpec = Annotated[Annotated[EmbeddedModelSpec, Tag("embedded")] | Annotated[OpenAIModelSpec, Tag("openai")],
+                      Discriminator(_backend, custom_error_type="backend",
+                                    custom_error_message="`backend` must be embedded or openai")]
+
+
+class RuleWhen(_Strict):
+    """All given conditions must hold for the rule to match; a condition left out (null) always holds."""
+
+    min_prompt_tokens: int | None = Field(None, ge=0, description="the prompt has at least this many tokens")
+    max_prompt_tokens: int | None = Field(None, ge=0, description="the prompt has at most this many tokens")
+    regex: str | None = Field(None, description="a Python regular expression searched in the last user message")
+    keywords: list[str] | None = Field(None, description="any of them, case-insensitive, in the last user message")
+    has_tools: bool | None = Field(None, description="the request offers tools (true) or none (false)")
+    has_response_format: bool | None = Field(None, description="the request asks for JSON (response_format) or "
+                                             "not")
+    tenant: str | None = Field(None, description="the caller's key belongs to this tenant")
+    metadata: dict[str, str] | None = Field(None, description="each key's request header x-tokenomy-meta-<key> "
+                                            "has this value")
 
     @model_validator(mode="after")
     def _regex(self) -> RuleWhen:
@@ -158,30 +241,46 @@ class RuleWhen(_Strict):
 
 
 class RuleSpec(_Strict):
-    when: RuleWhen
-    model: str
+    """One rule of the `rules` strategy: the first rule whose conditions hold picks the model."""
+
+    when: RuleWhen = Field(description="the conditions, all of which must hold")
+    model: str = Field(description="a configured model the matching request goes to")
 
 
 class CascadeSettings(_Strict):
-    min_mean_logprob: float = -1.0               # escalate when the answer's mean token logprob is below
-    min_token_logprob: float = -9.0              # ... or any single token is below this
-    escalate_on_invalid_json: bool = True
-    escalate_on_empty: bool = True
-    escalate_on_refusal: bool = True
-    escalate_on_truncated: bool = True
-    stream_buffer_tokens: int = Field(24, ge=1, description="streams: tokens judged before the first byte is sent")
+    """The `cascade` strategy: the cheapest model answers first and the answer goes up to the next model when any
+    signal below fails (router/cascade.py; `tokenomy router floors` picks the logprob floors from data)."""
+
+    min_mean_logprob: float = Field(-1.0, description="escalate when the answer's mean token log-probability "
+                                    "(nats) is below this; lower: fewer escalations")
+    min_token_logprob: float = Field(-9.0, description="... or when any single token's log-probability is below "
+                                     "this")
+    escalate_on_invalid_json: bool = Field(True, description="escalate an answer that is not valid JSON (or breaks "
+                                           "its schema) when the request asked for JSON")
+    escalate_on_empty: bool = Field(True, description="escalate an empty answer")
+    escalate_on_refusal: bool = Field(True, description="escalate an answer that opens with a refusal (\"I'm "
+                                      "sorry\", \"I cannot help\")")
+    escalate_on_truncated: bool = Field(True, description="escalate an answer cut by max_tokens "
+                                        "(finish_reason length)")
+    stream_buffer_tokens: int = Field(24, ge=1, description="streams: tokens judged before the first byte is sent "
+                                      "(later ones are not judged); more: better judgement, later first token")
 
 
 class TokenRouteSettings(_Strict):
-    """Token-level routing (router/token.py): the route's first model writes, its second takes over where the first
-    is unsure. `threshold` is on the `signal` (lower is less sure; `tokenomy router calibrate --token` picks one
-    for a target share of large-model tokens)."""
+    """Token-level routing (router/token_routing.py), the one settings class of a `token` route: the route's first
+    model writes, its second takes over where the first is unsure. `threshold` is on the `signal` (lower is less
+    sure; `tokenomy router calibrate --token` picks one for a target share of large-model tokens)."""
 
-    signal: Literal["top1", "margin", "entropy"] = "entropy"
+    signal: Literal["top1", "margin", "entropy"] = Field(
+        "entropy", description="how sure the small model is of its next token (engine/sampler.confidence): top1, "
+                               "the most likely token's probability; margin, the first minus the second; entropy, "
+                               "the negated entropy in nats. Lower is less sure for all three")
     threshold: float = Field(-3.2, description="hand over when the small model's signal is below this (entropy: "
                              "the negated entropy in nats; -3.2 gave SmolLM2 about 20% large-model tokens on "
                              "docs/token_routing.md's prompts)")
-    segment: Literal["word", "token"] = "word"
+    segment: Literal["word", "token"] = Field(
+        "word", description="what the large model's turn keeps: word, its text up to the end of its first word; "
+                            "token, its one token")
     max_segment_tokens: int = Field(4, ge=1, le=64, description="segment word: the most the large model writes")
     template: str | None = Field(
         None, description="an upstream large model's chat template: a packaged model name or GGUF path whose "
@@ -189,12 +288,19 @@ class TokenRouteSettings(_Strict):
 
 
 class ClassifierSettings(_Strict):
-    path: str                                    # a router file from `tokenomy router train`
-    threshold: float | None = Field(None, ge=0, le=1)   # None: the calibrated threshold of the head that decides
+    """The `classifier` strategy: a learned router predicts whether the cheaper model's answer will do."""
+
+    path: str = Field(description="a router file from `tokenomy router train`")
+    threshold: float | None = Field(None, ge=0, le=1, description="send to the cheaper model when its predicted "
+                                    "probability of a good answer is at least this; null: the threshold the file "
+                                    "was calibrated with")
 
 
 class LoadSettings(_Strict):
-    slo_queue_s: float = Field(1.0, gt=0, description="preferred model's expected queue wait above this -> cheaper")
+    """The `load` strategy: skip to a cheaper model while the preferred one is queued up."""
+
+    slo_queue_s: float = Field(1.0, gt=0, description="seconds: preferred model's expected queue wait above this "
+                               "-> the first cheaper model whose wait is not")
 
 
 class CompactionSettings(_Strict):
@@ -202,11 +308,16 @@ class CompactionSettings(_Strict):
 
     trigger_tokens: int = Field(ge=64, description="compact when the prompt passes this many tokens")
     keep_last_turns: int = Field(4, ge=1, description="the last turns are never touched")
-    strategy: Literal["drop_middle", "summarize"] = "drop_middle"
-    summary_model: str | None = None             # summarize: a configured model (a cheap one)
-    max_summary_tokens: int = Field(256, ge=16, le=4096)
-    mask_tool_outputs: bool = False              # first replace old tool results by a short note
-    block_turns: int | None = Field(None, ge=1, description="turns replaced at a time (default keep_last_turns)")
+    strategy: Literal["drop_middle", "summarize"] = Field(
+        "drop_middle", description="drop_middle: replace the oldest turns by a note that they were left out; "
+        "summarize: by a summary that `summary_model` writes (it costs a generation)")
+    summary_model: str | None = Field(None, description="summarize: a configured model (a cheap one) that writes "
+                                      "the summary")
+    max_summary_tokens: int = Field(256, ge=16, le=4096, description="summarize: the summary's max_tokens")
+    mask_tool_outputs: bool = Field(False, description="first replace old tool results by a short note, before "
+                                    "dropping turns")
+    block_turns: int | None = Field(None, ge=1, description="turns replaced at a time (default keep_last_turns), "
+                                    "so the compacted prefix stays the same for a while and prefix caches hit")
 
     @model_validator(mode="after")
     def _check(self) -> CompactionSettings:
@@ -223,7 +334,8 @@ class CompressSettings(_Strict):
     target_ratio: float = Field(2.0, gt=1, le=20, description="input tokens / tokens kept")
     min_tokens: int = Field(512, ge=16, description="only messages at least this long are compressed")
     protect: list[Literal["system", "question", "code"]] = Field(
-        default_factory=lambda: ["system", "question", "code"])
+        default_factory=lambda: ["system", "question", "code"], description="parts never compressed: the system "
+        "prompt, the question (the last user message's last paragraph), code blocks")
     model: str = Field(DEFAULT_MODEL, description="the small model whose token surprisal decides what stays "
                        "(a packaged model or a .gguf path)")
 
@@ -238,29 +350,38 @@ class CompressSettings(_Strict):
 class ContextSettings(_Strict):
     """The context stage's levers for one route; all off by default."""
 
-    compaction: CompactionSettings | None = None
-    compress: CompressSettings | None = None
-    lint: bool = False              # prompt-layout lint (also on per request with header x-tokenomy-lint: on)
-    rewrite: bool = False           # lint's safe fix: move date/time lines of the system prompt to the end
+    compaction: CompactionSettings | None = Field(None, description="compact long conversations; null: off")
+    compress: CompressSettings | None = Field(None, description="compress long messages; null: off")
+    lint: bool = Field(False, description="prompt-layout lint: report what breaks prefix caching (also on per "
+                       "request with header x-tokenomy-lint: on)")
+    rewrite: bool = Field(False, description="lint's safe fix: move date/time lines of the system prompt to the "
+                          "end, so the prefix before them caches")
 
 
 Strategy = Literal["fixed", "rules", "classifier", "load", "cascade", "token"]
 
 
 class RouteSpec(_Strict):
-    """Candidate models cheapest first. Strategies compose in this order: rules, classifier, load, cascade;
-    `token` (token-level routing) stands alone."""
+    """A name clients ask for that picks one of several models per request. Candidate models cheapest first.
+    Strategies compose in this order: rules, classifier, load, cascade; `token` (token-level routing) stands
+    alone."""
 
-    strategy: Strategy | list[Strategy] = "fixed"
-    models: list[str] = Field(min_length=1)
-    context_budget: int | None = Field(None, ge=1)
-    enforce: bool = False
-    context: ContextSettings = ContextSettings()
-    rules: list[RuleSpec] = Field(default_factory=list)
-    classifier: ClassifierSettings | None = None
-    load: LoadSettings = LoadSettings()
-    cascade: CascadeSettings = CascadeSettings()
-    token: TokenRouteSettings = TokenRouteSettings()
+    strategy: Strategy | list[Strategy] = Field("fixed", description="fixed (always the first model), rules, "
+                                                "classifier, load, cascade, or a list of them; token alone")
+    models: list[str] = Field(min_length=1, description="configured models, cheapest first")
+    context_budget: int | None = Field(None, ge=1, description="prompt tokens a request should stay under; one "
+                                       "over it is counted as over budget in its row (a 400 with `enforce`); "
+                                       "null: no budget")
+    enforce: bool = Field(False, description="refuse (400) a prompt over context_budget instead of only "
+                         "counting it")
+    context: ContextSettings = Field(ContextSettings(), description="compaction, compression and lint for this "
+                                     "route")
+    rules: list[RuleSpec] = Field(default_factory=list, description="strategy rules: tried in order, the first "
+                                  "that matches picks the model")
+    classifier: ClassifierSettings | None = Field(None, description="strategy classifier: the router file")
+    load: LoadSettings = Field(LoadSettings(), description="strategy load: the queue-wait objective")
+    cascade: CascadeSettings = Field(CascadeSettings(), description="strategy cascade: when to escalate")
+    token: TokenRouteSettings = Field(TokenRouteSettings(), description="strategy token: the hand-over rule")
 
     @property
     def strategies(self) -> list[str]:
@@ -278,21 +399,26 @@ class RouteSpec(_Strict):
 
 
 class CooldownSettings(_Strict):
-    failures: int = Field(3, ge=1, description="failures within window_s that cool a deployment down")
-    window_s: float = Field(60.0, gt=0)
-    cooldown_s: float = Field(30.0, gt=0)
+    """A model that keeps failing is skipped for a while; routing falls back to the route's other models."""
+
+    failures: int = Field(3, ge=1, description="failures within window_s that cool a model down")
+    window_s: float = Field(60.0, gt=0, description="seconds over which failures are counted")
+    cooldown_s: float = Field(30.0, gt=0, description="seconds a cooled-down model is skipped")
 
 
 class KeySpec(_Strict):
-    key: str | None = None                       # plain key (hashed at load) ...
-    key_sha256: str | None = None                # ... or its sha256 hex
-    name: str = "key"
-    tenant: str = "default"
-    admin: bool = False
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
-    budget: BudgetLimits | None = None
-    models: list[str] | None = None              # model and route names this key may ask for; None: all
+    """An API key: with any keys configured, every request needs one (server.public paths aside)."""
+
+    key: str | None = Field(None, description="the key in plain text (hashed at load) ...")
+    key_sha256: str | None = Field(None, description="... or its sha256 in hex, so the file holds no key")
+    name: str = Field("key", description="a label for logs and rate-limit errors")
+    tenant: str = Field("default", description="the tenant the key's spend and rows count for")
+    admin: bool = Field(False, description="may call /admin/keys, /admin/reload and the dashboard, and "
+                       "rate any request's answer")
+    rpm: int | None = Field(None, ge=1, description="requests per minute; null: unlimited")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute; null: unlimited")
+    budget: BudgetLimits | None = Field(None, description="this key's spend limits; null: none")
+    models: list[str] | None = Field(None, description="model and route names this key may ask for; null: all")
 
     @model_validator(mode="after")
     def _one(self) -> KeySpec:
@@ -302,29 +428,42 @@ class KeySpec(_Strict):
 
 
 class ExactCacheSettings(_Strict):
-    enabled: bool = True
-    ttl_s: float = Field(86400.0, gt=0)
-    max_entries: int = Field(10000, ge=1)
-    deterministic_only: bool = True      # only temperature 0 or seeded requests (others asked for randomness)
+    """Answers to byte-identical requests (tokenomy/cache/exact.py)."""
+
+    enabled: bool = Field(True, description="serve repeated requests from the cache")
+    ttl_s: float = Field(86400.0, gt=0, description="seconds an answer stays servable")
+    max_entries: int = Field(10000, ge=1, description="answers kept; the least recently used go first")
+    deterministic_only: bool = Field(True, description="only cache temperature 0 or seeded requests (the others "
+                                     "asked for randomness)")
 
 
 class SemanticCacheSettings(_Strict):
-    enabled: bool = True
-    threshold: float = Field(0.9, gt=0, le=1)
-    error_budget: float | None = Field(0.02, gt=0, lt=1, description="tolerated share of wrong hits")
-    ttl_s: float = Field(86400.0, gt=0)
-    max_entries: int = Field(100000, ge=1)
-    routes: list[str] | None = None      # models/routes allowed to use it; None = all
+    """Answers to paraphrased questions, by embedding similarity with a learned verifier (docs/cache.md)."""
+
+    enabled: bool = Field(True, description="serve near-duplicate questions from the cache")
+    threshold: float = Field(0.9, gt=0, le=1, description="the least cosine similarity of a question to a stored "
+                             "one to be a candidate hit")
+    error_budget: float | None = Field(0.02, gt=0, lt=1, description="tolerated share of wrong hits: the verifier "
+                                       "serves a candidate only above the score that keeps wrong hits under it; "
+                                       "null: the threshold alone")
+    ttl_s: float = Field(86400.0, gt=0, description="seconds an answer stays servable")
+    max_entries: int = Field(100000, ge=1, description="answers kept; the least recently used go first")
+    routes: list[str] | None = Field(None, description="models and routes allowed to use it; null: all")
     embed_threads: int = Field(1, ge=1, le=64, description="threads for the MiniLM embedding of a lookup")
     min_margin: float = Field(0.02, ge=0, lt=1, description="serve only when the best stored question beats the "
                               "next one by this much cosine (an ambiguous pair of candidates is a miss)")
 
 
 class CacheSettings(_Strict):
-    path: str = "tokenomy-cache"         # SQLite files and ANN indexes (local store)
-    store: str = "local"                 # local | redis://host:port/db (payloads shared by replicas)
-    exact: ExactCacheSettings = ExactCacheSettings()
-    semantic: SemanticCacheSettings = SemanticCacheSettings()
+    """The response caches, in front of every model."""
+
+    path: str | None = Field(None, description="directory of the caches' SQLite files and ANN index; null: cache/ "
+                             "in the data directory ($TOKENOMY_HOME, else $XDG_DATA_HOME/tokenomy, else "
+                             "~/.local/share/tokenomy)")
+    store: str = Field("local", description="where cached answers live: local (SQLite under `path`) or "
+                       "redis://host:port/db (shared by gateway replicas)")
+    exact: ExactCacheSettings = Field(ExactCacheSettings(), description="the exact-match cache")
+    semantic: SemanticCacheSettings = Field(SemanticCacheSettings(), description="the semantic cache")
 
     @model_validator(mode="after")
     def _store(self) -> CacheSettings:
@@ -332,15 +471,21 @@ class CacheSettings(_Strict):
             raise ValueError("cache.store must be 'local' or a redis:// URL")
         return self
 
+    def directory(self) -> Path:
+        """Where the caches' local files go: `path`, or the data directory's cache/."""
+        return Path(self.path).expanduser() if self.path else home.cache_path()
+
 
 class LimitsSettings(_Strict):
     """Where rate limits and budget spend are counted: `local` (this process) or a Redis that every gateway
     replica shares. What happens while Redis does not answer: `open` admits unchecked, `closed` refuses (503)."""
 
-    store: str = "local"                         # local | redis://host:port/db
-    rates_on_store_down: Literal["open", "closed"] = "open"
-    budgets_on_store_down: Literal["open", "closed"] = "closed"
-    timeout_s: float = Field(0.25, gt=0, description="Redis socket timeout")
+    store: str = Field("local", description="local (this process) or redis://host:port/db (all replicas)")
+    rates_on_store_down: Literal["open", "closed"] = Field("open", description="rate limits while Redis does not "
+                                                           "answer: open admits, closed refuses (503)")
+    budgets_on_store_down: Literal["open", "closed"] = Field("closed", description="budgets while Redis does not "
+                                                             "answer: open admits unchecked, closed refuses (503)")
+    timeout_s: float = Field(0.25, gt=0, description="Redis socket timeout, in seconds")
 
     @model_validator(mode="after")
     def _store(self) -> LimitsSettings:
@@ -350,13 +495,21 @@ class LimitsSettings(_Strict):
 
 
 class EnergySettings(_Strict):
-    source: Literal["auto", "nvml", "rapl", "estimate"] = "auto"
+    """Joules per request, for the ledger's tokens-per-joule (meter/energy.py)."""
+
+    source: Literal["auto", "nvml", "rapl", "estimate"] = Field(
+        "auto", description="nvml (NVIDIA GPUs), rapl (Intel/AMD CPU counters), estimate (busy cores x "
+        "watts_per_core), or auto: the first of these that works")
     watts_per_core: float = Field(15.0, gt=0, description="CPU estimate: watts per busy core")
 
 
 class TenantSpec(_Strict):
-    budget: BudgetLimits | None = None
-    models: list[str] | None = None              # model and route names the tenant's keys may ask for; None: all
+    """Limits shared by all keys of one tenant."""
+
+    budget: BudgetLimits | None = Field(None, description="the tenant's spend limits, all its keys together; "
+                                        "null: none")
+    models: list[str] | None = Field(None, description="model and route names the tenant's keys may ask for; "
+                                     "null: all")
 
 
 class LedgerSettings(_Strict):
@@ -364,10 +517,13 @@ class LedgerSettings(_Strict):
     Bodies are personal data: off by default, per tenant when `store_prompts_tenants` lists them, deleted once
     older than `retention_days` (the rows themselves are kept)."""
 
-    url: str = "sqlite:///tokenomy.db"           # or postgresql://user@host/db
-    store_prompts: bool = False
-    store_prompts_tenants: list[str] | None = None   # None: every tenant (when store_prompts is on)
-    retention_days: float = Field(30.0, gt=0)
+    url: str | None = Field(None, description="sqlite:///FILE or postgresql://user@host/db; null: ledger.db in "
+                            "the data directory ($TOKENOMY_HOME, else $XDG_DATA_HOME/tokenomy, else "
+                            "~/.local/share/tokenomy)")
+    store_prompts: bool = Field(False, description="keep request bodies and answers beside the rows")
+    store_prompts_tenants: list[str] | None = Field(None, description="only these tenants' bodies; null: every "
+                                                    "tenant's (when store_prompts is on)")
+    retention_days: float = Field(30.0, gt=0, description="days stored bodies are kept")
 
     @model_validator(mode="after")
     def _tenants(self) -> LedgerSettings:
@@ -382,7 +538,7 @@ class LedgerSettings(_Strict):
 class BatchSettings(_Strict):
     """The Batch API (docs/batch.md): files and batches live in the ledger's database."""
 
-    enabled: bool = True
+    enabled: bool = Field(True, description="serve /v1/files and /v1/batches (needs a ledger)")
     concurrency: int = Field(8, ge=1, le=256, description="batch requests in flight at once, all batches together")
     upstream_concurrency: int = Field(2, ge=1, description="batch requests in flight to one upstream model")
     upstream_max_wait_s: float = Field(0.5, ge=0, description="hold batch requests for an upstream model while its "
@@ -390,8 +546,9 @@ class BatchSettings(_Strict):
     upstream_max_queued: float = Field(0, ge=0, description="hold batch requests for an upstream pool while every "
                                        "replica reports more than this many requests waiting (vLLM's "
                                        "num_requests_waiting and its kin, scraped)")
-    max_file_bytes: int = Field(100 << 20, ge=1024)
-    poll_s: float = Field(0.5, gt=0)
+    max_file_bytes: int = Field(100 << 20, ge=1024, description="the largest file upload, in bytes")
+    poll_s: float = Field(0.5, gt=0, description="seconds between looks for new batch work when none woke the "
+                          "runner")
     drain_s: float = Field(10.0, ge=0, description="at shutdown, how long in-flight batch requests may finish")
     lease_s: float = Field(60.0, gt=0, description="gateways sharing a database: a batch request one of them "
                            "started is its own for this long, renewed while it runs; if that gateway dies, another "
@@ -399,32 +556,42 @@ class BatchSettings(_Strict):
 
 
 class ServerSettings(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    max_body_bytes: int = Field(4 << 20, ge=1024)
-    # with keys configured, these paths answer without one; /metrics, /docs and /openapi.json need any valid key
-    # unless listed (a Prometheus scrape can send one as a bearer token)
-    public: list[str] = Field(default_factory=lambda: ["/health"])
+    """The HTTP server (`tokenomy serve --host/--port` override these)."""
+
+    host: str = Field("127.0.0.1", description="address to bind; 0.0.0.0 for every interface")
+    port: int = Field(8000, ge=1, le=65535, description="port to bind")
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="the largest request body, in bytes (413 above)")
+    public: list[str] = Field(default_factory=lambda: ["/health"], description="with keys configured, these paths "
+                              "answer without one; /metrics, /docs and /openapi.json need any valid key unless "
+                              "listed (a Prometheus scrape can send one as a bearer token)")
 
 
 class Config(_Strict):
-    server: ServerSettings = ServerSettings()
-    engine: EngineConfig = EngineConfig()
-    models: list[ModelSpec] = Field(default_factory=lambda: [ModelSpec(name=DEFAULT_MODEL)])
-    routes: dict[str, RouteSpec] = Field(default_factory=dict)
-    cooldown: CooldownSettings = CooldownSettings()
-    keys: list[KeySpec] = Field(default_factory=list)
-    cache: CacheSettings = CacheSettings()
-    ledger: LedgerSettings | None = LedgerSettings()   # a URL alone is the url; null: no ledger
-    # false: rows are committed by a background writer, usually within milliseconds of the answer, and a crash
-    # in that window loses them; true: the answer's last byte waits for its row's commit
-    ledger_durable: bool = False
-    energy: EnergySettings = EnergySettings()
-    batch: BatchSettings = BatchSettings()
-    limits: LimitsSettings = LimitsSettings()
-    tenants: dict[str, TenantSpec] = Field(default_factory=dict)
+    """The YAML file's top level."""
 
-    @field_validator("ledger", mode="before")
+    server: ServerSettings = Field(ServerSettings(), description="the HTTP server")
+    engine: EngineConfig = Field(EngineConfig(), description="the embedded engine, for every embedded model (each "
+                                 "may override keys in its own `engine:`)")
+    models: list[ModelSpec] = Field(default_factory=lambda: [EmbeddedModelSpec(name=DEFAULT_MODEL)],
+                                    description="the models served; default: the packaged smollm2-135m-instruct, "
+                                    "embedded")
+    routes: dict[str, RouteSpec] = Field(default_factory=dict, description="route names clients may ask for "
+                                         "instead of a model, each picking among models per request")
+    cooldown: CooldownSettings = Field(CooldownSettings(), description="skipping a failing model for a while")
+    keys: list[KeySpec] = Field(default_factory=list, description="API keys; none: no key needed")
+    cache: CacheSettings = Field(CacheSettings(), description="the response caches")
+    ledger: LedgerSettings | None = Field(LedgerSettings(), description="one row per request; a URL alone is "
+                                          "`url`; null: no ledger (no budgets from history, no Batch API)")
+    ledger_durable: bool = Field(False, description="false: rows are committed by a background writer, usually "
+                                 "within milliseconds of the answer, and a crash in that window loses them; true: "
+                                 "the answer's last byte waits for its row's commit")
+    energy: EnergySettings = Field(EnergySettings(), description="energy measurement")
+    batch: BatchSettings = Field(BatchSettings(), description="the Batch API")
+    limits: LimitsSettings = Field(LimitsSettings(), description="where rate limits and budgets are counted")
+    tenants: dict[str, TenantSpec] = Field(default_factory=dict, description="limits per tenant name (keys name "
+                                           "their tenant)")
+
+    @field_validator("ledger", mode="before", json_schema_input_type=LedgerSettings | str | None)
     @classmethod
     def _ledger_url(cls, value: object) -> object:
         return {"url": value} if isinstance(value, str) else value
@@ -461,7 +628,19 @@ class Config(_Strict):
         dup = sorted({self.keys[i].name for i, d in enumerate(digests) if digests.count(d) > 1})
         if dup:   # the last one would win silently, perhaps making a tenant's key another's admin key
             raise ValueError(f"keys: the same key is listed more than once ({', '.join(dup)})")
+        for m in self.models:
+            if isinstance(m, EmbeddedModelSpec) and m.engine is not None:
+                m.engine = self._engine_for(m.name, m.engine)
         return self
+
+    def _engine_for(self, name: str, own: EngineConfig) -> EngineConfig:
+        """A model's `engine:` over the top-level one, key by key (the keys each section was given)."""
+        merged = {**self.engine.model_dump(exclude_unset=True), **own.model_dump(exclude_unset=True)}
+        try:
+            return EngineConfig.model_validate(merged)
+        except ValidationError as e:
+            problems = "; ".join(str(err.get("ctx", {}).get("error", err["msg"])) for err in e.errors())
+            raise ValueError(f"model {name!r}: its `engine:` over the top-level one: {problems}") from None
 
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)
@@ -469,6 +648,13 @@ class Config(_Strict):
 
 class ConfigError(ValueError):
     pass
+
+
+def _yaml_path(loc: tuple[int | str, ...]) -> str:
+    """A validation error's location as a path in the file: the backend tag pydantic puts after `models.N` is
+    not a key of the file."""
+    keys = [x for i, x in enumerate(loc) if not (i == 2 and loc[0] == "models" and x in BACKENDS)]
+    return ".".join(str(x) for x in keys) or "(top level)"
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -488,8 +674,5 @@ def load_config(path: str | Path | None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            lines.append(f"  {loc}: {err['msg']}")
+        lines = [f"  {_yaml_path(err['loc'])}: {err['msg']}" for err in e.errors()]
         raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(lines)) from e

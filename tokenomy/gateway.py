@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
-from tokenomy.config import Config, ConfigError, ModelSpec, load_config
+from tokenomy.config import Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
@@ -38,7 +38,7 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
                   n_threads: int | None = None) -> Any:
     """The backend for one configured model: the embedded engine (started here, with the model's engine and
     structured settings; ``n_threads`` overrides the engine's threads) or the OpenAI-compatible upstream."""
-    if spec.backend == "embedded":
+    if isinstance(spec, EmbeddedModelSpec):
         cfg = spec.engine or config.engine
         if n_threads is not None:
             cfg = cfg.model_copy(update={"n_threads": n_threads})
@@ -112,7 +112,7 @@ class Gateway:
                   set(config.cache.semantic.routes) if config.cache.semantic.routes is not None else None),
             Route([m.name for m in config.models], self.routes,
                   expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
-                  metrics=self.metrics),
+                  metrics=self.metrics, backends=self.registry),
             Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend == "openai"},
                      self.metrics),
         ])
@@ -162,15 +162,14 @@ class Gateway:
         return b
 
     def _caches(self, config: Config) -> tuple[Any, Any]:
-        from pathlib import Path
-
         from tokenomy.cache.exact import ExactCache
         from tokenomy.cache.semantic import SemanticCache
         from tokenomy.cache.store import RedisStore, SQLiteStore
 
         c = config.cache
-        path = Path(c.path)
-        path.mkdir(parents=True, exist_ok=True)
+        path = c.directory()
+        if c.exact.enabled or c.semantic.enabled:
+            path.mkdir(parents=True, exist_ok=True)
 
         def store(namespace: str, max_entries: int) -> Any:
             if c.store == "local":
@@ -203,7 +202,8 @@ class Gateway:
         """A configured model's price (by its name, else its gguf) for one request, the batch price for a batch
         request (meter.pricing.price_of); None for a model not configured."""
         models = self.config.models
-        spec = next((m for m in models if m.name == model), None) or next((m for m in models if m.gguf == model), None)
+        spec = (next((m for m in models if m.name == model), None)
+                or next((m for m in models if isinstance(m, EmbeddedModelSpec) and m.gguf == model), None))
         return pricing.price_of(self.prices, spec.name, batch) if spec is not None else None
 
     def cost(self, model: str, usage: Usage, batch: bool = False) -> float:

@@ -1,12 +1,23 @@
-"""One generation as every layer sees it: the internal request each dialect maps to (`GenRequest`), the pieces of
-its answer (`Delta`) and what it used (`Usage`). The pipeline hands it to backends, the meter prices it; it
-imports nothing of tokenomy, so every layer can.
+"""One generation as every layer sees it: the internal request each dialect maps to (`GenRequest`, with
+`TokenRouting` for token-level routing), the pieces of its answer (`Delta`) and what it used (`Usage`). The
+pipeline hands it to backends, the meter prices it; it imports nothing of tokenomy, so every layer can.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class TokenRouting:
+    """What token-level routing (router/token_routing.py) asks of an embedded backend for one part of an answer;
+    only embedded backends take it (engine/sampling_params.py carries the last three into the engine)."""
+
+    prompt_ids: list[int] | None = None     # the prompt's exact tokens: no template is rendered
+    signal: str | None = None               # report each token's confidence under this signal (Delta.signals)
+    handover_below: float | None = None     # end with finish_reason "handover" where the signal falls below this,
+    handover_after: int = 0                 # ... but not before this many output tokens
 
 
 @dataclass
@@ -27,13 +38,7 @@ class GenRequest:
     headers: dict[str, str] = field(default_factory=dict, repr=False)   # the client's, lower-cased (a pool's
     #                                                     session-affinity header)
     stream: bool = True     # False: the caller only wants the whole answer, which a backend may deliver in one piece
-    # Token-level routing (router/token.py), embedded backends only: `prompt_ids` are the prompt's exact tokens (no
-    # template is rendered); `signal` asks for each token's confidence, `handover_below` ends the answer with
-    # finish_reason "handover" where it falls below (engine/sampling_params.py).
-    prompt_ids: list[int] | None = field(default=None, repr=False)
-    signal: str | None = None
-    handover_below: float | None = None
-    handover_after: int = 0
+    token_routing: TokenRouting | None = field(default=None, repr=False)   # set by token-level routing only
     # A backend's count_tokens leaves its work here: (backend name, kind, messages, tools, prompt, token ids).
     # Generating on the same backend from the very same inputs (identical objects, as dataclasses.replace keeps
     # them) reuses the ids instead of rendering the template and tokenizing a second time; any new messages,
@@ -53,7 +58,7 @@ class Delta:
     error: str | None = None
     confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when the backend knows them
     token_ids: list[int] = field(default_factory=list)      # the tokens of `text`, from an embedded backend
-    signals: list[float] = field(default_factory=list)      # each token's confidence, when GenRequest.signal asked
+    signals: list[float] = field(default_factory=list)      # each token's confidence, when TokenRouting.signal asked
 
 
 @dataclass

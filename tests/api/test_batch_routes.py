@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from tokenomy.api.batches import batch_router
+from tokenomy.api import batches
 from tokenomy.api.errors import api_error_handler
 from tokenomy.batch.store import BatchStore
 from tokenomy.errors import APIError
@@ -29,9 +29,8 @@ def api(tmp_path):
         key = request.headers.get("authorization", "").removeprefix("Bearer ")
         return key, f"tenant-{key}"
 
-    app = FastAPI()
-    app.add_exception_handler(APIError, api_error_handler)
-    app.include_router(batch_router(store, owner_of, max_file_bytes=1 << 20, wake=lambda: woken.append(1)))
+    app = FastAPI(routes=batches.ROUTES, exception_handlers={APIError: api_error_handler})
+    app.state.batch_api = batches.BatchAPI(store, owner_of, max_file_bytes=1 << 20, wake=lambda: woken.append(1))
     with TestClient(app) as client:
         yield client, store, woken
     engine.dispose()

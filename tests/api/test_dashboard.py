@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from tests.conftest import free_port
 from tests.meter.synthetic import Spec, mixed, rows_for
 from tests.meter.test_report import check, expected
-from tokenomy.api.dashboard import dashboard_router
+from tokenomy.api import dashboard
 from tokenomy.errors import APIError
 from tokenomy.meter.layout import ROWS
 from tokenomy.meter.ledger import Ledger
@@ -72,6 +72,12 @@ def serve(app: FastAPI) -> Iterator[str]:
         thread.join(timeout=10)
 
 
+def dashboard_app(d: dashboard.Dashboard) -> FastAPI:
+    app = FastAPI(routes=dashboard.ROUTES)
+    app.state.dashboard = d
+    return app
+
+
 @pytest.fixture
 def site(tmp_path):
     specs = mixed()
@@ -82,9 +88,7 @@ def site(tmp_path):
             led.write(r)
         led.flush()
         metrics.watch_ledger(led)
-        app = FastAPI()
-        app.include_router(dashboard_router(led, metrics, refresh_s=1.0))
-        with serve(app) as root:
+        with serve(dashboard_app(dashboard.Dashboard(led, metrics, refresh_s=1.0))) as root:
             yield root, led, specs, rows, metrics
 
 
@@ -216,9 +220,7 @@ def test_guards(tmp_path):
     [row] = rows_for([Spec("small", 3, 0, 1, key_id="k9")])
     with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
         led.write(row)
-        app = FastAPI()
-        app.include_router(dashboard_router(led, guard=admin_only, feedback_guard=own_requests))
-        with serve(app) as root:
+        with serve(dashboard_app(dashboard.Dashboard(led, guard=admin_only, feedback_guard=own_requests))) as root:
             assert httpx.get(root + "/dashboard/data").status_code == 401
             ok = httpx.get(root + "/dashboard/data", headers={"authorization": "Bearer admin"})
             assert ok.status_code == 200 and ok.json()["total"]["requests"] == 1
@@ -240,8 +242,7 @@ def test_a_key_in_the_dashboard_url_leaves_the_address_bar_and_still_authorizes(
         for r in rows_for(mixed()):
             led.write(r)
         led.flush()
-        app = FastAPI()
-        app.include_router(dashboard_router(led, Metrics(), guard=admin, refresh_s=1.0))
+        app = dashboard_app(dashboard.Dashboard(led, Metrics(), guard=admin, refresh_s=1.0))
         with serve(app) as root, sync_playwright() as pw:
             browser = launch_chromium(pw)
             try:

@@ -19,16 +19,16 @@ from tests.upstream_stub import Stub
 from tokenomy.backends.load_signals import parse_prometheus, parse_slots
 from tokenomy.backends.pool import Pool
 from tokenomy.backends.prefix_index import PrefixIndex, render
-from tokenomy.config import Config, ModelSpec
+from tokenomy.config import Config, OpenAIModelSpec
 from tokenomy.generation import GenRequest
 
 SYSTEMS = {t: f"You are the assistant of {t}. " + " ".join(f"{t} rule {i}: be brief and exact." for i in range(40))
            for t in ("acme", "globex", "initech")}
 
 
-def spec(urls: list[str], **balance: Any) -> ModelSpec:
-    return ModelSpec(name="m", backend="openai", replicas=urls, model="stub", tokenizer="smollm2-135m-instruct",
-                     timeout_s=5, balance={"check_interval_s": 0, **balance})
+def spec(urls: list[str], **balance: Any) -> OpenAIModelSpec:
+    return OpenAIModelSpec(name="m", backend="openai", replicas=urls, model="stub", tokenizer="smollm2-135m-instruct",
+                           timeout_s=5, balance={"check_interval_s": 0, **balance})
 
 
 def chat(tenant: str, question: str = "Hi?", **kw: Any) -> GenRequest:
@@ -70,7 +70,7 @@ def test_bad_pool_config_is_refused_clearly(model: dict[str, Any], message: str)
 
 
 def test_base_url_is_one_replica() -> None:
-    m = ModelSpec(name="m", backend="openai", base_url="http://a:1/v1/", replicas=["http://a:1/v1"])
+    m = OpenAIModelSpec(name="m", backend="openai", base_url="http://a:1/v1/", replicas=["http://a:1/v1"])
     assert m.replicas == ["http://a:1/v1"]
 
 

@@ -203,7 +203,8 @@ def test_a_newer_schema_is_refused(ledger_url):
 
 
 def test_urls(tmp_path, monkeypatch):
-    assert normalize_url(None) == "sqlite:///tokenomy.db"
+    monkeypatch.setenv("TOKENOMY_HOME", str(tmp_path / "home"))
+    assert normalize_url(None) == f"sqlite:///{tmp_path / 'home' / 'ledger.db'}"
     assert normalize_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     assert normalize_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
     assert normalize_url("x/led.db") == "sqlite:///x/led.db"
@@ -212,10 +213,10 @@ def test_urls(tmp_path, monkeypatch):
     with pytest.raises(LedgerError, match="does not exist"):
         Ledger(f"sqlite:///{tmp_path}/missing/dir/led.db")
     monkeypatch.chdir(tmp_path)
-    with Ledger() as led:                              # default: tokenomy.db in the working directory
+    with Ledger() as led:                              # default: ledger.db in the data directory, made on first use
         led.write(rows_for([Spec("small", 1, 0, 1)])[0])
-    assert (tmp_path / "tokenomy.db").exists()
-    with sa.create_engine(f"sqlite:///{tmp_path / 'tokenomy.db'}").connect() as conn:
+    assert (tmp_path / "home" / "ledger.db").exists() and not (tmp_path / "tokenomy.db").exists()
+    with sa.create_engine(f"sqlite:///{tmp_path / 'home' / 'ledger.db'}").connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 

@@ -175,6 +175,25 @@ def test_token_route_sends_structured_output_to_the_large_model_whole(gw):
     assert "models" not in r.json()["usage"]
 
 
+def test_a_token_route_keeps_one_router_until_a_reload_gives_the_route_new_settings(gw):
+    from tokenomy.config import RouteSpec
+    from tokenomy.pipeline.route import Route
+
+    stage = next(s for s in gw.gateway.pipeline.stages if isinstance(s, Route))
+    assert ask(gw, "token_always", "Name a colour.", max_tokens=6).json()["usage"]["handovers"] >= 1
+    router = stage._token_routers["token_always"][1]
+    ask(gw, "token_always", "Name a fruit.", max_tokens=6)
+    assert stage._token_routers["token_always"][1] is router        # built once for the route, not per request
+    routes, old = gw.gateway.routes, gw.gateway.routes["token_always"]
+    try:        # what a config reload does: the route gets a new spec, here one that never hands over
+        routes["token_always"] = RouteSpec.model_validate(
+            {**old.model_dump(), "token": {"signal": "top1", "threshold": 0.0}})
+        assert ask(gw, "token_always", "Name a colour.", max_tokens=6).json()["usage"]["handovers"] == 0
+        assert stage._token_routers["token_always"][1] is not router
+    finally:
+        routes["token_always"] = old
+
+
 def test_token_route_to_an_upstream_large_model_and_its_outage():
     with StubServer(Stub()) as s:
         remote = {"name": "remote", "backend": "openai", "base_url": f"http://127.0.0.1:{s.port}/v1",

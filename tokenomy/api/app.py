@@ -1,4 +1,8 @@
-"""The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back."""
+"""The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back.
+
+Each endpoint is a module-level function that finds the Gateway as `app.state.gateway`; create_app assembles the
+routes (ROUTES, and the dashboard's and the Files and Batches' when the gateway has them), the error handlers and the
+lifespan."""
 
 from __future__ import annotations
 
@@ -12,13 +16,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import openapi
-from tokenomy.api.batches import batch_router
+from tokenomy.api import batches, dashboard, openapi
+from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import read_body
-from tokenomy.api.dashboard import dashboard_router
+from tokenomy.api.dashboard import Dashboard
 from tokenomy.api.errors import (
     api_error_handler,
     error_response,
@@ -34,120 +39,153 @@ from tokenomy.generation import GenRequest
 from tokenomy.pipeline.request import RequestContext
 
 
+async def chat_completions(request: Request) -> Response:
+    gateway = _gateway(request)
+    body = await _parse_recorded(gateway, request, ChatCompletionRequest, "chat")
+    assert isinstance(body, ChatCompletionRequest)
+    gen = body.gen_request()
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await _serve(request, gateway, gen, body.stream, include_usage)
+
+
+async def completions(request: Request) -> Response:
+    gateway = _gateway(request)
+    body = await _parse_recorded(gateway, request, CompletionRequest, "completion")
+    assert isinstance(body, CompletionRequest)
+    gen = body.gen_request()
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await _serve(request, gateway, gen, body.stream, include_usage,
+                        echo=body.text if body.echo else "")
+
+
+async def models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy"}
+        for name in _gateway(request).models_for(request.headers.get("authorization"))]}
+
+
+async def model(model_id: str, request: Request) -> dict[str, Any]:
+    if model_id not in _gateway(request).models_for(request.headers.get("authorization")):
+        raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy"}
+
+
+async def health(request: Request) -> JSONResponse:
+    gateway = _gateway(request)
+    states = {n: await b.health() for n, b in gateway.registry.backends.items()}
+    ok = any(states.values())
+    engines = {n: e.describe() for n, e in gateway.engines()}
+    cooling = sorted(n for n in states if gateway.registry.cooling(n))
+    caches = {n: getattr(store, "healthy", True) for n, store in gateway.cache_stores()}
+    status = "unavailable" if not ok else "degraded" if not all(caches.values()) or cooling else "ok"
+    return JSONResponse({"status": status, "models": states, "engines": engines, "cooling": cooling,
+                         "caches": caches}, status_code=200 if ok else 503)
+
+
+async def admin_keys(request: Request) -> dict[str, Any]:
+    _admin(request)
+    return {"object": "list", "data": [
+        {"key_id": k.key_id, "name": k.name, "tenant": k.tenant, "admin": k.admin, "rpm": k.rpm, "tpm": k.tpm}
+        for k in _gateway(request).keyring.by_hash.values()]}
+
+
+async def admin_reload(request: Request) -> dict[str, Any]:
+    _admin(request)
+    return _gateway(request).reload()
+
+
+async def metrics(request: Request) -> Response:
+    _keyed(request)
+    return Response(_gateway(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def openapi_json(request: Request) -> JSONResponse:
+    _keyed(request)
+    return JSONResponse(request.app.openapi())
+
+
+async def docs(request: Request) -> Response:
+    _keyed(request)
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="tokenomy API")
+
+
+ROUTES = [
+    APIRoute("/openapi.json", openapi_json, methods=["GET"], include_in_schema=False),
+    APIRoute("/docs", docs, methods=["GET"], include_in_schema=False),
+    APIRoute("/v1/chat/completions", chat_completions, methods=["POST"],
+             openapi_extra=openapi.documented(ChatCompletionRequest)),
+    APIRoute("/v1/completions", completions, methods=["POST"], openapi_extra=openapi.documented(CompletionRequest)),
+    APIRoute("/v1/models", models, methods=["GET"]),
+    APIRoute("/v1/models/{model_id}", model, methods=["GET"]),
+    APIRoute("/health", health, methods=["GET"]),
+    APIRoute("/admin/keys", admin_keys, methods=["GET"]),
+    APIRoute("/admin/reload", admin_reload, methods=["POST"]),
+    APIRoute("/metrics", metrics, methods=["GET"]),
+]
+EXCEPTION_HANDLERS = {APIError: api_error_handler, RequestValidationError: validation_handler,
+                      StarletteHTTPException: http_error_handler, Exception: unhandled_handler}
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    gateway: Gateway = app.state.gateway
+    gateway.start()
+    yield
+    await gateway.close()
+
+
 def create_app(gateway: Gateway) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        gateway.start()
-        yield
-        await gateway.close()
-
-    app = FastAPI(title="tokenomy", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-
-    def keyed(request: Request) -> None:
-        """With keys configured, a path not in server.public needs a valid key."""
-        if gateway.keyring.enabled and request.url.path not in gateway.config.server.public:
-            gateway.keyring.lookup(request.headers.get("authorization"))
-
-    @app.get("/openapi.json", include_in_schema=False)
-    async def openapi_json(request: Request) -> JSONResponse:
-        keyed(request)
-        return JSONResponse(app.openapi())
-
-    @app.get("/docs", include_in_schema=False)
-    async def docs(request: Request) -> Response:
-        keyed(request)
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="tokenomy API")
+    """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger and the Files and Batches
+    routes when batches are enabled. Every endpoint reads what it needs from `app.state`."""
+    routes = [*ROUTES, *(dashboard.ROUTES if gateway.ledger is not None else ()),
+              *(batches.ROUTES if gateway.batches is not None else ())]
+    app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
+                  lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
-    app.add_exception_handler(APIError, api_error_handler)
-    app.add_exception_handler(RequestValidationError, validation_handler)
-    app.add_exception_handler(StarletteHTTPException, http_error_handler)
-    app.add_exception_handler(Exception, unhandled_handler)
-
-    openapi.install(app)
-
-    @app.post("/v1/chat/completions", openapi_extra=openapi.documented(ChatCompletionRequest))
-    async def chat_completions(request: Request) -> Response:
-        body = await _parse_recorded(gateway, request, ChatCompletionRequest, "chat")
-        assert isinstance(body, ChatCompletionRequest)
-        gen = body.gen_request()
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _serve(request, gateway, gen, body.stream, include_usage)
-
-    @app.post("/v1/completions", openapi_extra=openapi.documented(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        body = await _parse_recorded(gateway, request, CompletionRequest, "completion")
-        assert isinstance(body, CompletionRequest)
-        gen = body.gen_request()
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _serve(request, gateway, gen, body.stream, include_usage,
-                            echo=body.text if body.echo else "")
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy"}
-            for name in gateway.models_for(request.headers.get("authorization"))]}
-
-    @app.get("/v1/models/{model_id}")
-    async def model(model_id: str, request: Request) -> dict[str, Any]:
-        if model_id not in gateway.models_for(request.headers.get("authorization")):
-            raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
-        return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy"}
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        states = {n: await b.health() for n, b in gateway.registry.backends.items()}
-        ok = any(states.values())
-        engines = {n: e.describe() for n, e in gateway.engines()}
-        cooling = sorted(n for n in states if gateway.registry.cooling(n))
-        caches = {n: getattr(store, "healthy", True) for n, store in gateway.cache_stores()}
-        status = "unavailable" if not ok else "degraded" if not all(caches.values()) or cooling else "ok"
-        return JSONResponse({"status": status, "models": states, "engines": engines, "cooling": cooling,
-                             "caches": caches}, status_code=200 if ok else 503)
-
-    @app.get("/admin/keys")
-    async def admin_keys(request: Request) -> dict[str, Any]:
-        gateway.keyring.admin(request.headers.get("authorization"))
-        return {"object": "list", "data": [
-            {"key_id": k.key_id, "name": k.name, "tenant": k.tenant, "admin": k.admin, "rpm": k.rpm, "tpm": k.tpm}
-            for k in gateway.keyring.by_hash.values()]}
-
-    @app.post("/admin/reload")
-    async def admin_reload(request: Request) -> dict[str, Any]:
-        gateway.keyring.admin(request.headers.get("authorization"))
-        return gateway.reload()
-
     if gateway.ledger is not None:
-        app.include_router(dashboard_router(
-            gateway.ledger, gateway.metrics,
-            guard=lambda r: gateway.keyring.admin(r.headers.get("authorization")),
-            feedback_guard=lambda r, row: _own_request(gateway, r, row),
-            authenticate=lambda r: gateway.keyring.enabled and gateway.keyring.lookup(r.headers.get("authorization"))))
-
+        app.state.dashboard = Dashboard(gateway.ledger, gateway.metrics, guard=_admin, feedback_guard=_own_request,
+                                        authenticate=_authenticate)
     if gateway.batches is not None:
-        app.include_router(batch_router(gateway.batches, lambda r: _owner(gateway, r),
-                                        max_file_bytes=gateway.config.batch.max_file_bytes,
-                                        wake=gateway.batch_runner.wake))
-
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        keyed(request)
-        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
+        app.state.batch_api = BatchAPI(gateway.batches, _owner, max_file_bytes=gateway.config.batch.max_file_bytes,
+                                       wake=gateway.batch_runner.wake)
+    openapi.install(app)
     return app
 
 
-def _owner(gateway: Gateway, request: Request) -> tuple[str, str]:
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def _authenticate(request: Request) -> None:
+    """With keys configured, the request needs a valid key."""
+    gateway = _gateway(request)
+    if gateway.keyring.enabled:
+        gateway.keyring.lookup(request.headers.get("authorization"))
+
+
+def _keyed(request: Request) -> None:
+    """With keys configured, a path not in server.public needs a valid key."""
+    if request.url.path not in _gateway(request).config.server.public:
+        _authenticate(request)
+
+
+def _admin(request: Request) -> None:
+    _gateway(request).keyring.admin(request.headers.get("authorization"))
+
+
+def _owner(request: Request) -> tuple[str, str]:
     """Who owns the files and batches a request may see: (key id, tenant); ("", "default") without keys."""
+    gateway = _gateway(request)
     if not gateway.keyring.enabled:
         return "", "default"
     info = gateway.keyring.lookup(request.headers.get("authorization"))
     return info.key_id, info.tenant
 
 
-def _own_request(gateway: Gateway, request: Request, row: Any) -> None:
+def _own_request(request: Request, row: Any) -> None:
     """Feedback is for one's own requests (or any, with an admin key); open when no keys are configured."""
+    gateway = _gateway(request)
     if not gateway.keyring.enabled:
         return
     info = gateway.keyring.lookup(request.headers.get("authorization"))
@@ -159,8 +197,7 @@ async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseMo
     """Authenticate, then parse the body (no byte of it is read for a caller without a valid key); a refused
     request still gets its ledger row (status 4xx, no model)."""
     try:
-        if gateway.keyring.enabled:
-            gateway.keyring.lookup(request.headers.get("authorization"))
+        _authenticate(request)
         return await _parse(request, model, gateway.config.server.max_body_bytes)
     except (APIError, RequestValidationError) as e:
         err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")

@@ -1,10 +1,10 @@
-"""The dashboard and the feedback endpoint, as a router the app includes.
+"""The dashboard and the feedback endpoint: ROUTES over a Dashboard the app holds as `app.state.dashboard`.
 
     GET  /dashboard        a self-contained page (plotly inline, no external assets) that refreshes its figures
     GET  /dashboard/data   the report JSON (meter/report.py) over ?since=24h&until=&by=model|route|tenant|key
     POST /v1/feedback      {"request_id", "score" in [-1, 1], "comment"?} joins the request's ledger row
 
-`guard(request)` (e.g. the keyring's admin check) protects /dashboard/data; the page itself holds no data and
+`Dashboard.guard(request)` (e.g. the keyring's admin check) protects /dashboard/data; the page itself holds no data and
 forwards a key given in its URL fragment (/dashboard#key=...) as a bearer token. `feedback_guard(request, row)`
 may refuse feedback on another key's request. Errors use the OpenAI body with a 4xx status.
 """
@@ -15,10 +15,12 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from tokenomy.api.body import read_body
@@ -56,86 +58,108 @@ def _err(status: int, message: str, param: str | None = None, code: str | None =
     return error_response(APIError(status, message, param=param, code=code))
 
 
-def dashboard_router(ledger: Ledger, metrics: Any = None, guard: Callable[[Request], Any] | None = None,
-                     feedback_guard: Callable[[Request, LedgerRow], Any] | None = None,
-                     authenticate: Callable[[Request], Any] | None = None,
-                     refresh_s: float = 5.0, default_since: str = "24h") -> APIRouter:
-    router = APIRouter()
-    page = render_page(data_url="/dashboard/data", refresh_s=refresh_s, title="tokenomy dashboard")
+@dataclass
+class Dashboard:
+    """What the routes read from `app.state.dashboard`: the ledger, the app's Metrics (for live gauges and the
+    feedback histogram; None for neither), the guards, how often the page refreshes and the report's default window."""
 
-    @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
-    async def dashboard() -> HTMLResponse:
-        return HTMLResponse(page, headers={"cache-control": "no-store"})
+    ledger: Ledger
+    metrics: Any = None
+    guard: Callable[[Request], Any] | None = None
+    feedback_guard: Callable[[Request, LedgerRow], Any] | None = None
+    authenticate: Callable[[Request], Any] | None = None
+    refresh_s: float = 5.0
+    default_since: str = "24h"
+    page: str = field(init=False, repr=False)
 
-    @router.get("/dashboard/data")
-    async def dashboard_data(request: Request) -> Response:
-        try:
-            if guard is not None:
-                guard(request)
-            q = request.query_params
-            now = time.time()
-            since, until = _time(q.get("since", default_since), "since", now), _time(q.get("until"), "until", now)
-            by = q.get("by") or None
-            if by is not None and by not in BY:
-                raise APIError(400, f"by must be one of {', '.join(BY)}", param="by", code="invalid_value")
-            if since is not None and until is not None and since > until:
-                raise APIError(400, "since is after until", param="since", code="invalid_time")
-            rows = await run_in_threadpool(ledger.query, since, until)
-        except APIError as e:
-            return error_response(e)
-        data = build(rows, since, until, by)
-        if metrics is not None:
-            data["live"] = _live(metrics)
-        return JSONResponse(data, headers={"cache-control": "no-store"})
+    def __post_init__(self) -> None:
+        self.page = render_page(data_url="/dashboard/data", refresh_s=self.refresh_s, title="tokenomy dashboard")
 
-    @router.post("/v1/feedback")
-    async def feedback(request: Request) -> Response:
-        try:
-            if authenticate is not None:
-                authenticate(request)          # before a byte of the body is read
-            raw = await read_body(request, MAX_FEEDBACK_BYTES)
-        except APIError as e:
-            return error_response(e)
-        try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            return _err(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json")
-        if not isinstance(body, dict):
-            return _err(400, "The request body must be a JSON object.", code="invalid_body")
-        unknown = sorted(set(body) - {"request_id", "score", "comment"})
-        if unknown:
-            return _err(400, f"Unrecognized parameter: '{unknown[0]}'.", param=unknown[0], code="unknown_parameter")
-        rid, score, comment = body.get("request_id"), body.get("score"), body.get("comment")
-        if rid is None:
-            return _err(400, "Missing required parameter: 'request_id'.", param="request_id", code="missing")
-        if not isinstance(rid, str) or not rid.strip() or len(rid) > 64:
-            return _err(400, "Invalid value for 'request_id': a request id (x-tokenomy-request-id) is expected.",
-                        param="request_id", code="invalid_value")
-        if score is None:
-            return _err(400, "Missing required parameter: 'score'.", param="score", code="missing")
-        lo, hi = FEEDBACK_RANGE
-        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score) \
-                or not lo <= score <= hi:
-            return _err(400, f"Invalid value for 'score': a number from {lo:g} to {hi:g} is expected.",
-                        param="score", code="invalid_value")
-        if comment is not None and (not isinstance(comment, str) or len(comment) > MAX_COMMENT):
-            return _err(400, f"Invalid value for 'comment': a string of at most {MAX_COMMENT} characters.",
-                        param="comment", code="invalid_value")
-        try:
-            if feedback_guard is not None:
-                row = await run_in_threadpool(ledger.get, rid)
-                if row is None and await run_in_threadpool(ledger.flush):   # it may still be queued
-                    row = await run_in_threadpool(ledger.get, rid)
-                if row is not None:
-                    feedback_guard(request, row)
-            found = await run_in_threadpool(ledger.feedback, rid, float(score), comment)
-        except APIError as e:
-            return error_response(e)
-        if not found:
-            return _err(404, f"No request with id '{rid}' is in the ledger.", param="request_id",
-                        code="request_not_found")
-        if metrics is not None:
-            metrics.feedback.observe(float(score))
-        return JSONResponse({"object": "feedback", "request_id": rid, "score": float(score), "comment": comment})
 
-    return router
+def _dashboard(request: Request) -> Dashboard:
+    d: Dashboard = request.app.state.dashboard
+    return d
+
+
+async def dashboard(request: Request) -> HTMLResponse:
+    return HTMLResponse(_dashboard(request).page, headers={"cache-control": "no-store"})
+
+
+async def dashboard_data(request: Request) -> Response:
+    d = _dashboard(request)
+    try:
+        if d.guard is not None:
+            d.guard(request)
+        q = request.query_params
+        now = time.time()
+        since, until = _time(q.get("since", d.default_since), "since", now), _time(q.get("until"), "until", now)
+        by = q.get("by") or None
+        if by is not None and by not in BY:
+            raise APIError(400, f"by must be one of {', '.join(BY)}", param="by", code="invalid_value")
+        if since is not None and until is not None and since > until:
+            raise APIError(400, "since is after until", param="since", code="invalid_time")
+        rows = await run_in_threadpool(d.ledger.query, since, until)
+    except APIError as e:
+        return error_response(e)
+    data = build(rows, since, until, by)
+    if d.metrics is not None:
+        data["live"] = _live(d.metrics)
+    return JSONResponse(data, headers={"cache-control": "no-store"})
+
+
+async def feedback(request: Request) -> Response:
+    d = _dashboard(request)
+    try:
+        if d.authenticate is not None:
+            d.authenticate(request)          # before a byte of the body is read
+        raw = await read_body(request, MAX_FEEDBACK_BYTES)
+    except APIError as e:
+        return error_response(e)
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return _err(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json")
+    if not isinstance(body, dict):
+        return _err(400, "The request body must be a JSON object.", code="invalid_body")
+    unknown = sorted(set(body) - {"request_id", "score", "comment"})
+    if unknown:
+        return _err(400, f"Unrecognized parameter: '{unknown[0]}'.", param=unknown[0], code="unknown_parameter")
+    rid, score, comment = body.get("request_id"), body.get("score"), body.get("comment")
+    if rid is None:
+        return _err(400, "Missing required parameter: 'request_id'.", param="request_id", code="missing")
+    if not isinstance(rid, str) or not rid.strip() or len(rid) > 64:
+        return _err(400, "Invalid value for 'request_id': a request id (x-tokenomy-request-id) is expected.",
+                    param="request_id", code="invalid_value")
+    if score is None:
+        return _err(400, "Missing required parameter: 'score'.", param="score", code="missing")
+    lo, hi = FEEDBACK_RANGE
+    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score) \
+            or not lo <= score <= hi:
+        return _err(400, f"Invalid value for 'score': a number from {lo:g} to {hi:g} is expected.",
+                    param="score", code="invalid_value")
+    if comment is not None and (not isinstance(comment, str) or len(comment) > MAX_COMMENT):
+        return _err(400, f"Invalid value for 'comment': a string of at most {MAX_COMMENT} characters.",
+                    param="comment", code="invalid_value")
+    try:
+        if d.feedback_guard is not None:
+            row = await run_in_threadpool(d.ledger.get, rid)
+            if row is None and await run_in_threadpool(d.ledger.flush):   # it may still be queued
+                row = await run_in_threadpool(d.ledger.get, rid)
+            if row is not None:
+                d.feedback_guard(request, row)
+        found = await run_in_threadpool(d.ledger.feedback, rid, float(score), comment)
+    except APIError as e:
+        return error_response(e)
+    if not found:
+        return _err(404, f"No request with id '{rid}' is in the ledger.", param="request_id",
+                    code="request_not_found")
+    if d.metrics is not None:
+        d.metrics.feedback.observe(float(score))
+    return JSONResponse({"object": "feedback", "request_id": rid, "score": float(score), "comment": comment})
+
+
+ROUTES = [
+    APIRoute("/dashboard", dashboard, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
+    APIRoute("/dashboard/data", dashboard_data, methods=["GET"]),
+    APIRoute("/v1/feedback", feedback, methods=["POST"]),
+]

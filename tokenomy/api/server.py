@@ -9,8 +9,22 @@ import uvicorn
 from rich.console import Console
 
 from tokenomy.api.app import create_app
-from tokenomy.config import load_config
+from tokenomy.config import Config, load_config
 from tokenomy.gateway import Gateway
+from tokenomy.meter.ledger import normalize_url, safe_url
+
+
+def state_line(config: Config) -> str:
+    """Where a server with this config keeps its state: the ledger and the response caches."""
+    ledger = safe_url(normalize_url(config.ledger.url)) if config.ledger is not None else "off"
+    c = config.cache
+    if not (c.exact.enabled or c.semantic.enabled):
+        cache = "off"
+    elif c.store == "local":
+        cache = str(c.directory())
+    else:
+        cache = safe_url(c.store) + (f" (semantic index in {c.directory()})" if c.semantic.enabled else "")
+    return f"ledger: {ledger}; response cache: {cache}"
 
 
 def run(host: str | None = None, port: int | None = None, config_path: Path | None = None) -> None:
@@ -22,4 +36,5 @@ def run(host: str | None = None, port: int | None = None, config_path: Path | No
     host = host or config.server.host
     port = port or config.server.port
     console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1")
+    console.print(state_line(config), markup=False, highlight=False)
     uvicorn.run(create_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -18,9 +18,9 @@ from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineClient, EngineUnavailable
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec
-from tokenomy.engine.output import TokenLogprob
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
+from tokenomy.engine.sequence_output import TokenLogprob
 from tokenomy.engine.tokenizer import TemplateError
 from tokenomy.generation import Delta, GenRequest, Usage
 
@@ -33,6 +33,7 @@ def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,
     if isinstance(stop, str):
         stop = [stop]
     temperature = params.get("temperature")
+    routing = req.token_routing if req is not None else None
     return SamplingParams(
         max_tokens=params.get("max_tokens") or default_max,
         temperature=1.0 if temperature is None else float(temperature),
@@ -50,9 +51,9 @@ def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,
         ignore_eos=bool(params.get("ignore_eos")),
         speculative=params.get("speculative") is not False,
         priority="batch" if priority == "batch" else "interactive",
-        signal=req.signal if req is not None else None,
-        handover_below=req.handover_below if req is not None else None,
-        handover_after=req.handover_after if req is not None else 0,
+        signal=routing.signal if routing is not None else None,
+        handover_below=routing.handover_below if routing is not None else None,
+        handover_after=routing.handover_after if routing is not None else 0,
     )
 
 
@@ -98,8 +99,8 @@ class EmbeddedBackend:
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
-        if req.prompt_ids is not None:
-            return list(req.prompt_ids)
+        if req.token_routing is not None and req.token_routing.prompt_ids is not None:
+            return list(req.token_routing.prompt_ids)
         memo = req.counted
         if (memo is not None and memo[0] == self.name and memo[1] == req.kind and memo[2] is req.messages
                 and memo[3] is req.tools and memo[4] is req.prompt):

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from tokenomy.backends.base import BackendError, InvalidRequest
-from tokenomy.config import ModelSpec
+from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.generation import Delta, GenRequest, Usage
 from tokenomy.meter.metrics import Metrics
@@ -26,7 +26,8 @@ RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
 class OpenAIBackend:
-    def __init__(self, spec: ModelSpec, metrics: Metrics | None = None, counter: TokenCounter | None = None) -> None:
+    def __init__(self, spec: OpenAIModelSpec, metrics: Metrics | None = None,
+                 counter: TokenCounter | None = None) -> None:
         self.name = spec.name
         self.spec = spec
         self.metrics = metrics

@@ -36,7 +36,7 @@ from tokenomy.backends.base import BackendError
 from tokenomy.backends.load_signals import LoadSignal, parse_prometheus, parse_slots
 from tokenomy.backends.openai import OpenAIBackend
 from tokenomy.backends.prefix_index import PrefixIndex, render
-from tokenomy.config import ModelSpec
+from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount
 from tokenomy.generation import Delta, GenRequest
 from tokenomy.meter.metrics import Metrics
@@ -73,7 +73,7 @@ def replica_names(urls: list[str]) -> list[str]:
 
 
 class Pool:
-    def __init__(self, spec: ModelSpec, metrics: Metrics | None = None) -> None:
+    def __init__(self, spec: OpenAIModelSpec, metrics: Metrics | None = None) -> None:
         assert spec.replicas, "a pool needs replicas"
         self.name, self.spec, self.balance = spec.name, spec, spec.balance
         self.metrics = metrics

@@ -9,12 +9,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class EngineConfig(BaseModel):
+    """The embedded engine: KV cache, scheduling, speculation and its process (docs/engine.md)."""
+
     model_config = ConfigDict(extra="forbid")
 
     n_ctx: int = Field(98304, ge=256, description="KV cells in all; with kv_unified false each of the n_seqs "
                        "streams gets n_ctx / n_seqs of them (rounded up to 256), a sequence's length limit")
-    max_model_len: int = Field(8192, ge=64)
-    max_running: int = Field(16, ge=1, le=128)
+    max_model_len: int = Field(8192, ge=64, description="tokens one sequence may hold, prompt and answer "
+                               "together; a longer prompt is refused")
+    max_running: int = Field(16, ge=1, le=128, description="sequences decoded together in one step; more: higher "
+                             "throughput, slower steps (each gets a KV stream with kv_unified false)")
     max_retired: int = Field(8, ge=0, le=128, description="sequence ids beyond max_running, for finished sequences "
                              "kept as reusable prefixes (with KV streams, every stream not running keeps one)")
     max_retired_cells: int | None = Field(None, ge=0, description="KV cells held by finished sequences alone "
@@ -24,7 +28,8 @@ class EngineConfig(BaseModel):
     retire_outputs: bool = Field(False, description="keep a finished answer's own tokens as a prefix too, for the "
                                  "next turn of a conversation; off: only its prompt stays cached")
     max_batch_tokens: int = Field(512, ge=1, description="tokens per llama_decode step (chunked prefill)")
-    max_waiting: int = Field(256, ge=1)
+    max_waiting: int = Field(256, ge=1, description="requests queued for a place among max_running; one more is "
+                             "refused (429) rather than queued")
     batch_max_running: int = Field(8, ge=1, le=128, description="batch-priority sequences running at once; they "
                                    "run only in steps without interactive work")
     batch_step_ms: float = Field(20.0, ge=0, description="a step of batch work is cut to the tokens the measured "
@@ -32,7 +37,8 @@ class EngineConfig(BaseModel):
                                  "waits for the step in flight; 0: batch_step_tokens alone (docs/batch.md)")
     batch_step_tokens: int = Field(64, ge=1, description="tokens batch sequences get in one step: bounds how long an "
                                    "interactive arrival waits for the step in flight")
-    n_threads: int = Field(0, ge=0, description="0 = all cores")
+    n_threads: int = Field(0, ge=0, description="threads a decode step runs on; 0: all cores (on a machine with "
+                           "other work, leave one free: docs/engine.md)")
     kv_type: str = Field("q8_0/f16", pattern=r"^(f16|q8_0|q4_0)(/(f16|q8_0|q4_0))?$",
                          description="KV cache types as K/V (one name sets both); both f16 makes a cached prefix "
                          "able to change a greedy answer (docs/engine.md)")
@@ -40,7 +46,8 @@ class EngineConfig(BaseModel):
                              "share cells but every decode row's attention scans every cached cell; false: one "
                              "stream of n_ctx / n_seqs cells per sequence id (llama-server's layout), where a row "
                              "scans its own stream and a shared prefix is copied (docs/engine.md, \"KV streams\")")
-    prefix_caching: bool = True
+    prefix_caching: bool = Field(True, description="reuse the KV of a cached prompt prefix instead of recomputing "
+                                 "it; off only to measure what it saves")
     kv_tier_ram_mb: int = Field(1024, ge=0, description="host RAM for the KV of evicted cached prefixes, restored "
                                 "instead of recomputed when a prompt shares one (engine/kv_tier.py); 0: off")
     kv_tier_disk_dir: str | None = Field(None, description="a directory for a disk tier below the RAM one "

@@ -16,11 +16,11 @@ from tokenomy.engine import speculate
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.draft import CATCH_UP_HORIZON, DraftModel
 from tokenomy.engine.kv_tier import KVTiers, engine_dir
-from tokenomy.engine.output import SequenceOutput
 from tokenomy.engine.runner import Chunk, KVFull, ModelRunner
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.scheduler import QueueFull, Scheduler
 from tokenomy.engine.sequence import Sequence, Status, TokenEvent
+from tokenomy.engine.sequence_output import SequenceOutput
 from tokenomy.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("tokenomy.engine")

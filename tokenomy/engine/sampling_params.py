@@ -28,8 +28,9 @@ class SamplingParams:
     speculative: bool = True            # false: never draft for this request (the engine's setting still applies)
     # batch: scheduled only into capacity interactive sequences leave, and preempted before them
     priority: Literal["interactive", "batch"] = "interactive"
-    # token-level routing (router/token.py): report each step's confidence under `signal`; with `handover_below`,
-    # end the sequence with finish_reason "handover" (the unsure token not sampled) when it falls below
+    # token-level routing (router/token_routing.py): report each step's confidence under `signal`; with
+    # `handover_below`, end the sequence with finish_reason "handover" (the unsure token not sampled) when it falls
+    # below
     signal: str | None = None
     handover_below: float | None = None
     handover_after: int = 0             # no handover before this many output tokens

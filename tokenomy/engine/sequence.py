@@ -10,8 +10,8 @@ from enum import Enum, auto
 from typing import Any
 
 from tokenomy.engine import speculate
-from tokenomy.engine.output import SequenceOutput, TokenLogprob
 from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.sequence_output import SequenceOutput, TokenLogprob
 
 
 class Status(Enum):

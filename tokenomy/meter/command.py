@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from tokenomy.meter.ledger import DEFAULT_URL, Ledger, LedgerError, normalize_url
+from tokenomy.cli_output import emit
+from tokenomy.meter.ledger import Ledger, LedgerError, normalize_url
 from tokenomy.meter.report import BY, FORMATS, build, parse_time, render
-from tokenomy.output import emit
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -18,7 +18,8 @@ def _sqlite_path(url: str) -> Path | None:
 
 
 def report(
-    ledger: str = typer.Option(DEFAULT_URL, "--ledger", help="Ledger URL: sqlite:///FILE or postgresql://..."),
+    ledger: str | None = typer.Option(None, "--ledger", help="Ledger URL: sqlite:///FILE or postgresql://... "
+                                      "(default: ledger.db in the data directory, $TOKENOMY_HOME)."),
     since: str | None = typer.Option(None, help="Start: ISO date/time (UTC if no zone), or 30m, 24h, 7d ago."),
     until: str | None = typer.Option(None, help="End (exclusive), same forms; default now."),
     by: str | None = typer.Option(None, help="Group by key, tenant, model or route."),

@@ -36,13 +36,13 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
+from tokenomy import home
 from tokenomy.meter.prompts import StoredPrompt
 from tokenomy.meter.row import LedgerRow
 from tokenomy.meter.schema import LedgerSchemaError, ledger, migrate, prompts
 
 log = logging.getLogger("tokenomy.ledger")
 
-DEFAULT_URL = "sqlite:///tokenomy.db"
 FEEDBACK_RANGE = (-1.0, 1.0)
 MAX_COMMENT = 4000
 _STOP = object()
@@ -54,10 +54,10 @@ class LedgerError(RuntimeError):
 
 
 def normalize_url(url: str | None) -> str:
-    """None -> sqlite:///tokenomy.db (working directory); postgres[ql]:// -> postgresql+psycopg://; a bare path
-    -> a SQLite file."""
+    """None -> ledger.db in the data directory (tokenomy/home.py); postgres[ql]:// -> postgresql+psycopg://; a
+    bare path -> a SQLite file."""
     if url is None or not str(url).strip():
-        return DEFAULT_URL
+        return home.ledger_url()
     url = str(url).strip()
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
@@ -67,6 +67,11 @@ def normalize_url(url: str | None) -> str:
     if not (url.startswith("sqlite") or url.startswith("postgresql")):
         raise LedgerError(f"ledger URL {url!r}: use sqlite:///FILE or postgresql://USER@HOST/DB")
     return url
+
+
+def safe_url(url: str) -> str:
+    """A database URL fit for logs: its password masked."""
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 def _timestamp(value: float | dt.datetime | None, name: str) -> float | None:
@@ -87,6 +92,8 @@ def _engine(url: str) -> Engine:
     memory = url in ("sqlite://", "sqlite:///:memory:")
     if not memory:
         path = Path(sa.engine.make_url(url).database or "")
+        if path.parent == home.data_dir():        # the default place is made on first use; any other must exist
+            path.parent.mkdir(parents=True, exist_ok=True)
         if not path.parent.exists():
             raise LedgerError(f"ledger {url}: directory {path.parent} does not exist")
     engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
@@ -147,7 +154,7 @@ class Ledger:
 
     @property
     def safe_url(self) -> str:
-        return sa.engine.make_url(self.url).render_as_string(hide_password=True)
+        return safe_url(self.url)
 
     @property
     def pending(self) -> int:

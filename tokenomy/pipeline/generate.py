@@ -27,17 +27,6 @@ class Generate:
         self.schema_policy = schema_policy or {}      # upstream model -> flag | repair
         self.metrics = metrics                        # meter.metrics.Metrics (None: nothing counted)
 
-    def _token_router(self, ctx: RequestContext, small: Any) -> Any:
-        """The route's token-level router over its two models' backends (router/token.py)."""
-        from tokenomy.router.token import TokenRouter, large_prefix, observer
-
-        t = ctx.token_route
-        large = self.registry.get(t.large)
-        done = None
-        if self.metrics is not None:
-            done = observer(self.metrics, ctx.route or "", t.small, t.large)
-        return TokenRouter(small, large, t, large_prefix(large, t.template, small), on_done=done)
-
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         failures: list[str] = []
         overloaded: Overloaded | None = None
@@ -47,8 +36,8 @@ class Generate:
                 ctx.attempts.append({"model": name, "outcome": "cooling"})
                 continue
             backend = self.registry.get(name)
-            if ctx.token_route is not None and name == ctx.token_route.small:
-                backend = self._token_router(ctx, backend)
+            if ctx.token_router is not None and name == ctx.token_router.name:
+                backend = ctx.token_router      # the small model's turn of a token route (router/token_routing.py)
             req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream,
                                       headers=ctx.headers)
             ctx.serving = name

@@ -95,7 +95,8 @@ class RequestContext:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     route_decision: RouteDecision | None = None
     escalations: list[tuple[str, Usage]] = field(default_factory=list)   # discarded (paid) answers: model, usage
-    token_route: Any = None                   # router.token.TokenSettings when a `token` route serves
+    token_router: Any = None                  # a token route's TokenRouter (router/token_routing.py), which serves
+    #                                           its small model's candidate in the generate stage
     # generate
     result: Result | None = None
     deltas: AsyncIterator[Delta] | None = None

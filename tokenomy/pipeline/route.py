@@ -10,9 +10,10 @@ in this order:
   within the SLO serves (alone, `load` prefers the most capable model);
 - `cascade`: the chosen model answers first; the answer is escalated up the list when a confidence signal fails;
 - `fixed`: the first healthy model;
-- `token`: the first model writes and the second takes over for the tokens the first is unsure of
-  (router/token.py; the generate stage runs it). Tools and response_format need one model's grammar: those
-  requests are served whole by the second model.
+- `token`: the first model writes and the second takes over for the tokens the first is unsure of: the route's
+  TokenRouter (router/token_routing.py, whose docstring maps a token-routed request) serves the first model's
+  turn in the generate stage. Tools and response_format need one model's grammar: those requests are served
+  whole by the second model.
 Failures of a model fall back to the next candidate in the generate stage.
 
 Cascade and streams: a streamed answer is judged on its first `stream_buffer_tokens` tokens (or all of it, if it
@@ -36,7 +37,7 @@ from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, RouteDecision
 from tokenomy.router.cascade import Verdict, judge
 from tokenomy.router.rules import first_match
-from tokenomy.router.token import TokenSettings
+from tokenomy.router.token_routing import TokenRouter, observer
 
 log = logging.getLogger("tokenomy.route")
 
@@ -45,14 +46,17 @@ class Route:
     name = "route"
 
     def __init__(self, models: list[str], routes: dict[str, RouteSpec], expected_wait: Callable[[str], float]
-                 | None = None, metrics: Any = None) -> None:
-        """`metrics`: the gateway's meter.metrics.Metrics, which counts decisions and escalations (None: not
-        counted)."""
+                 | None = None, metrics: Any = None, backends: Any = None) -> None:
+        """`metrics`: the gateway's meter.metrics.Metrics, which counts decisions, escalations and token routes
+        (None: not counted); `backends`: the backends by model name (backends/registry.py), which token routes
+        route between."""
         self.models = models
         self.routes = routes
         self.expected_wait = expected_wait or (lambda _: 0.0)
         self.metrics = metrics
+        self.backends = backends
         self._classifiers: dict[str, Any] = {}
+        self._token_routers: dict[str, tuple[RouteSpec, TokenRouter]] = {}
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         asked = ctx.gen.model
@@ -133,18 +137,28 @@ class Route:
             by = "cascade: cheapest first"
         return models[start:] + models[:start], by, signals
 
-    @staticmethod
-    def _token(ctx: RequestContext, spec: RouteSpec, decision: RouteDecision) -> None:
+    def _token(self, ctx: RequestContext, spec: RouteSpec, decision: RouteDecision) -> None:
         small, large = spec.models
         gen = ctx.gen
         if gen.tools or gen.response_format:
             ctx.candidates = [large]
             decision.chosen, decision.by = large, "token: structured output served by the large model"
         else:
-            t = ctx.token_route = TokenSettings(small=small, large=large, **spec.token.model_dump())
+            ctx.token_router = self._token_router(ctx.route or "", spec)
             ctx.candidates = [small, large]     # the small model failing: the large serves whole
-            decision.by = f"token: {t.signal} < {t.threshold:g} hands over to {large}"
+            decision.by = f"token: {spec.token.signal} < {spec.token.threshold:g} hands over to {large}"
         ctx.route_reason = f"route {ctx.route}: {decision.by}"
+
+    def _token_router(self, route: str, spec: RouteSpec) -> TokenRouter:
+        """The route's TokenRouter over its two models' backends: built on the route's first token-routed
+        request, and again when a config reload gives the route a new spec."""
+        built = self._token_routers.get(route)
+        if built is None or built[0] is not spec:
+            assert self.backends is not None, "a token route needs the backends it routes between"
+            small, large = (self.backends.get(m) for m in spec.models)
+            done = observer(self.metrics, route, small.name, large.name) if self.metrics is not None else None
+            built = self._token_routers[route] = (spec, TokenRouter(small, large, spec.token, on_done=done))
+        return built[1]
 
     @staticmethod
     def _vector(ctx: RequestContext, classifier: Any, text: str) -> Any:

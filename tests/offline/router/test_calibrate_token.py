@@ -1,5 +1,6 @@
 """`tokenomy router calibrate --token`: what it refuses before any model is loaded. Each mistake is exit code 2 and
-one line on stderr naming it, never a traceback. (The calibration itself runs models: offline/router/token.py.)"""
+one line on stderr naming it, never a traceback. (The calibration itself runs models:
+offline/router/token_threshold.py.)"""
 
 from __future__ import annotations
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tokenomy.meter.ledger import DEFAULT_URL
-from tokenomy.output import emit
+from tokenomy.cli_output import emit
 
 HELP_WHAT = "cache, route, price or all."
 
@@ -18,7 +17,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 def replay(
-    ledger: str = typer.Option(DEFAULT_URL, "--ledger", help="Ledger URL: sqlite:///FILE or postgresql://..."),
+    ledger: str | None = typer.Option(None, "--ledger", help="Ledger URL: sqlite:///FILE or postgresql://... "
+                                      "(default: ledger.db in the data directory, $TOKENOMY_HOME)."),
     since: str | None = typer.Option(None, help="Start: ISO date/time (UTC if no zone), or 30m, 24h, 7d ago."),
     until: str | None = typer.Option(None, help="End (exclusive), same forms; default now."),
     what: str = typer.Option("all", "--what", help=HELP_WHAT),

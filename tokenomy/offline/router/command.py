@@ -173,13 +173,12 @@ def calibrate(
 
 def _calibrate_token(config: Path | None, route: str | None, prompts: Path | None, large_share: float | None,
                      rounds: int, max_tokens: int, threads: int | None, out: Path | None, as_json: bool) -> None:
-    """Run the token route's models on the prompts and print its `token:` block (offline/router/token.py)."""
+    """Run the token route's models on the prompts and print its `token:` block (offline/router/token_threshold.py)."""
     import asyncio
 
     from tokenomy.config import load_config
     from tokenomy.offline.router.floors import load_prompts
-    from tokenomy.offline.router.token import TokenCalibrationError, calibrate
-    from tokenomy.router.token import TokenSettings
+    from tokenomy.offline.router.token_threshold import TokenCalibrationError, calibrate
 
     if config is None or route is None or prompts is None or large_share is None:
         raise _UserError("--token needs --config, --route, --prompts and --large-share")
@@ -200,7 +199,7 @@ def _calibrate_token(config: Path | None, route: str | None, prompts: Path | Non
     models = {m.name: m for m in cfg.models}
     small = build_backend(models[spec.models[0]], cfg, n_threads=threads)
     large = build_backend(models[spec.models[1]], cfg, n_threads=threads)
-    base = TokenSettings(small=spec.models[0], large=spec.models[1], **spec.token.model_dump())
+    base = spec.token
 
     def progress(i: int, trial) -> None:
         typer.echo(f"round {i}/{rounds}: threshold {trial.threshold:.6g} -> large share {trial.large_share:.1%}, "

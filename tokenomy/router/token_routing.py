@@ -1,10 +1,28 @@
 """Token-level routing: a small embedded model writes the answer; where it is unsure of its next token, a larger
 model writes the next segment from the text so far, and the small model goes on from there.
 
+A token-routed request, file by file (this module is step 3):
+1. `config.TokenRouteSettings`: the route's `token:` settings, the one settings class (validated with its
+   `RouteSpec`: two models, the small one embedded).
+2. `pipeline/route.py`, `Route._token`: a request with tools or response_format goes whole to the large model
+   (one model's grammar must write all of it); any other gets the route's `TokenRouter` (built on the route's
+   first such request, and again after a config reload) in `ctx.token_router`, and candidates [small, large].
+   The generate stage (`pipeline/generate.py`) streams the small model's turn through that router; the large
+   model stays the fallback that answers whole when the small one cannot serve.
+3. Here, `TokenRouter.stream`: the loop below.
+4. `backends/embedded.py` turns a part's `TokenRouting` (generation.py: the exact prompt ids, the signal, the
+   handover threshold) into the engine's SamplingParams; `engine/sequence_output.py` ends the sequence with
+   finish_reason "handover" before sampling a token whose signal is below the threshold
+   (`engine/sampler.confidence` computes the signal).
+5. `engine/stops.py`, `StopScan`: stop strings, matched here over the whole answer across the models' pieces,
+   and by the engine within each part.
+The threshold for a target share of large-model tokens: `offline/router/token_threshold.py` (`tokenomy router
+calibrate --token`); figures: `bench/token_routing.py`, docs/token_routing.md.
+
 How one answer runs:
 - The small model (always embedded: its engine judges every step's logits) generates with a confidence signal
-  (`top1`, `margin` or `entropy`, engine/sampler.confidence) and a threshold. Below the threshold its sequence
-  ends with finish_reason "handover", the unsure token not sampled; its KV stays in the prefix cache.
+  (`top1`, `margin` or `entropy`) and a threshold. Below the threshold its sequence ends with finish_reason
+  "handover", the unsure token not sampled; its KV stays in the prefix cache.
 - The large model, embedded or any OpenAI-compatible upstream through `/v1/completions`, gets the conversation in
   its own prompt format plus the answer so far, and writes up to `max_segment_tokens` tokens; `segment: word`
   keeps them up to the end of their first word (the next one would start a new word), `segment: token` keeps one.
@@ -30,20 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenomy.backends.base import BackendError
-from tokenomy.generation import Delta, GenRequest, Usage
-
-
-@dataclass(frozen=True)
-class TokenSettings:
-    """A route's token-level routing (config.TokenRouteSettings, resolved)."""
-
-    small: str
-    large: str
-    signal: str = "entropy"
-    threshold: float = -3.2
-    segment: str = "word"           # word | token
-    max_segment_tokens: int = 4
-    template: str | None = None     # an upstream large model's chat template (packaged name or GGUF path)
+from tokenomy.config import TokenRouteSettings
+from tokenomy.engine.stops import StopScan
+from tokenomy.generation import Delta, GenRequest, TokenRouting, Usage
 
 
 @dataclass
@@ -84,50 +91,15 @@ def cut_segment(text: str, segment: str) -> str:
     return text[:j] if j < len(text) else text
 
 
-class StopScan:
-    """Stop strings over the whole answer, across the models' pieces: what may be sent now (a tail that could
-    start a stop string is held back) and whether a stop string matched (the text is cut before it)."""
-
-    def __init__(self, stop: list[str]) -> None:
-        self.stop = [s for s in stop if s]
-        self.text = ""
-        self.sent = 0
-
-    def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
-        self.text += piece
-        if not self.stop:
-            out, self.sent = self.text[self.sent:], len(self.text)
-            return out, False
-        start = max(0, self.sent - max(len(s) for s in self.stop) + 1)
-        hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
-        if hits:
-            cut = min(hits)
-            out, self.text = self.text[self.sent:cut], self.text[:cut]
-            self.sent = cut
-            return out, True
-        keep = 0
-        if not final:
-            for s in self.stop:
-                for k in range(min(len(s) - 1, len(self.text) - self.sent), 0, -1):
-                    if self.text.endswith(s[:k]):
-                        keep = max(keep, k)
-                        break
-        end = len(self.text) - keep
-        out, self.sent = self.text[self.sent:end], end
-        return out, False
-
-
 class TokenRouter:
-    """A Backend over two: `small` (an EmbeddedBackend) and `large` (any Backend). `large_prefix(req)` gives the
-    large model's prompt for the conversation, before any answer text: token ids for an embedded large model,
-    text for an upstream (rendered with its chat template)."""
+    """A Backend over two: `small` (an EmbeddedBackend) and `large` (any Backend), routing each answer's tokens
+    by `settings`. Built once per route: it holds no state of any one answer."""
 
-    def __init__(self, small: Any, large: Any, settings: TokenSettings, large_prefix: Any,
-                 on_done: Any = None) -> None:
+    def __init__(self, small: Any, large: Any, settings: TokenRouteSettings, on_done: Any = None) -> None:
         self.small, self.large, self.s = small, large, settings
         self.name = small.name
-        self.large_prefix = large_prefix
-        self.on_done = on_done          # called with the Tally of every answer that ends (metrics)
+        self.large_prefix = large_prefix(large, settings.template, small)
+        self.on_done = on_done          # called with the Tally and finish reason of every answer that ends
 
     def count_tokens(self, req: GenRequest) -> Any:
         return self.small.count_tokens(req)
@@ -163,10 +135,10 @@ class TokenRouter:
                 if left <= 0:
                     finish = "length"
                     break
-                sreq = dataclasses.replace(
-                    req, kind="completion", prompt_ids=ids, params={**req.params, "max_tokens": left},
-                    signal=s.signal, handover_below=None if tally.large_failed else s.threshold,
-                    handover_after=after, counted=None)
+                routing = TokenRouting(prompt_ids=list(ids), signal=s.signal, handover_after=after,
+                                       handover_below=None if tally.large_failed else s.threshold)
+                sreq = dataclasses.replace(req, kind="completion", params={**req.params, "max_tokens": left},
+                                           token_routing=routing, counted=None)
                 end = None
                 fed, wrote = len(ids), 0
                 part = small.stream(sreq)
@@ -246,8 +218,8 @@ class TokenRouter:
                               request_id=req.request_id, stream=False, headers=req.headers)
         else:
             tail = large.engine.tokenizer.encode(answer, add_special=False) if answer else []
-            lreq = GenRequest(model=large.name, kind="completion", prompt_ids=prefix + tail, params=params,
-                              request_id=req.request_id, stream=False)
+            lreq = GenRequest(model=large.name, kind="completion", params=params, request_id=req.request_id,
+                              stream=False, token_routing=TokenRouting(prompt_ids=prefix + tail))
         text, end = "", None
         try:
             async for d in large.stream(lreq):

@@ -1,4 +1,5 @@
-"""Token-level routing's pieces that need no model: segment cuts, stop strings across pieces, signals, config."""
+"""Token-level routing's pieces that need no model: segment cuts, signals, the tally, config. (Stop strings across
+the models' pieces: tests/engine/test_stops.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tokenomy.config import Config
 from tokenomy.engine.sampler import confidence
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.generation import Usage
-from tokenomy.router.token import StopScan, Tally, cut_segment
+from tokenomy.router.token_routing import Tally, cut_segment
 
 
 def test_word_segments_end_where_the_next_word_starts():
@@ -20,18 +21,6 @@ def test_word_segments_end_where_the_next_word_starts():
     assert cut_segment(" extraordin", "word") == " extraordin"      # no boundary seen: all of it
     assert cut_segment(" Paris is", "token") == " Paris is"
     assert cut_segment("", "word") == ""
-
-
-def test_stop_strings_match_across_pieces_and_hold_back_a_possible_start():
-    scan = StopScan(["END"])
-    assert scan.feed("abc E") == ("abc ", False)          # "E" may start END: held back
-    assert scan.feed("N") == ("", False)
-    assert scan.feed("D and more") == ("", True)           # matched across three pieces: cut before it
-    assert scan.text == "abc "
-    scan = StopScan(["END"])
-    assert scan.feed("abc E") == ("abc ", False)
-    assert scan.feed("x", final=True) == ("Ex", False)    # the held-back start was not a stop after all
-    assert StopScan([]).feed("anything") == ("anything", False)
 
 
 def test_confidence_signals_are_lower_when_less_sure():

@@ -1,4 +1,4 @@
-"""The threshold of a `token` route (router/token.py) for a target share of large-model tokens on your prompts.
+"""The threshold of a `token` route (router/token_routing.py) for a target share of large-model tokens on your prompts.
 
 First guess: the small model answers every prompt alone, reporting its confidence signal before each token; a
 threshold at the q-quantile of those signals hands over at about a share q of its steps, and each handover puts
@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenomy.generation import GenRequest
-from tokenomy.router.token import TokenRouter, TokenSettings, large_prefix
+from tokenomy.config import TokenRouteSettings
+from tokenomy.generation import GenRequest, TokenRouting
+from tokenomy.router.token_routing import TokenRouter
 
 TOKENS_PER_HANDOVER = {"token": 1.0, "word": 1.3}
 
@@ -68,7 +69,8 @@ async def small_signals(small: Any, requests: Sequence[dict[str, Any]], signal: 
     """Every step's confidence signal of the small model answering `requests` alone (greedy)."""
     out: list[float] = []
     for r in requests:
-        req = dataclasses.replace(_request(r, max_tokens), model=small.name, signal=signal)
+        req = dataclasses.replace(_request(r, max_tokens), model=small.name,
+                                  token_routing=TokenRouting(signal=signal))
         async for d in small.stream(req):
             out += d.signals
     if not out:
@@ -76,15 +78,14 @@ async def small_signals(small: Any, requests: Sequence[dict[str, Any]], signal: 
     return np.asarray(out, dtype=np.float64)
 
 
-async def trial(small: Any, large: Any, settings: TokenSettings, requests: Sequence[dict[str, Any]],
+async def trial(small: Any, large: Any, settings: TokenRouteSettings, requests: Sequence[dict[str, Any]],
                 max_tokens: int) -> Trial:
     """Token routing at `settings.threshold` on every request: the share of answer tokens the large model wrote."""
     import time
 
     tallies = []
     answers = []
-    router = TokenRouter(small, large, settings, large_prefix(large, settings.template, small),
-                         on_done=lambda tally, _: tallies.append(tally))
+    router = TokenRouter(small, large, settings, on_done=lambda tally, _: tallies.append(tally))
     t0 = time.perf_counter()
     for r in requests:
         text = ""
@@ -98,7 +99,7 @@ async def trial(small: Any, large: Any, settings: TokenSettings, requests: Seque
                  (time.perf_counter() - t0) / n, answers)
 
 
-async def calibrate(small: Any, large: Any, base: TokenSettings, requests: Sequence[dict[str, Any]], target: float,
+async def calibrate(small: Any, large: Any, base: TokenRouteSettings, requests: Sequence[dict[str, Any]], target: float,
                     max_tokens: int = 128, rounds: int = 3, progress: Any = None) -> TokenCalibration:
     """The threshold for `target` (a share of answer tokens written by the large model, 0 < target < 1)."""
     if not 0.0 < target < 1.0:
@@ -113,7 +114,7 @@ async def calibrate(small: Any, large: Any, base: TokenSettings, requests: Seque
     q = min(target / per, 1.0)
     trials: list[Trial] = []
     for i in range(max(rounds, 1)):
-        t = await trial(small, large, dataclasses.replace(base, threshold=at(q)), requests, max_tokens)
+        t = await trial(small, large, base.model_copy(update={"threshold": at(q)}), requests, max_tokens)
         trials.append(t)
         if progress is not None:
             progress(i + 1, t)

@@ -2,8 +2,9 @@
 
 A SequenceOutput owns everything that happens after a step for one sequence: sampling (with the grammar mask),
 logprobs, the grammar's forced tokens, detokenising, the length and end-of-generation checks, and stop strings
-(held back while they might still match, cut where they do). The engine calls `after_logits` once per step that
-gave the sequence a logits row and gets back an `Emitted`; it never touches the sequence's text itself.
+(held back while they might still match, cut where they do: engine/stops.py). The engine calls `after_logits`
+once per step that gave the sequence a logits row and gets back an `Emitted`; it never touches the sequence's
+text itself.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from tokenomy.engine.sampler import Sampler, chosen_logprob, confidence, token_logprobs
 from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.stops import StopScan
 from tokenomy.engine.tokenizer import IncrementalDetokenizer
 from tokenomy.engine.vocab import Vocab
 
@@ -53,10 +55,13 @@ class SequenceOutput:
         self.sampler = Sampler(params, prompt)
         self.detok = IncrementalDetokenizer(vocab)
         self.tokens = tokens
-        self.text = ""                  # text so far, cut at a stop string once one matched
-        self.released = 0               # text[:released] has been emitted
+        self.stops = StopScan(params.stop)   # the text so far, cut at a stop string once one matched
         self.sum_logprob = 0.0
         self.min_logprob = 0.0
+
+    @property
+    def text(self) -> str:
+        return self.stops.text
 
     @property
     def mean_logprob(self) -> float:
@@ -126,8 +131,7 @@ class SequenceOutput:
             finish = "stop"
         if finish:
             text += self.detok.flush()
-        self.text += text
-        out, stop_hit = self._release(final=finish is not None)
+        out, stop_hit = self.stops.feed(text, final=finish is not None)
         return Emitted(text=out, tokens=emitted, token_logprobs=chosen[:len(emitted)], logprobs=lps[:len(emitted)],
                        finish_reason="stop" if stop_hit else finish, accepted=min(accepted, len(emitted)),
                        signals=signals[:len(emitted)])
@@ -135,36 +139,6 @@ class SequenceOutput:
     def _handover(self, signals: list[float]) -> Emitted:
         """The model is unsure of its next token: end here without sampling it, releasing all text so far (a
         held-back stop-string start included: whoever continues sees the whole text)."""
-        self.text += self.detok.flush()
-        out = self.text[self.released:]
-        self.released = len(self.text)
+        out = self.stops.release_all(self.detok.flush())
         return Emitted(text=out, tokens=[], token_logprobs=[], logprobs=[], finish_reason="handover",
                        signals=signals)
-
-    def _release(self, final: bool) -> tuple[str, bool]:
-        """Text that can be sent now. Holds back a tail that could start a stop string; cuts at a stop string."""
-        stops = self.params.stop
-        if not stops:
-            out = self.text[self.released:]
-            self.released = len(self.text)
-            return out, False
-        longest = max(len(s) for s in stops)
-        search_from = max(0, self.released - longest + 1)
-        hits = [i for s in stops if (i := self.text.find(s, search_from)) >= 0]
-        if hits:
-            cut = min(hits)
-            out = self.text[self.released:cut]
-            self.text = self.text[:cut]
-            self.released = cut
-            return out, True
-        keep = 0
-        if not final:
-            for s in stops:
-                for k in range(min(len(s) - 1, len(self.text) - self.released), 0, -1):
-                    if self.text.endswith(s[:k]):
-                        keep = max(keep, k)
-                        break
-        end = len(self.text) - keep
-        out = self.text[self.released:end]
-        self.released = end
-        return out, False

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenomy.engine.output import SequenceOutput
 from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.sequence_output import SequenceOutput
 from tokenomy.engine.vocab import Vocab
 from tokenomy.models import resolve_gguf
 
@@ -56,6 +56,17 @@ def test_a_prefix_of_a_stop_string_that_does_not_complete_is_released(vocab):
     out = SequenceOutput(SamplingParams(temperature=0, max_tokens=50, stop=["ENDX"]), [1], [], vocab, 4096)
     steps = feed(vocab, out, "a END b")
     assert "".join(e.text for e in steps) == "a END b"
+
+
+def test_a_handover_releases_a_held_back_stop_string_start(vocab):
+    """Whoever continues a handed-over answer matches stop strings over the whole text, so none is held back."""
+    params = SamplingParams(temperature=0, max_tokens=50, stop=["END!"], signal="top1", handover_below=0.5)
+    out = SequenceOutput(params, [1], [], vocab, 4096)
+    steps = feed(vocab, out, "one END")
+    assert "".join(e.text for e in steps) == "one " and all(e.finish_reason is None for e in steps)
+    e = out.after_logits(np.zeros(vocab.n_vocab, dtype=np.float32))    # every token as likely: unsure
+    assert e.finish_reason == "handover" and e.tokens == [] and e.text == "END"
+    assert out.text == "one END"
 
 
 def test_max_tokens_ends_with_length(vocab):
