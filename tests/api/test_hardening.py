@@ -203,11 +203,16 @@ def test_an_unreachable_redis_cache_shows_on_metrics_health_and_the_log_once(cap
     with caplog.at_level(logging.WARNING, logger="tokenomy.cache"), live_server(
             {"cache": {"store": dead, "semantic": {"enabled": False}},
              "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:
+        store = dict(srv.gateway.cache_stores())["exact"]
+        now = [time.monotonic()]
+        store.clock = lambda: now[0]                      # the breaker's clock, moved by hand below
         for _ in range(3):
             r = httpx.post(srv.base_url + "/chat/completions", timeout=60, json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
             assert r.status_code == 200 and r.headers["x-tokenomy-cache"] == "miss"
-        time.sleep(1.2)                                   # past the breaker's pause: still shown as down
+        assert not store.available
+        now[0] += store.retry_after_s + 0.1              # past the breaker's pause: still shown as down
+        assert store.available
         metrics = httpx.get(srv.root + "/metrics").text
         errors = [ln for ln in metrics.splitlines()
                   if ln.startswith('tokenomy_cache_store_errors_total{cache="exact"}')]
