@@ -28,7 +28,7 @@ def wait_done(client: openai.OpenAI, batch_id: str, timeout: float = 120) -> Any
         b = client.batches.retrieve(batch_id)
         return b if b.status in ("completed", "failed", "cancelled", "expired") else None
 
-    return wait_until(ended, timeout, interval=0.1, what=f"batch {batch_id} to end")
+    return wait_until(ended, timeout, interval=0.2, what=f"batch {batch_id} to end")
 
 
 def jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
