@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ import openai
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
+from tests.wait import wait_until
 
 MODEL = "smollm2-135m-instruct"
 KEYS = [{"key": "sk-batch-a", "tenant": "a", "name": "a"}, {"key": "sk-batch-b", "tenant": "b", "name": "b"}]
@@ -24,13 +24,11 @@ def line(cid: str, text: str, max_tokens: int = 3, **extra: Any) -> str:
 
 
 def wait_done(client: openai.OpenAI, batch_id: str, timeout: float = 120) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def ended() -> Any:
         b = client.batches.retrieve(batch_id)
-        if b.status in ("completed", "failed", "cancelled", "expired"):
-            return b
-        time.sleep(0.2)
-    raise AssertionError(f"batch {batch_id} still {b.status}")
+        return b if b.status in ("completed", "failed", "cancelled", "expired") else None
+
+    return wait_until(ended, timeout, interval=0.2, what=f"batch {batch_id} to end")
 
 
 def jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -110,7 +108,8 @@ def test_cancel_stops_a_batch(keyed):
     text = "\n".join(line(f"c{i}", f"Write a long story about the number {i}.", max_tokens=40) for i in range(40))
     f = a.files.create(file=("in.jsonl", io.BytesIO(text.encode())), purpose="batch")
     b = a.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-    time.sleep(1.0)
+    wait_until(lambda: a.batches.retrieve(b.id).request_counts.completed > 0, interval=0.05,
+               what="the batch to be under way")
     c = a.batches.cancel(b.id)
     assert c.status in ("cancelling", "cancelled") and c.cancelling_at
     b = wait_done(a, b.id)
@@ -120,12 +119,12 @@ def test_cancel_stops_a_batch(keyed):
     errors = jsonl(a, b.error_file_id)
     assert errors and all(e["error"]["code"] == "batch_cancelled" for e in errors)
     assert len(jsonl(a, b.output_file_id)) == n.completed
-    time.sleep(0.5)                            # nothing of it runs any more
+    # nothing of it runs any more, nor can start: the runner holds no item of it and none is pending
+    assert not [key for key in list(keyed.gateway.batch_runner.inflight) if key[0] == b.id]
+    assert keyed.gateway.batches.pending(b.id, 1, set()) == []
     keyed.gateway.ledger.flush()
-    before = len([r for r in keyed.gateway.ledger.query() if r.batch == b.id])
-    time.sleep(1.0)
-    keyed.gateway.ledger.flush()
-    assert len([r for r in keyed.gateway.ledger.query() if r.batch == b.id]) == before
+    rows = [r for r in keyed.gateway.ledger.query() if r.batch == b.id]
+    assert len([r for r in rows if r.status == 200]) >= n.completed     # each finished item has its row
 
 
 def test_cli_submits_follows_and_fetches_results(keyed, tmp_path):

@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import threading
-import time
 
 import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, live_server
+from tests.wait import wait_until
 
 ENGINE = {"n_ctx": 6144, "max_model_len": 1024, "max_running": 4, "max_retired": 2, "max_batch_tokens": 64}
 
@@ -30,14 +30,12 @@ def body(model: str, content: str, max_tokens: int, stream: bool) -> dict:
             "temperature": 0, "stream": stream, "logit_bias": {"2": -100}}
 
 
-def wait_ready(srv, name: str, timeout: float = 60.0) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def wait_ready(srv, name: str) -> dict:
+    def ready() -> dict | None:
         h = httpx.get(srv.root + "/health").json()
-        if h["engines"][name]["state"] == "ready":
-            return h
-        time.sleep(0.1)
-    raise AssertionError(f"engine {name} did not come back")
+        return h if h["engines"][name]["state"] == "ready" else None
+
+    return wait_until(ready, interval=0.1, what=f"engine {name} to come back")
 
 
 def test_kill_mid_stream_ends_the_stream_with_an_error_and_the_other_model_serves(srv):
@@ -87,9 +85,7 @@ def test_segfault_mid_prefill_is_a_503_for_each_request_it_held(srv):
     threads = [threading.Thread(target=post) for _ in range(2)]
     for t in threads:
         t.start()
-    deadline = time.time() + 10
-    while engine.running + engine.queue_depth < 2 and time.time() < deadline:
-        time.sleep(0.005)
+    wait_until(lambda: engine.running + engine.queue_depth >= 2, interval=0.005, what="both requests at the engine")
     os.kill(engine.pid, signal.SIGSEGV)
     for t in threads:
         t.join(60)

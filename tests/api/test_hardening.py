@@ -203,11 +203,16 @@ def test_an_unreachable_redis_cache_shows_on_metrics_health_and_the_log_once(cap
     with caplog.at_level(logging.WARNING, logger="tokenomy.cache"), live_server(
             {"cache": {"store": dead, "semantic": {"enabled": False}},
              "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:
+        store = dict(srv.gateway.cache_stores())["exact"]
+        now = [time.monotonic()]
+        store.clock = lambda: now[0]                      # the breaker's clock, moved by hand below
         for _ in range(3):
             r = httpx.post(srv.base_url + "/chat/completions", timeout=60, json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0})
             assert r.status_code == 200 and r.headers["x-tokenomy-cache"] == "miss"
-        time.sleep(1.2)                                   # past the breaker's pause: still shown as down
+        assert not store.available
+        now[0] += store.retry_after_s + 0.1              # past the breaker's pause: still shown as down
+        assert store.available
         metrics = httpx.get(srv.root + "/metrics").text
         errors = [ln for ln in metrics.splitlines()
                   if ln.startswith('tokenomy_cache_store_errors_total{cache="exact"}')]
@@ -222,28 +227,44 @@ def test_an_unreachable_redis_cache_shows_on_metrics_health_and_the_log_once(cap
 
 @pytest.mark.parametrize("durable", [False, True])
 def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(durable):
-    import time
+    import threading
 
     from tests.conftest import NO_CACHE, live_server
+    from tests.wait import wait_until
 
     with live_server({"ledger_durable": durable, "cache": NO_CACHE,
                       "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:
         ledger = srv.gateway.ledger
         original = ledger._commit
-
-        def slow_commit(rows, *stored):                 # a database that takes half a second to commit
-            time.sleep(0.5)
-            original(rows, *stored)
-
-        ledger._commit = slow_commit
         for stream in (False, True):
-            rid = None
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-                    "stream": stream}
-            with httpx.stream("POST", srv.base_url + "/chat/completions", json=body, timeout=60) as r:
-                r.read()
-                rid = r.headers["x-tokenomy-request-id"]
-            assert (ledger.get(rid) is not None) == durable, (stream, durable)
+            gate, committing, answer = threading.Event(), threading.Event(), {}
+
+            def held_commit(rows, *stored, gate=gate, committing=committing):   # a database that commits
+                committing.set()                                                 # when the test says so
+                gate.wait(60)
+                original(rows, *stored)
+
+            def ask(stream=stream, answer=answer):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                        "stream": stream}
+                with httpx.stream("POST", srv.base_url + "/chat/completions", json=body, timeout=60) as r:
+                    r.read()
+                    answer["rid"] = r.headers["x-tokenomy-request-id"]
+
+            ledger._commit = held_commit
+            client = threading.Thread(target=ask)
+            client.start()
+            try:
+                assert committing.wait(60)                # the row is at the database, which holds it
+                if durable:
+                    assert "rid" not in answer, stream    # the answer waits for the commit
+                else:
+                    wait_until(lambda answer=answer: "rid" in answer, what="the answer")   # it does not
+                    assert ledger.get(answer["rid"]) is None, stream
+            finally:
+                gate.set()
+                client.join(60)
+            assert ledger.flush() and ledger.get(answer["rid"]) is not None, (stream, durable)
 
 
 def test_a_keyed_server_opens_only_its_public_paths_without_a_key():

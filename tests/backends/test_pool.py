@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
+from tests.wait import wait_until_async
 from tokenomy.backends.load_signals import parse_prometheus, parse_slots
 from tokenomy.backends.pool import Pool
 from tokenomy.backends.prefix_index import PrefixIndex, render
@@ -328,7 +329,7 @@ def test_killing_a_replica_loses_no_request_that_had_not_started_streaming(engin
     async def go() -> list[tuple[bool, int]]:
         async with httpx.AsyncClient(base_url=gw.base_url, timeout=120) as c:
             tasks = [asyncio.create_task(one(c, i)) for i in range(6)]
-            await asyncio.sleep(0.5)
+            await wait_until_async(lambda: pool.replicas[0].outstanding > 0, what="requests at the victim")
             await asyncio.to_thread(victim.close)           # the replica's server stops mid-run
             during = list(await asyncio.gather(*tasks))
             after = list(await asyncio.gather(*(one(c, i) for i in range(4))))

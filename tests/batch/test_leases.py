@@ -15,9 +15,9 @@ from tokenomy.batch.store import BatchStore
 from tokenomy.meter.ledger import Ledger
 
 
-def store_with_batch(tmp_path, n=3):
+def store_with_batch(tmp_path, n=3, clock=time.time):
     led = Ledger(f"sqlite:///{tmp_path / 'l.db'}")
-    store = BatchStore(led.engine)
+    store = BatchStore(led.engine, clock=clock)
     text = "\n".join(line(f"k{i}", "hi") for i in range(n)).encode()
     f = store.create_file("k", "batch", "x.jsonl", text)
     b = store.create_batch("k", "t", f["id"], "/v1/chat/completions", "24h", None, text)
@@ -25,7 +25,8 @@ def store_with_batch(tmp_path, n=3):
 
 
 def test_an_item_claimed_by_one_worker_is_not_claimed_by_another_until_its_lease_runs_out(tmp_path):
-    led, store, bid = store_with_batch(tmp_path)
+    now = [1_000_000.0]
+    led, store, bid = store_with_batch(tmp_path, clock=lambda: now[0])
     with led:
         a, b = store.pending(bid, 3, set(), "A"), store.pending(bid, 3, set(), "B")
         assert [i.line for i in a] == [i.line for i in b] == [0, 1, 2]
@@ -33,8 +34,10 @@ def test_an_item_claimed_by_one_worker_is_not_claimed_by_another_until_its_lease
         assert not store.claim(b[0], "B", lease_s=60)          # same item, read before A claimed it
         assert [i.line for i in store.pending(bid, 3, set(), "B")] == [1, 2]
         assert [i.line for i in store.pending(bid, 3, set())] == [0, 1, 2]   # still pending for the batch
-        assert store.claim(a[1], "A", lease_s=0.05)
-        time.sleep(0.1)                                         # A's lease on line 1 ran out (A died)
+        assert store.claim(a[1], "A", lease_s=30)
+        now[0] += 29
+        assert [i.line for i in store.pending(bid, 3, set(), "B")] == [2]   # A's leases still run
+        now[0] += 2                                             # A's lease on line 1 ran out (A died)
         late = store.pending(bid, 3, set(), "B")
         assert [i.line for i in late] == [1, 2] and late[0].attempts == 1
         assert store.claim(late[0], "B", lease_s=60)            # B starts it again, as attempt 2
@@ -57,12 +60,15 @@ def test_a_stale_read_cannot_start_an_item_twice_under_one_request_id(tmp_path):
 
 
 def test_only_one_worker_ends_a_batch(tmp_path):
-    led, store, bid = store_with_batch(tmp_path)
+    now = [1_000_000.0]
+    led, store, bid = store_with_batch(tmp_path, clock=lambda: now[0])
     with led:
         assert store.claim_batch(bid, "A", 60) and store.claim_batch(bid, "A", 60)
         assert not store.claim_batch(bid, "B", 60)
-        assert store.claim_batch(bid, "A", 0.05)
-        time.sleep(0.1)
+        assert store.claim_batch(bid, "A", 30)
+        now[0] += 29
+        assert not store.claim_batch(bid, "B", 60)              # A's lease still runs
+        now[0] += 2
         assert store.claim_batch(bid, "B", 60)
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import openai
 
 from tests.api.test_batch_api import line, wait_done
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
+from tests.wait import wait_until
 from tokenomy.batch.store import BatchStore, parse_input
 from tokenomy.meter.ledger import Ledger
 
@@ -24,10 +24,8 @@ def test_a_restart_mid_batch_resumes_without_duplicates(tmp_path):
         c = openai.OpenAI(base_url=first.base_url, api_key="x", max_retries=0)
         f = c.files.create(file=("in.jsonl", io.BytesIO(text.encode())), purpose="batch")
         b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-        deadline = time.time() + 120
-        while c.batches.retrieve(b.id).request_counts.completed < 3:
-            assert time.time() < deadline
-            time.sleep(0.1)
+        wait_until(lambda: c.batches.retrieve(b.id).request_counts.completed >= 3, 120, interval=0.1,
+                   what="three items done")
     with Ledger(url) as led:
         done_before = {r.request_id for r in led.query() if r.batch == b.id}
     assert 3 <= len(done_before) < N

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -83,12 +82,15 @@ def test_open_store_urls(tmp_path: Path, redis_url: str) -> None:
 def test_redis_roundtrip_ttl_and_lru(redis_url: str, namespace: str) -> None:
     s = RedisStore(redis_url, namespace, max_entries=3)
     try:
-        s.set("ttl", _payload(0), ttl_s=0.2)
+        s.set("ttl", _payload(0), ttl_s=60)
         for i in range(1, 3):
             s.set(f"k{i}", _payload(i))
         assert s.get("ttl") == _payload(0)
-        time.sleep(0.3)
-        assert s.get("ttl") is None  # Redis expired it; the read also drops it from the LRU set
+        # The TTL is Redis's own (its clock, not ours): it holds what was asked, and the other entries have none.
+        entry = s._entry_prefix + "ttl"
+        assert 0 < s._redis.pttl(entry) <= 60_000 and s._redis.pttl(s._entry_prefix + "k1") == -1
+        s._redis.pexpireat(entry, 1)  # Redis expires it now: a deadline in the past
+        assert s.get("ttl") is None  # the read also drops it from the LRU set
         assert len(s) == 2
         s.set("k3", _payload(3))
         assert s.get("k1") is not None  # k1 most recent, k2 oldest
@@ -102,13 +104,14 @@ def test_redis_roundtrip_ttl_and_lru(redis_url: str, namespace: str) -> None:
 
 
 def test_unreachable_redis_gives_misses_and_counted_errors() -> None:
-    s = RedisStore("redis://127.0.0.1:1/0", "dead", timeout_s=0.2, retry_after_s=60)
+    clock = FakeClock()
+    s = RedisStore("redis://127.0.0.1:1/0", "dead", timeout_s=0.2, retry_after_s=60, clock=clock)
     assert s.get("k") is None
     s.set("k", _payload(1))
     s.delete("k")
     assert len(s) == 0
     assert s.errors == 1 and s.skipped == 3  # one real failure, then the breaker holds calls off
     assert not s.available
-    s.retry_after_s = 0
-    s._down_until = 0
-    assert s.get("k") is None and s.errors == 2
+    clock.now += 61  # the breaker's pause is over: the next call tries Redis again
+    assert s.available
+    assert s.get("k") is None and s.errors == 2 and not s.available

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 
 import pytest
 
+from tests.wait import wait_until
 from tokenomy.engine.client import EngineClient, EngineStartError, EngineUnavailable, describe_exit
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams
@@ -42,16 +42,15 @@ def ask(engine: EngineClient, text: str, max_tokens: int = 8) -> Collect:
     return c
 
 
-def wait_ready(engine: EngineClient, timeout: float = 60.0) -> None:
-    deadline = time.time() + timeout
-    while engine.state != "ready":
-        assert time.time() < deadline, engine.describe()
-        time.sleep(0.05)
+def wait_ready(engine: EngineClient) -> None:
+    wait_until(lambda: engine.state == "ready", what=f"the engine to be ready: {engine.describe()}")
 
 
 @pytest.fixture(scope="module")
 def engine():
-    e = EngineClient(str(resolve_gguf("smollm2-135m-instruct")), EngineConfig(**CFG, watchdog_s=3.0), name="small")
+    # the default watchdog (120 s): on a loaded 2-core machine a cold engine's first step took 5.8 s, and a 3 s
+    # watchdog killed it mid-test; the hung-engine test shortens it once the engine is warm
+    e = EngineClient(str(resolve_gguf("smollm2-135m-instruct")), EngineConfig(**CFG), name="small")
     yield e
     e.stop()
 
@@ -85,9 +84,12 @@ def test_kill_mid_stream_errors_the_request_and_restarts(engine, sig) -> None:
 
 def test_kill_mid_prefill_errors_every_request_it_held(engine) -> None:
     wait_ready(engine)
+    stepped = threading.Event()
+    engine.stats.on_step.append(lambda *_: stepped.set())   # the engine reports a step that ran tokens
     held = [ask(engine, "lorem ipsum " * 300, max_tokens=4) for _ in range(3)]
-    time.sleep(0.05)                                    # submitted, still prefilling 64 tokens a step
-    assert not any(c.first.is_set() for c in held)
+    assert stepped.wait(60)                             # it has started on them ...
+    engine.stats.on_step.pop()
+    assert not any(c.first.is_set() for c in held)      # ... and is still prefilling, 64 tokens a step
     os.kill(engine.pid, signal.SIGKILL)
     for c in held:
         assert c.done.wait(30) and c.last.error_code == "engine_died"
@@ -95,11 +97,12 @@ def test_kill_mid_prefill_errors_every_request_it_held(engine) -> None:
     assert engine.running == 0 and engine.queue_depth == 0
 
 
-def test_a_hung_engine_is_killed_by_the_watchdog(engine) -> None:
+def test_a_hung_engine_is_killed_by_the_watchdog(engine, monkeypatch) -> None:
     wait_ready(engine)
     restarts = engine.restarts
     c = ask(engine, "Tell me a long story about a dragon.", max_tokens=400)
     assert c.first.wait(60)
+    monkeypatch.setattr(engine.cfg, "watchdog_s", 3.0)  # the client's watchdog reads it each round
     os.kill(engine.pid, signal.SIGSTOP)                # alive but making no progress
     assert c.done.wait(30)
     assert c.last.error_code == "engine_died" and "SIGKILL" in c.last.error

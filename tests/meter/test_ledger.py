@@ -8,13 +8,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from tests.meter.synthetic import Spec, mixed, rows_for
+from tests.wait import wait_until
 from tokenomy.meter import schema
 from tokenomy.meter.ledger import Ledger, LedgerError, normalize_url
 from tokenomy.meter.row import LedgerRow
@@ -94,23 +94,23 @@ def test_write_never_blocks_a_full_queue_drops_and_counts(ledger_url):
     led = Ledger(ledger_url, max_queue=2)
     gate, original = threading.Event(), led._commit
 
-    def slow_commit(rows: list[LedgerRow], *stored: object) -> None:      # a stalled database
-        gate.wait(30)
+    def slow_commit(rows: list[LedgerRow], *stored: object) -> None:      # a stalled database, until the gate
+        gate.wait()
         original(rows, *stored)
 
     led._commit = slow_commit                           # type: ignore[method-assign]
     rows = rows_for([Spec("small", 10, 0, 1, ago_s=i) for i in range(50)])
-    led.write(rows[0])
-    deadline = time.time() + 5
-    while led.pending and time.time() < deadline:       # the writer has taken row 0 and is stuck on it
-        time.sleep(0.01)
-    t0 = time.perf_counter()
-    for r in rows[1:]:
-        led.write(r)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.5, f"49 writes took {elapsed:.3f}s against a stalled database"
-    assert led.dropped == 47 and led.pending == 2
-    gate.set()
+    try:
+        led.write(rows[0])
+        wait_until(lambda: led.pending == 0, what="the writer to take row 0")      # and be stuck on it
+        writes = threading.Thread(target=lambda: [led.write(r) for r in rows[1:]])
+        writes.start()
+        # They return while the database is still stalled (the gate opens only below): none waited for it.
+        # (What a write costs: bench/ledger_write.py.)
+        wait_until(lambda: not writes.is_alive(), what="49 writes against a stalled database")
+        assert led.dropped == 47 and led.pending == 2
+    finally:
+        gate.set()
     led.close()
     with Ledger(ledger_url) as again:
         assert [r.request_id for r in again.query()] == [r.request_id for r in sorted(rows[:3], key=lambda r: r.ts)]
@@ -148,6 +148,17 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+def committed(url: str, prefix: str) -> int:
+    """Rows whose request id starts with `prefix` that another process has committed to the ledger at `url`."""
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(schema.ledger)
+                                .where(schema.ledger.c.request_id.startswith(prefix))).scalar_one()
+    finally:
+        engine.dispose()
+
+
 def test_kill_9_loses_at_most_uncommitted_rows(ledger_url):
     n = 300
     child = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, ledger_url, str(n)], stdout=subprocess.PIPE,
@@ -156,7 +167,7 @@ def test_kill_9_loses_at_most_uncommitted_rows(ledger_url):
     try:
         line = child.stdout.readline()
         assert line.strip() == "flushed", child.stderr.read()
-        time.sleep(0.5)                  # let it commit and queue more
+        wait_until(lambda: committed(ledger_url, "later_"), interval=0.05, what="a row after the flush to commit")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)

@@ -10,6 +10,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, live_server
+from tests.noise import shown
 from tests.shared_data import shared_data
 from tokenomy.cli import app
 
@@ -42,7 +43,7 @@ def test_classifier_strategy_routes_with_its_calibrated_threshold(tmp_path):
             m = re.search(r"classifier: p=([0-9.]+) (>=|<) ([0-9.]+)", header)
             assert m, header
             p, op, t = float(m.group(1)), m.group(2), float(m.group(3))
-            assert (op == ">=") == (p >= t)
+            assert (op == ">=") == (p >= t) or p == t      # both printed to 4 places: equal ones went either way
             served = resp.json()["model"]
             assert served == ("weak" if op == ">=" else "strong")
             chosen.add(served)
@@ -78,15 +79,15 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     assert rows[-1]["benchmark"] == "gsm8k" and rows[0]["benchmark"] == "mmlu"
     p, ctx = choose(gsm, {})
     assert set(ctx.vectors) == {gsm}                                   # embedded here, left for the cache
-    # Exact: the route's classifier, loaded from the file, computes bit for bit what the trained one does on the same
-    # vector (both hold the file's C-ordered float64 arrays); the vector is the text's embedding, to float32 noise.
-    assert p == round(router.p_weak_ok(gsm, ctx.vectors[gsm]), 4)
+    # The route's classifier, loaded from the file, computes what the trained one does on the same vector (to
+    # kernel noise: tests/noise.py); the vector is the text's embedding, to float32 noise.
+    assert p == shown(router.p_weak_ok(gsm, ctx.vectors[gsm]))
     np.testing.assert_allclose(ctx.vectors[gsm], router.embed([gsm])[0], rtol=0, atol=1e-6)
     # The memo's vector is what the router judges: the MMLU prompt's vector under the GSM8K text gives the
     # probability of that vector, not of the text's own embedding.
     other = router.embed([mmlu])[0]
     planted, ctx = choose(gsm, {gsm: other})
-    assert planted == round(router.p_weak_ok(gsm, other), 4) and planted != p
+    assert planted == shown(router.p_weak_ok(gsm, other)) and planted != p
     assert ctx.vectors[gsm] is other
 
 
@@ -119,20 +120,20 @@ def test_a_two_head_router_uses_the_contextual_head_only_when_the_memo_holds_the
     text = "Ann has 4 coins and buys 1250 more each day for 9 days, then gives away half. How many are left?"
     ladder, by, signals, ctx = choose(text, {})
     assert signals["head"] == "minilm-static" and "(minilm-static head)" in by
-    assert signals["p_cheap_ok"] == round(static.p_weak_ok(text), 4)
+    assert signals["p_cheap_ok"] == shown(static.p_weak_ok(text))
     assert signals["threshold"] == round(static.threshold, 4)
     assert ladder[0] == ("weak" if static.p_weak_ok(text) >= static.threshold else "strong")
     assert ctx.vectors == {}                                  # nothing embedded contextually for the route
     vector = contextual.embed([text])[0]                      # what the semantic cache's lookup leaves in the memo
     ladder, by, signals, ctx = choose(text, {text: vector})
     assert signals["head"] == "minilm" and "(minilm head)" in by
-    assert signals["p_cheap_ok"] == round(contextual.p_weak_ok(text, vector), 4)
+    assert signals["p_cheap_ok"] == shown(contextual.p_weak_ok(text, vector))
     assert signals["threshold"] == round(contextual.threshold, 4)
     assert ladder[0] == ("weak" if contextual.p_weak_ok(text, vector) >= contextual.threshold else "strong")
     # The memo's vector is what decides: another prompt's vector under this text gives that vector's probability.
     other = contextual.embed(["What is the capital of Peru?\nA. Lima\nB. Oslo\nAnswer:"])[0]
     _, _, planted, _ = choose(text, {text: other})
-    assert planted["head"] == "minilm" and planted["p_cheap_ok"] == round(contextual.p_weak_ok(text, other), 4)
+    assert planted["head"] == "minilm" and planted["p_cheap_ok"] == shown(contextual.p_weak_ok(text, other))
     assert planted["p_cheap_ok"] != signals["p_cheap_ok"]
     # A vector memoised for another text does not count.
     _, _, signals, _ = choose(text, {"something else": vector})

@@ -17,6 +17,7 @@ import uvicorn
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
 from tests.upstream_stub import Stub
+from tests.wait import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MSG = [{"role": "user", "content": "Say hi."}]
@@ -47,8 +48,7 @@ class StubServer:
 
     def __enter__(self) -> StubServer:
         self.thread.start()
-        while not self.server.started:
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started, what="the stub server to start")
         return self
 
     def __exit__(self, *exc: object) -> None:

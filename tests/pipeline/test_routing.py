@@ -11,6 +11,7 @@ import pytest
 from tests.conftest import NO_CACHE, live_server
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
+from tests.wait import wait_until_async
 
 ENGINE = {"n_ctx": 8192, "max_model_len": 1024, "max_running": 4, "max_retired": 4, "max_batch_tokens": 128}
 
@@ -98,13 +99,15 @@ def test_cascade_on_streams_judges_a_buffer_before_the_first_byte(gw):
 
 def test_load_sheds_to_the_cheaper_model_when_the_preferred_queue_is_long(gw):
     assert ask(gw, "shed").json()["model"] == "big"           # idle: the capable model
+    big, slo = gw.gateway.registry.get("big"), ROUTES["shed"]["load"]["slo_queue_s"]
 
     async def flood():
         async with httpx.AsyncClient(timeout=300) as c:
             body = {"model": "big", "messages": [{"role": "user", "content": "Write a long story."}],
                     "max_tokens": 60, "temperature": 0}
             busy = [asyncio.create_task(c.post(gw.base_url + "/chat/completions", json=body)) for _ in range(4)]
-            await asyncio.sleep(1.0)                           # big runs one at a time: three now wait
+            # big runs one at a time: the three others wait, longer than the route's SLO
+            await wait_until_async(lambda: big.expected_wait_s() > slo, what="a queue at the big model")
             r = await c.post(gw.base_url + "/chat/completions", json={
                 "model": "shed", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
             await asyncio.gather(*busy)

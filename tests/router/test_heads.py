@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.noise import assert_same_probabilities
 from tests.routing_fixtures import synthetic_rows
 from tokenomy.offline.router.dataset import RoutingData, load_routing_data
 from tokenomy.offline.router.train import RouterTrainingError, train_router
@@ -41,7 +42,7 @@ def test_train_router_fits_a_head_per_embedding(two_heads: Router, tiny: Routing
     assert not np.allclose(static.p_weak_ok_many(tiny.prompts), contextual.p_weak_ok_many(tiny.prompts))
     single = train_router(tiny, heads=("minilm-static",))
     assert single.embeddings == ["minilm-static"]
-    assert np.array_equal(single.heads[0].p_weak_ok_many(tiny.prompts), static.p_weak_ok_many(tiny.prompts))
+    assert_same_probabilities(single.heads[0].p_weak_ok_many(tiny.prompts), static.p_weak_ok_many(tiny.prompts))
     with pytest.raises(RouterTrainingError, match="once"):
         train_router(tiny, heads=("minilm", "minilm"))
 
@@ -58,14 +59,14 @@ def test_two_head_file_round_trips(two_heads: Router, tiny: RoutingData, tmp_pat
     for saved, read in zip(two_heads.heads, loaded.heads, strict=True):
         assert read.threshold == saved.threshold and read.meta == saved.meta
         assert read.word_problem == saved.word_problem
-        assert np.array_equal(read.class_probabilities(prompts), saved.class_probabilities(prompts))
+        assert_same_probabilities(read.class_probabilities(prompts), saved.class_probabilities(prompts))
     with pytest.raises(RouterFileError, match="2 heads"):
         RouteClassifier.load(path)  # a one-head reader must not silently drop a head
 
 
 def test_a_version_1_file_still_loads_and_predicts_what_it_did() -> None:
     """router-v1.json was written by the version-1 code (single head, its fields at the top level), with the
-    probabilities it computed for a few prompts."""
+    probabilities it computed for a few prompts, on another CPU: equal up to its kernels' noise, same decisions."""
     expected = json.loads((DATA / "router-v1-expected.json").read_text())
     assert json.loads((DATA / "router-v1.json").read_text())["version"] == 1
     router = Router.load(DATA / "router-v1.json")
@@ -73,15 +74,17 @@ def test_a_version_1_file_still_loads_and_predicts_what_it_did() -> None:
     assert not router.heads[0].word_problem
     head = RouteClassifier.load(DATA / "router-v1.json")
     assert head.threshold == expected["threshold"]
-    np.testing.assert_allclose(head.p_weak_ok_many(expected["prompts"]), expected["p_weak_ok"], rtol=0, atol=1e-9)
+    p = head.p_weak_ok_many(expected["prompts"])
+    assert_same_probabilities(p, expected["p_weak_ok"])
+    assert list(p >= head.threshold) == [q >= expected["threshold"] for q in expected["p_weak_ok"]]
 
 
 def test_a_one_head_file_written_now_reads_as_before(two_heads: Router, tmp_path) -> None:
     static = two_heads.head("minilm-static")
     static.save(tmp_path / "one.json")
     assert json.loads((tmp_path / "one.json").read_text())["version"] == 2
-    assert RouteClassifier.load(tmp_path / "one.json").p_weak_ok("Tom has 3 apples.") == static.p_weak_ok(
-        "Tom has 3 apples.")
+    assert_same_probabilities(RouteClassifier.load(tmp_path / "one.json").p_weak_ok("Tom has 3 apples."),
+                              static.p_weak_ok("Tom has 3 apples."))
 
 
 def test_bad_two_head_files_are_refused(two_heads: Router, tmp_path) -> None:

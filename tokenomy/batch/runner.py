@@ -132,7 +132,7 @@ class BatchRunner:
             elif b["status"] == "cancelling":
                 await self._cancel(bid, b["owner"])
                 continue
-            if time.time() > b["expires_at"]:
+            if self.store.clock() > b["expires_at"]:   # the clock the store stamped the window with
                 await self._end(bid, b["owner"], "expired", ("batch_expired", "The batch expired before this "
                                                              "request ran."))
                 continue

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,8 +138,10 @@ def parse_input(content: bytes, endpoint: str) -> list[tuple[str | None, dict[st
 
 
 class BatchStore:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.time) -> None:
+        """`clock` is the wall clock every stamp, window and lease is read from (a test hands in its own)."""
         self.engine = engine
+        self.clock = clock
         metadata.create_all(engine, checkfirst=True)
         self._add_lease_columns()
 
@@ -166,7 +169,7 @@ class BatchStore:
     # ---- files -------------------------------------------------------------------------------------------
     def create_file(self, owner: str, purpose: str, filename: str, content: bytes) -> dict[str, Any]:
         row = {"id": new_id("file-"), "owner": owner, "purpose": purpose, "filename": filename[:256],
-               "bytes": len(content), "created_at": int(time.time()), "content": content}
+               "bytes": len(content), "created_at": int(self.clock()), "content": content}
         with self.engine.begin() as conn:
             conn.execute(files.insert().values(**row))
         return file_object(row)
@@ -189,7 +192,7 @@ class BatchStore:
     def create_batch(self, owner: str, tenant: str, input_file_id: str, endpoint: str, window: str,
                      meta: dict[str, str] | None, content: bytes) -> dict[str, Any]:
         """A batch and its items, in one transaction: lines that cannot run are failed items at once."""
-        now = int(time.time())
+        now = int(self.clock())
         bid = new_id("batch_")
         row = {"id": bid, "owner": owner, "tenant": tenant, "endpoint": endpoint, "input_file_id": input_file_id,
                "completion_window": window, "status": "validating", "created_at": now,
@@ -229,7 +232,7 @@ class BatchStore:
         values: dict[str, Any] = {"status": status}
         stamp = f"{status}_at" if status != "in_progress" else "in_progress_at"
         if stamp in TIMES:
-            values[stamp] = int(time.time())
+            values[stamp] = int(self.clock())
         with self.engine.begin() as conn:
             return bool(conn.execute(batches.update().where(batches.c.id == batch_id, batches.c.status.in_(only_from))
                                      .values(**values)).rowcount)
@@ -258,7 +261,7 @@ class BatchStore:
         worker's lease runs)."""
         q = sa.select(items).where(items.c.batch_id == batch_id, items.c.state == "pending")
         if worker is not None:
-            q = q.where(sa.or_(items.c.lease_until.is_(None), items.c.lease_until < time.time(),
+            q = q.where(sa.or_(items.c.lease_until.is_(None), items.c.lease_until < self.clock(),
                                items.c.lease_owner == worker))
         q = q.order_by(items.c.line).limit(limit + len(skip))
         with self.engine.connect() as conn:
@@ -269,7 +272,7 @@ class BatchStore:
         """Take the item for `worker` for `lease_s` seconds and count a start, in one statement, if it is still
         pending and no other worker's lease on it runs; whether it was taken. The start is counted before the
         request runs, so a later start gets another request id."""
-        now = time.time()
+        now = self.clock()
         with self.engine.begin() as conn:
             return conn.execute(items.update().where(
                 items.c.batch_id == item.batch_id, items.c.line == item.line, items.c.state == "pending",
@@ -279,7 +282,7 @@ class BatchStore:
 
     def claim_batch(self, batch_id: str, worker: str, lease_s: float) -> bool:
         """Take the batch's ending (cancel, expiry, results) for `worker` unless another worker's lease runs."""
-        now = time.time()
+        now = self.clock()
         with self.engine.begin() as conn:
             return conn.execute(batches.update().where(
                 batches.c.id == batch_id,
@@ -288,7 +291,7 @@ class BatchStore:
 
     def renew(self, worker: str, lease_s: float) -> None:
         """Extend every lease `worker` holds on a pending item or an active batch."""
-        until = time.time() + lease_s
+        until = self.clock() + lease_s
         with self.engine.begin() as conn:
             conn.execute(items.update().where(items.c.lease_owner == worker, items.c.state == "pending")
                          .values(lease_until=until))

@@ -201,12 +201,13 @@ class RedisStore:
     """
 
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", namespace: str = "default",
-                 max_entries: int = 10_000, timeout_s: float = 0.25, retry_after_s: float = 1.0) -> None:
+                 max_entries: int = 10_000, timeout_s: float = 0.25, retry_after_s: float = 1.0,
+                 clock: Clock = time.monotonic) -> None:
         import redis
 
         _check("x", max_entries)
         self.url, self.namespace, self.max_entries = url, namespace, max_entries
-        self.retry_after_s = retry_after_s
+        self.retry_after_s, self.clock = retry_after_s, clock      # the breaker's pause, on `clock`
         self.errors = 0
         self.skipped = 0
         self._down_until = 0.0
@@ -220,14 +221,14 @@ class RedisStore:
         self._get_script = self._redis.register_script(_GET_LUA)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        if time.monotonic() < self._down_until:
+        if self.clock() < self._down_until:
             self.skipped += 1
             return None
         try:
             result = fn()
         except self._errors_types as e:
             self.errors += 1
-            self._down_until = time.monotonic() + self.retry_after_s
+            self._down_until = self.clock() + self.retry_after_s
             if not self._outage:        # once per outage, not once per request
                 self._outage = True
                 log.warning("cache store %s (%s) failed: %s; serving uncached until it answers again",
@@ -241,7 +242,7 @@ class RedisStore:
     @property
     def available(self) -> bool:
         """False while the breaker is open after a failure."""
-        return time.monotonic() >= self._down_until
+        return self.clock() >= self._down_until
 
     @property
     def healthy(self) -> bool:

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from tests.noise import assert_same_probabilities
 from tokenomy.offline.router.dataset import RoutingData, load_routing_data
 from tokenomy.offline.router.evaluate import evaluate_scores
 from tokenomy.offline.router.report import calibration_summary, weak_no_worse
@@ -49,8 +50,9 @@ def test_router_without_group_labels(dev_rows, tmp_path) -> None:
     router = train_classifier(load_routing_data(path))
     assert router.prior is None
     router.save(tmp_path / "r.json")
-    # bit for bit without a prior too: a trained classifier holds its arrays as the file does
-    assert RouteClassifier.load(tmp_path / "r.json").p_weak_ok(rows[1]["prompt"]) == router.p_weak_ok(rows[1]["prompt"])
+    # the file holds what was trained without a prior too (up to kernel noise: tests/noise.py)
+    assert_same_probabilities(RouteClassifier.load(tmp_path / "r.json").p_weak_ok(rows[1]["prompt"]),
+                              router.p_weak_ok(rows[1]["prompt"]))
 
 
 def test_training_refuses_data_it_cannot_learn_from(train_file) -> None:
