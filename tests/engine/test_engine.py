@@ -59,7 +59,7 @@ def test_batched_greedy_equals_solo_and_preemption_recomputes_exactly(path):
             assert_same_up_to_noise(got, want)
         # a sequence that read another's KV or logits would differ from the first token on
         assert all(got[0][0] == want[0][0] for got, want in zip(batched, solo, strict=True))
-        assert big.scheduler.prefix.used_cells == 0       # nothing retained without prefix caching
+        assert big.scheduler.layout.prefix.used_cells == 0       # nothing retained without prefix caching
     finally:
         big.stop()
     # KV for about half of the sequences: the scheduler must preempt and recompute, and the text must not change
@@ -191,7 +191,7 @@ def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_sam
     they do alone."""
     engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256,
                                        kv_unified=False, kv_tier_ram_mb=tier_mb)).start()
-    log = engine.scheduler.kv = CopyLog(engine.runner)
+    log = engine.scheduler.layout.kv = CopyLog(engine.runner)
     try:
         assert engine.max_model_len == engine.runner.n_ctx_seq == 512      # 8 streams of 512 cells
         ids = engine.tokenizer.encode_chat([{"role": "user", "content": " ".join(ARTICLES)}])
@@ -208,9 +208,9 @@ def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_sam
         assert done.wait(60)
         assert cached == len(ids) - 1
         if tier_mb:                                               # moved out of stream 0, then restored
-            assert len(log.copies) >= 1 and engine.scheduler.tiers.stats.hits["ram"] >= 1
+            assert len(log.copies) >= 1 and engine.tiers.stats.hits["ram"] >= 1
         else:                                                     # moved out of stream 0, then copied back in
-            assert len(log.copies) >= 2 and not engine.scheduler.tiers.enabled
+            assert len(log.copies) >= 2 and not engine.tiers.enabled
         assert cold == warm == copied
         solo = [run(engine, [p])[0] for p in PROMPTS[:4]]
         for got, want in zip(run(engine, PROMPTS[:4]), solo, strict=True):
@@ -262,3 +262,4 @@ def test_a_batch_step_is_cut_to_the_tokens_the_measured_cost_fits_in_batch_step_
         assert engine._batch_tokens() == 64
     finally:
         engine.stop()
+

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec, StepReport
 from tokenomy.engine.engine import StepStats
@@ -35,8 +36,6 @@ from tokenomy.engine.vocab import Vocab
 log = logging.getLogger("tokenomy.engine")
 
 ENTRY = "import sys; from tokenomy.engine.core import main; main(int(sys.argv[1]))"
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-STABLE_S = 60.0   # an engine up this long has recovered: the next crash starts the backoff again
 
 
 class EngineStartError(RuntimeError):
@@ -184,7 +183,7 @@ class EngineClient:
             calls, self._calls = self._calls, {}
             self.restarts += 1
             self.last_exit = reason
-            self._failures = 0 if time.monotonic() - self._up_since > STABLE_S else self._failures + 1
+            self._failures = 0 if time.monotonic() - self._up_since > tuning.STABLE_S else self._failures + 1
         log.error("engine %s %s; failing %d requests and restarting", self.name, reason, len(pending))
         message = f"The engine for model {self.name!r} {reason}; it is restarting. Retry the request."
         for h in pending.values():
@@ -197,7 +196,7 @@ class EngineClient:
     def _restart(self) -> None:
         attempt = self._failures
         while self.state == "restarting":
-            time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            time.sleep(tuning.BACKOFF_S[min(attempt, len(tuning.BACKOFF_S) - 1)])
             if self.state != "restarting":
                 return
             try:

@@ -62,6 +62,11 @@ class EngineConfig(BaseModel):
         "error", description="a sequence reaching max_model_len: error (finish with length; a max_tokens that "
         "cannot fit is refused) or shift (keep its first tokens and the most recent half, drop the middle and "
         "go on, as StreamingLLM does: lossy, docs/engine.md); shift needs kv_unified false")
+    in_place_tokens: int | None = Field(None, ge=1, description="with kv_unified false, a cached prefix at least "
+                                        "this long is used where it lies even on a stream apart from the running "
+                                        "ones (every step then computes one more run of streams until a gap "
+                                        "closes); none: it is copied or restored next to them, which measured "
+                                        "faster (docs/bench.md, bench/stream_placement.py)")
 
     @model_validator(mode="after")
     def _shift_needs_streams(self) -> EngineConfig:

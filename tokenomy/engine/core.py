@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tokenomy.engine import tuning
 from tokenomy.engine.engine import Engine, QueueFull
 from tokenomy.engine.kv_tier import TierStats
 from tokenomy.engine.sampling_params import SamplingParams
@@ -34,7 +35,6 @@ from tokenomy.engine.sequence import TokenEvent
 
 log = logging.getLogger("tokenomy.engine")
 
-SELF_CHECK_TOKENS = 4
 
 
 @dataclass
@@ -76,11 +76,12 @@ def self_check(engine: Engine) -> None:
             done.set()
 
     prompt = engine.tokenizer.encode("The capital of France is")
-    engine.submit(prompt, SamplingParams(max_tokens=SELF_CHECK_TOKENS, temperature=0.0, ignore_eos=True), on_event)
+    params = SamplingParams(max_tokens=tuning.SELF_CHECK_TOKENS, temperature=0.0, ignore_eos=True)
+    engine.submit(prompt, params, on_event)
     if not done.wait(300):
         raise RuntimeError("self-check decode did not finish in 300 s")
     last = events[-1]
-    if last.finish_reason != "length" or last.completion_tokens != SELF_CHECK_TOKENS:
+    if last.finish_reason != "length" or last.completion_tokens != tuning.SELF_CHECK_TOKENS:
         raise RuntimeError(f"self-check decode ended with {last.finish_reason}: {last.error}")
     engine.run_in_loop(engine.scheduler.clear_cache)
 
@@ -243,7 +244,7 @@ class Core:
         s = self.engine.scheduler
         if name == "state":
             return {"running": len(s.running), "waiting": self.engine.queue_depth, "used_cells": s.used_cells,
-                    "retired": len(s.prefix.retired), "pid": os.getpid()}
+                    "retired": len(s.layout.prefix.retired), "pid": os.getpid()}
         if name == "clear_cache":
             self.engine.run_in_loop(s.clear_cache)
             return True

@@ -9,7 +9,7 @@ when no slot's path passes through it, which is when llama.cpp frees the cells t
 
 Slots that finished but still hold their KV are *retired*: they stay matchable until evicted, least recently used
 first, when cells or slot ids are needed. A retired slot is *protected* when its prompt was seen before; the
-fingerprints (first FINGERPRINT_TOKENS tokens) of recently evicted prefixes are remembered so that a prompt
+fingerprints (first FINGERPRINT_TOKENS tokens, tuning.py) of recently evicted prefixes are remembered so that a prompt
 coming back after its eviction counts as seen.
 """
 
@@ -19,8 +19,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-FINGERPRINT_TOKENS = 128    # a prompt's identity for "seen before": its first tokens (past any shared template)
-GHOSTS = 4096               # fingerprints of evicted prefixes remembered
+from tokenomy.engine import tuning
 
 
 @dataclass(eq=False)
@@ -116,13 +115,13 @@ class PrefixCache:
             self.protected.discard(slot)
             held: list[int] = []
             for node in self.paths.get(slot, []):
-                held += node.tokens[:FINGERPRINT_TOKENS - len(held)]
-                if len(held) >= FINGERPRINT_TOKENS:
+                held += node.tokens[:tuning.FINGERPRINT_TOKENS - len(held)]
+                if len(held) >= tuning.FINGERPRINT_TOKENS:
                     break
             fp = _fingerprint(held)
             self.ghosts[fp] = None
             self.ghosts.move_to_end(fp)
-            while len(self.ghosts) > GHOSTS:
+            while len(self.ghosts) > tuning.GHOSTS:
                 self.ghosts.popitem(last=False)
         for node in reversed(self.paths.pop(slot, [])):
             node.slots.discard(slot)
@@ -167,7 +166,7 @@ class PrefixCache:
 
     def evicted_recently(self, tokens: list[int]) -> bool:
         """Whether a prefix starting like `tokens` was retired here and evicted since (among the last GHOSTS)."""
-        return _fingerprint(tokens[:FINGERPRINT_TOKENS]) in self.ghosts
+        return _fingerprint(tokens[:tuning.FINGERPRINT_TOKENS]) in self.ghosts
 
     def touch(self, slot: int) -> None:
         if slot in self.retired:
