@@ -96,8 +96,7 @@ class EngineClient:
         self.restarts = 0
         self.last_exit: str | None = None
         self.pid: int | None = None
-        self.max_model_len = min(cfg.max_model_len, self.vocab.n_ctx_train, cfg.n_ctx)
-        self.n_ctx = cfg.n_ctx
+        self.max_model_len = self.n_ctx = 0    # the engine process reports both when it is ready (_spawn)
         self.running = 0
         self.used_cells = 0
         self.preemptions = 0

@@ -7,13 +7,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+DEFAULT_N_CTX = 98304      # KV cells when neither n_ctx nor max_model_len is set: 24 streams of 4,096
+
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    n_ctx: int = Field(98304, ge=256, description="KV cells in all; with kv_unified false each of the n_seqs "
-                       "streams gets n_ctx / n_seqs of them (rounded up to 256), a sequence's length limit")
-    max_model_len: int = Field(8192, ge=64)
+    n_ctx: int | None = Field(None, ge=256, description="KV cells in all; with kv_unified false each of the n_seqs "
+                              "(max_running + max_retired) streams gets n_ctx / n_seqs of them (rounded up to 256); "
+                              "none: room for every sequence id at max_model_len (n_seqs x max_model_len), or "
+                              f"{DEFAULT_N_CTX} when max_model_len is not set either")
+    max_model_len: int | None = Field(None, ge=64, description="the longest sequence, prompt and answer, in tokens; "
+                                      "granted, or the engine refuses to start and says why: it must fit a "
+                                      "sequence's KV (a stream's n_ctx / n_seqs cells with kv_unified false, n_ctx "
+                                      "with true) and the model's training context; none: as long as a sequence's "
+                                      "KV can be, at most the training context (4096 with the defaults)")
     max_running: int = Field(16, ge=1, le=128)
     max_retired: int = Field(8, ge=0, le=128, description="sequence ids beyond max_running, for finished sequences "
                              "kept as reusable prefixes (with KV streams, every stream not running keeps one)")
@@ -78,3 +86,32 @@ class EngineConfig(BaseModel):
     def n_seqs(self) -> int:
         """llama.cpp sequence ids: running sequences plus retired prefix holders."""
         return self.max_running + self.max_retired
+
+    @property
+    def kv_cells(self) -> int:
+        """The KV cells asked of llama.cpp: n_ctx, else room for every sequence id at max_model_len, else
+        DEFAULT_N_CTX."""
+        if self.n_ctx is not None:
+            return self.n_ctx
+        return self.n_seqs * self.max_model_len if self.max_model_len is not None else DEFAULT_N_CTX
+
+    def window(self, seq_cells: int, n_ctx_train: int) -> int:
+        """The engine's max_model_len, given the KV cells llama.cpp gave one sequence (a stream's, or the whole
+        unified buffer) and the model's training context: max_model_len when both hold it, else a ValueError that
+        names the numbers; without max_model_len, the smaller of the two."""
+        if self.max_model_len is None:
+            return min(seq_cells, n_ctx_train)
+        if self.max_model_len > n_ctx_train:
+            raise ValueError(f"max_model_len {self.max_model_len} is over the {n_ctx_train} tokens this model was "
+                             "trained for: lower max_model_len (or leave it out)")
+        if self.max_model_len <= seq_cells:
+            return self.max_model_len
+        if self.kv_unified:
+            raise ValueError(f"max_model_len {self.max_model_len} does not fit in n_ctx {seq_cells} KV cells: raise "
+                             f"n_ctx to at least {self.max_model_len} (or leave it out) or lower max_model_len")
+        raise ValueError(
+            f"max_model_len {self.max_model_len} does not fit a KV stream: with kv_unified false each of the "
+            f"{self.n_seqs} sequence ids (max_running {self.max_running} + max_retired {self.max_retired}) has a "
+            f"stream of its own, and n_ctx {self.kv_cells} gives each {seq_cells} cells; raise n_ctx to at least "
+            f"{self.n_seqs * self.max_model_len} (or leave it out), lower max_model_len, max_running or max_retired, "
+            "or set kv_unified true")

@@ -43,8 +43,9 @@ class DraftModel:
     def __init__(self, path: str, cfg: EngineConfig, target: Vocab) -> None:
         """A context for cfg.max_running drafting sequences, each stream as long as the target's streams would be
         with the same cells; refuses a model whose vocabulary is not the target's token for token."""
-        dcfg = cfg.model_copy(update={"max_retired": 0, "kv_unified": False, "draft_model": None,
-                                      "prefix_caching": False, "kv_tier_ram_mb": 0})
+        dcfg = cfg.model_copy(update={"n_ctx": cfg.kv_cells, "max_model_len": None, "max_retired": 0,
+                                      "kv_unified": False, "draft_model": None, "prefix_caching": False,
+                                      "kv_tier_ram_mb": 0})
         self.runner = ModelRunner(path, dcfg)
         if not self.runner.same_tokens(target):
             self.runner.close()

@@ -47,10 +47,14 @@ class Engine:
         self.cfg = cfg = cfg or EngineConfig()
         self.name = name
         self.runner = ModelRunner(model_path, cfg)
+        try:
+            self.max_model_len = cfg.window(self.runner.n_ctx_seq, self.runner.n_ctx_train)
+            if cfg.context_overflow == "shift" and not self.runner.can_shift:
+                raise RuntimeError("context_overflow shift: this model's KV cache cannot shift positions")
+        except Exception:
+            self.runner.close()
+            raise
         self.tokenizer = Tokenizer(self.runner)
-        self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx_seq)
-        if cfg.context_overflow == "shift" and not self.runner.can_shift:
-            raise RuntimeError("context_overflow shift: this model's KV cache cannot shift positions")
         self.stats = StepStats()
         self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
         self.drafter = DraftModel(cfg.draft_model, cfg, self.runner) if cfg.draft_model else None

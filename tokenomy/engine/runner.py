@@ -50,12 +50,12 @@ class ModelRunner(Vocab):
     """One model with one llama.cpp context over it (the vocabulary methods come from Vocab)."""
 
     def __init__(self, path: str, cfg: EngineConfig) -> None:
-        """A context of cfg.n_ctx cells for cfg.n_seqs sequences, fed up to cfg.max_batch_tokens per decode."""
+        """A context of cfg.kv_cells cells for cfg.n_seqs sequences, fed up to cfg.max_batch_tokens per decode."""
         super().__init__(path)
         self.cfg = cfg
         cparams = llama_cpp.llama_context_default_params()
         threads = cfg.n_threads or os.cpu_count() or 1
-        cparams.n_ctx = cfg.n_ctx
+        cparams.n_ctx = cfg.kv_cells
         cparams.n_batch = cfg.max_batch_tokens
         cparams.n_ubatch = cfg.max_batch_tokens
         cparams.n_seq_max = cfg.n_seqs
