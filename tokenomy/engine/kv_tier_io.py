@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tokenomy.engine import tuning
@@ -23,20 +24,20 @@ class SlotState(Protocol):
     def restore(self, slot: int, blob: bytes | bytearray) -> bool: ...
 
 
+@dataclass
 class TierIO:
-    def __init__(self, tiers: KVTiers, kv: SlotState, prefix: PrefixCache, cut: Callable[[int, int], None],
-                 prefix_caching: bool, attach_shared: bool) -> None:
-        """`cut(slot, length)` drops a slot's KV past `length` tokens (the layout's). With `attach_shared` a
-        restored prefix joins the tree nodes other slots hold for its tokens (KV streams, where the tree is
-        bookkeeping of each stream's own cells); without, its cells are new ones (the unified buffer, where a node
-        is physical cells that slots share)."""
-        self.tiers = tiers
-        self.kv = kv
-        self.prefix = prefix
-        self.cut = cut
-        self.prefix_caching = prefix_caching
-        self.attach_shared = attach_shared
-        self._finished: list[int] = []     # slots retired by the last step, to save (save_finished)
+    """`cut(slot, length)` drops a slot's KV past `length` tokens (the layout's). With `attach_shared` a restored
+    prefix joins the tree nodes other slots hold for its tokens (KV streams, where the tree is bookkeeping of each
+    stream's own cells); without, its cells are new ones (the unified buffer, where a node is physical cells that
+    slots share)."""
+
+    tiers: KVTiers
+    kv: SlotState
+    prefix: PrefixCache
+    cut: Callable[[int, int], None]
+    prefix_caching: bool
+    attach_shared: bool
+    _finished: list[int] = field(default_factory=list)     # slots retired by the last step, to save (save_finished)
 
     @property
     def enabled(self) -> bool:
