@@ -37,11 +37,7 @@ class TierIO:
     cut: Callable[[int, int], None]
     prefix_caching: bool
     attach_shared: bool
-    _finished: list[int] = field(default_factory=list)     # slots retired by the last step, to save (save_finished)
-
-    @property
-    def enabled(self) -> bool:
-        return self.tiers.enabled
+    _finished: list[int] = field(default_factory=list, init=False)   # retired since the last save_finished
 
     def match(self, tokens: list[int], resident: int) -> tuple[int, Entry | None]:
         """A saved state holding at least MIN_COPY_TOKENS more of `tokens` than the `resident` ones, when
