@@ -89,19 +89,19 @@ def test_a_step_drafts_only_for_sequences_that_decode_one_token_and_may_speculat
 
     loop = [5, 6, 7, 8] * 6
     cheap = _cost(per_token=0.0001, fixed=0.010)
-    spec = speculate.Speculator(EngineConfig(kv_unified=True), max_model_len=4096, cost=cheap)
+    spec = speculate.Speculator(EngineConfig(kv_unified=True), max_model_len=4096)
     free, short, seeded, constrained = decoding(loop), decoding(loop, max_tokens=3), decoding(
         loop, temperature=1.0, seed=1), decoding(loop)
     constrained.constraint = object()
     prefilling = Sequence(prompt=list(loop), params=SamplingParams(), on_event=lambda e: None)
     plan = [(free, 1), (short, 1), (seeded, 1), (constrained, 1), (prefilling, 8)]
-    drafts = spec.drafts(plan, free_cells=10_000)
+    drafts = spec.drafts(plan, 10_000, cheap)
     assert drafts[free] == speculate.propose(free.tokens, 8) == [6, 7, 8, 5]   # all the lookup found
     assert drafts[short] == drafts[free][:1]       # max_tokens 3, one already out: one more to draft at most
     assert set(drafts) == {free, short}
-    assert speculate.Speculator(EngineConfig(speculative=False), 4096, cheap).drafts(plan, 10_000) == {}
-    tight = speculate.Speculator(EngineConfig(kv_unified=True), max_model_len=len(loop) + 4, cost=cheap)
-    assert len(tight.drafts([(free, 1)], free_cells=10_000)[free]) == 2      # the window leaves room for two
+    assert speculate.Speculator(EngineConfig(speculative=False), 4096).drafts(plan, 10_000, cheap) == {}
+    tight = speculate.Speculator(EngineConfig(kv_unified=True), max_model_len=len(loop) + 4)
+    assert len(tight.drafts([(free, 1)], 10_000, cheap)[free]) == 2      # the window leaves room for two
 
 
 def test_a_draft_keeps_the_sampled_distribution():

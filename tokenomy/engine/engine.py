@@ -62,7 +62,7 @@ class Engine:
                              cfg.kv_tier_disk_mb << 20)
         self.tiers.recompute_s = self.prefill_seconds
         self.scheduler = Scheduler(cfg, self.runner, self.runner.n_ctx, self.tiers)
-        self.speculator = speculate.Speculator(cfg, self.max_model_len, self.step_cost, self.drafter)
+        self.speculator = speculate.Speculator(cfg, self.max_model_len, self.drafter)
         self.after_step: list[Callable[[], None]] = []   # called on the engine thread after every step
         self._inbox: list[Sequence] = []
         self._calls: list[Callable[[], None]] = []
@@ -215,7 +215,7 @@ class Engine:
         plan = self.scheduler.schedule()
         if not plan:
             return
-        drafts = self.speculator.drafts(plan, self.scheduler.free_cells)
+        drafts = self.speculator.drafts(plan, self.scheduler.free_cells, self.step_cost)
         chunks = [_chunk(seq, n, drafts.get(seq, [])) for seq, n in plan]
         logits = self._decode(plan, chunks)
         if logits is None:

@@ -185,16 +185,15 @@ class Speculator:
     """The drafts of one engine's steps: which of a step's sequences draft, the tokens proposed (by prompt lookup,
     or by the draft model when one is configured) and how many of them are worth verifying (plan)."""
 
-    def __init__(self, cfg: EngineConfig, max_model_len: int, cost: StepCost,
-                 drafter: DraftModel | None = None) -> None:
+    def __init__(self, cfg: EngineConfig, max_model_len: int, drafter: DraftModel | None = None) -> None:
         self.cfg = cfg
         self.max_model_len = max_model_len
-        self.cost = cost
         self.drafter = drafter
 
-    def drafts(self, step: list[tuple[Sequence, int]], free_cells: int) -> dict[Sequence, list[int]]:
+    def drafts(self, step: list[tuple[Sequence, int]], free_cells: int, cost: StepCost) -> dict[Sequence, list[int]]:
         """Drafts for the decoding sequences of `step` (the scheduler's plan), as many tokens each as `plan` finds
-        worth their measured cost (often none), within the step's token budget and `free_cells`."""
+        worth by `cost` (the engine's measured steps; often none), within the step's token budget and
+        `free_cells`."""
         if not self.cfg.speculative:
             return {}
         base = sum(n for _, n in step)
@@ -226,8 +225,8 @@ class Speculator:
         sampling = sum(seq.n_kv + n == seq.num_kv_tokens for seq, n in step)
         drafting = {seq for seq, _ in found}
         others = None if self.cfg.kv_unified else [n for seq, n in step if seq not in drafting]
-        ks = plan(base, sampling, [(seq.spec_acceptance, room) for seq, room in found], self.cost, budget,
-                  draft_s, fixed_s, apart=others)
+        ks = plan(base, sampling, [(seq.spec_acceptance, room) for seq, room in found], cost, budget, draft_s,
+                  fixed_s, apart=others)
         if self.drafter is not None:
             made = self.drafter.propose([(seq.seq_id, seq.tokens, k) for (seq, _), k in zip(found, ks, strict=True)
                                          if k])
