@@ -95,7 +95,7 @@ async def answer(spec: EmbeddedModelSpec, prompts: list[str], max_tokens: int,
 
     assert spec.gguf is not None
     backend = EmbeddedBackend(spec.name, str(resolve_gguf(spec.gguf)), EngineConfig(
-        n_ctx=4096, max_model_len=1024, max_running=4, max_retired=8, n_threads=threads))
+        n_ctx=4096, max_running=4, max_retired=8, n_threads=threads))
     try:
         return await sample_answers(backend, [{"messages": [{"role": "user", "content": p}]} for p in prompts],
                                     max_tokens)

@@ -31,8 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tokenomy.engine.config import EngineConfig  # noqa: E402
-from tokenomy.engine.engine import SINK_TOKENS  # noqa: E402
 from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
+from tokenomy.engine.tuning import SINK_TOKENS  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
 
 GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")

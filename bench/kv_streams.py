@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from tokenomy.engine import runner  # noqa: E402
+from tokenomy.engine import tuning  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
@@ -46,7 +46,7 @@ def measure(unified: bool, b: int, steps: int = 128, prompt: int = 30, retired: 
 
 
 COPY_TOKENS = (300, 700, 1500, 3000)
-SHIPPED_SHARE = runner.STATE_COPY_SHARE
+SHIPPED_SHARE = tuning.STATE_COPY_SHARE
 
 
 def placement(rounds: int) -> dict[str, float]:
@@ -74,7 +74,7 @@ def placement(rounds: int) -> dict[str, float]:
             r.decode([Chunk(5, toks[i:min(n, i + 512)], i, False)])
         for _ in range(rounds + 1):
             for share, name in ((0.0, "whole"), (1.0, "cells")):
-                runner.STATE_COPY_SHARE = share
+                tuning.STATE_COPY_SHARE = share
                 r.remove(9)
                 t = time.perf_counter()
                 r.decode([Chunk(9, [toks[1]], 0, True)])
@@ -84,7 +84,7 @@ def placement(rounds: int) -> dict[str, float]:
                 r.remove(9, n - 1)
                 r.decode([Chunk(9, [toks[n - 1]], n - 1, True)])     # a whole-stream copy happens in here
                 out.setdefault(f"copy_{name}_{n}_ms", []).append(1000 * (time.perf_counter() - t - plain))
-    runner.STATE_COPY_SHARE = SHIPPED_SHARE
+    tuning.STATE_COPY_SHARE = SHIPPED_SHARE
     r.close()
     return {k: statistics.median(v) for k, v in out.items()}
 

@@ -38,7 +38,7 @@ GROWTH_LIMIT = 1.10
 def config(dir_: Path) -> Path:
     path = dir_ / "soak.yaml"
     path.write_text(json.dumps({
-        "engine": {"n_ctx": 4096, "max_model_len": 2048, "max_running": 8, "max_retired": 8},
+        "engine": {"n_ctx": 4096, "max_running": 8, "max_retired": 8},
         "cache": {"path": str(dir_ / "cache"), "semantic": {"enabled": False}},
         "ledger": f"sqlite:///{dir_ / 'ledger.db'}",
         "keys": [{"key": KEYS["a"], "tenant": "a"}, {"key": KEYS["b"], "tenant": "b"}],

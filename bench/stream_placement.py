@@ -5,7 +5,7 @@ With KV streams (llama-server's layout, `engine.kv_unified: false`) llama.cpp co
 consecutive stream ids, so a sequence apart from the running block costs one more ubatch every step until the
 scheduler moves it next to the others (`_compact`, with more stream copies). Copying the prompt next to the block
 costs once: 2-14 ms for a 4,096-cell stream since copies move only the cells in use (runner.copy_stream).
-`scheduler.IN_PLACE_TOKENS` is the rule: a cached prefix at least that long runs where it lies; None (the default
+`engine.in_place_tokens` is the rule: a cached prefix at least that long runs where it lies; None (the default
 since 2026-12-01): never apart.
 
 Same engine, same grounded prompts (first turns of ../shared/data/grounded/dev.jsonl, chat template), each prompt
@@ -34,7 +34,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tokenomy.bench.workload import grounded  # noqa: E402
-from tokenomy.engine import scheduler  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.engine import Engine  # noqa: E402
 from tokenomy.engine.sampling_params import SamplingParams  # noqa: E402
@@ -92,7 +91,7 @@ def closed_loop(engine: Engine, prompts: list[list[int]], order: list[int], clie
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--in-place", default="128,none", help="IN_PLACE_TOKENS values (none: never apart); the first "
+    ap.add_argument("--in-place", default="128,none", help="in_place_tokens values (none: never apart); the first "
                     "is the baseline")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=32)
@@ -121,13 +120,12 @@ def main() -> None:
     prompts = grounded_prompts(engine, args.grounded)[:args.prompts]
     rng = random.Random(0)
     closed_loop(engine, prompts, list(range(len(prompts))), args.concurrency, 0.0, args.max_tokens)   # cache them
-    shipped = scheduler.IN_PLACE_TOKENS
     results: dict[int | None, list[tuple[float, float, int]]] = {}
     for r in range(args.rounds):
         order = list(range(len(prompts)))
         rng.shuffle(order)
         for v in values if r % 2 == 0 else values[::-1]:
-            scheduler.IN_PLACE_TOKENS = v
+            engine.cfg.in_place_tokens = v      # the layout reads it at each admission
             before = copies[0]
             tok_s, ttfts = closed_loop(engine, prompts, order, args.concurrency, args.delay_ms / 1e3,
                                        args.max_tokens)
@@ -135,7 +133,6 @@ def main() -> None:
             results.setdefault(v, []).append((tok_s, ttft, copies[0] - before))
             print(f"round {r + 1} in_place={v}: {tok_s:.1f} tok/s, TTFT p50 {ttft * 1e3:.0f} ms, "
                   f"{copies[0] - before} stream copies", file=sys.stderr)
-    scheduler.IN_PLACE_TOKENS = shipped
     engine.stop()
     base_tok = statistics.median(x[0] for x in results[values[0]])
     base_ttft = statistics.median(x[1] for x in results[values[0]])

@@ -71,7 +71,7 @@ def main() -> None:
     shipped = s.save_finished
 
     def at_eviction_only() -> None:
-        s._finished.clear()
+        s.layout.io._finished.clear()
 
     rng = random.Random(0)
     results: dict[str, list[tuple[float, float, float, int, float]]] = {r: [] for r in RULES}

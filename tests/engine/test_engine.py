@@ -59,7 +59,7 @@ def test_batched_greedy_equals_solo_and_preemption_recomputes_exactly(path):
             assert_same_up_to_noise(got, want)
         # a sequence that read another's KV or logits would differ from the first token on
         assert all(got[0][0] == want[0][0] for got, want in zip(batched, solo, strict=True))
-        assert big.scheduler.prefix.used_cells == 0       # nothing retained without prefix caching
+        assert big.scheduler.layout.prefix.used_cells == 0       # nothing retained without prefix caching
     finally:
         big.stop()
     # KV for about half of the sequences: the scheduler must preempt and recompute, and the text must not change
@@ -191,7 +191,7 @@ def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_sam
     they do alone."""
     engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256,
                                        kv_unified=False, kv_tier_ram_mb=tier_mb)).start()
-    log = engine.scheduler.kv = CopyLog(engine.runner)
+    log = engine.scheduler.layout.kv = CopyLog(engine.runner)
     try:
         assert engine.max_model_len == engine.runner.n_ctx_seq == 512      # 8 streams of 512 cells
         ids = engine.tokenizer.encode_chat([{"role": "user", "content": " ".join(ARTICLES)}])
@@ -208,9 +208,9 @@ def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_sam
         assert done.wait(60)
         assert cached == len(ids) - 1
         if tier_mb:                                               # moved out of stream 0, then restored
-            assert len(log.copies) >= 1 and engine.scheduler.tiers.stats.hits["ram"] >= 1
+            assert len(log.copies) >= 1 and engine.tiers.stats.hits["ram"] >= 1
         else:                                                     # moved out of stream 0, then copied back in
-            assert len(log.copies) >= 2 and not engine.scheduler.tiers.enabled
+            assert len(log.copies) >= 2 and not engine.tiers.enabled
         assert cold == warm == copied
         solo = [run(engine, [p])[0] for p in PROMPTS[:4]]
         for got, want in zip(run(engine, PROMPTS[:4]), solo, strict=True):
@@ -262,3 +262,33 @@ def test_a_batch_step_is_cut_to_the_tokens_the_measured_cost_fits_in_batch_step_
         assert engine._batch_tokens() == 64
     finally:
         engine.stop()
+
+
+def test_a_max_model_len_asked_for_is_granted_by_streams_that_hold_it(path):
+    """Without n_ctx the context gets a stream of max_model_len cells per sequence id, so the window asked for is
+    the window served: a 250-token prompt is answered in a 256-token window, a 256-token one is refused. (Until
+    2026-12-02 n_ctx stayed 98,304 whatever max_model_len said, and the default 8,192 was quietly cut to a
+    stream's 4,096.)"""
+    engine = Engine(path, EngineConfig(max_model_len=256, max_running=2, max_retired=2, speculative=False)).start()
+    try:
+        assert engine.max_model_len == engine.runner.n_ctx_seq == 256 and engine.runner.n_ctx == 4 * 256
+        events = submit_wait(engine, list(range(1000, 1250)), SamplingParams(max_tokens=4, temperature=0,
+                                                                              ignore_eos=True))
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 4
+        with pytest.raises(ValueError, match="limit is 255"):
+            engine.submit(list(range(1000, 1256)), SamplingParams(max_tokens=4), lambda ev: None)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize(("cfg", "says"), [
+    ({"n_ctx": 16384, "max_model_len": 8192},        # the default 24 streams get 768 cells each, not 8,192
+     ["max_model_len 8192 does not fit a KV stream", "24 sequence ids", "n_ctx 16384", "at least 196608"]),
+    ({"max_model_len": 16384, "max_running": 1, "max_retired": 0},
+     ["max_model_len 16384 is over the 8192 tokens this model was trained for"]),
+], ids=["streams-too-small", "over-training-context"])
+def test_a_max_model_len_that_cannot_be_granted_stops_the_engine_at_start_naming_the_numbers(path, cfg, says):
+    with pytest.raises(ValueError) as err:
+        Engine(path, EngineConfig(**cfg))
+    for part in says:
+        assert part in str(err.value)

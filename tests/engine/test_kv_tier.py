@@ -117,7 +117,7 @@ def test_a_finished_prompt_is_saved_once_between_steps_after_its_answer_is_sent(
     cfg = EngineConfig(n_ctx=4 * 1024, max_running=2, max_retired=2, max_batch_tokens=256, kv_unified=False)
     engine = Engine(path, cfg)
     hooks: list[tuple[bool, int]] = []       # (a prefix is retired, saved entries) at each step's after-step hooks
-    engine.after_step.append(lambda: hooks.append((bool(engine.scheduler.prefix.retired),
+    engine.after_step.append(lambda: hooks.append((bool(engine.scheduler.layout.prefix.retired),
                                                    engine.tiers.stats.entries["ram"])))
     engine.start()
     try:

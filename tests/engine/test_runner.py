@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenomy.engine import runner as runner_module
+from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.runner import STATE_COPY_SHARE, Chunk, ModelRunner
+from tokenomy.engine.runner import Chunk, ModelRunner
 from tokenomy.models import resolve_gguf
 
 
@@ -34,7 +34,7 @@ def test_a_copied_stream_gives_the_logits_its_source_gives(runner, n):
     toks = runner.tokenize("The quick brown fox jumps over the lazy dog. " * 40)[:n + 1]
     fill(runner, 0, toks[:n])
     runner.copy_stream(0, 1)
-    assert bool(runner._pending) == (n > STATE_COPY_SHARE * runner.n_ctx_seq)   # the state copy is done at once
+    assert bool(runner._pending) == (n > tuning.STATE_COPY_SHARE * runner.n_ctx_seq)   # the state copy is done at once
     copied = next_logits(runner, 1, toks[n], n)
     assert not runner._pending
     source = next_logits(runner, 0, toks[n], n)
@@ -69,7 +69,7 @@ def test_a_saved_state_restores_from_ram_and_from_bytes_read_off_disk(runner):
 def test_a_state_over_the_byte_cap_is_copied_as_the_whole_stream(runner, monkeypatch):
     toks = runner.tokenize("Sphinx of black quartz, judge my vow. " * 20)[:41]
     fill(runner, 0, toks[:40])
-    monkeypatch.setattr(runner_module, "STATE_COPY_MAX_BYTES", 1024)
+    monkeypatch.setattr(tuning, "STATE_COPY_MAX_BYTES", 1024)
     runner.copy_stream(0, 1)
     assert runner._pending == {0, 1}
     assert np.array_equal(next_logits(runner, 1, toks[40], 40), next_logits(runner, 0, toks[40], 40))

@@ -12,6 +12,7 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampler import Sampler
 from tokenomy.engine.sampling_params import SamplingParams
+from tokenomy.engine.sequence import Sequence
 from tokenomy.models import resolve_gguf
 
 
@@ -73,6 +74,34 @@ def test_with_kv_streams_a_sequences_drafts_beside_others_cost_a_ubatch_of_their
     flat = _cost(per_token=0.00001, fixed=0.010)
     assert speculate.plan(4, 4, [(0.95, 8)], flat, 100, apart=[1, 1, 1]) == [8]
     assert speculate.plan(4, 4, [(0.5, 8)], flat, 100, apart=[1, 1, 1]) == [0]
+
+
+def test_a_step_drafts_only_for_sequences_that_decode_one_token_and_may_speculate():
+    """Speculator.drafts, without an engine: a decoding sequence whose tokens repeat gets the prompt-lookup draft,
+    cut to what its max_tokens and the window leave; one still prefilling, a constrained one, and one that asked
+    for no speculation (a seeded sample) get none."""
+    def decoding(prompt, max_tokens=64, **params):
+        q = Sequence(prompt=list(prompt), params=SamplingParams(max_tokens=max_tokens, **params),
+                     on_event=lambda e: None)
+        q.output.append(prompt[-4])                # one sampled token, not yet fed: it decodes next
+        q.n_kv, q.spec_acceptance = len(prompt), 0.95
+        return q
+
+    loop = [5, 6, 7, 8] * 6
+    cheap = _cost(per_token=0.0001, fixed=0.010)
+    spec = speculate.Speculator(EngineConfig(kv_unified=True), max_model_len=4096)
+    free, short, seeded, constrained = decoding(loop), decoding(loop, max_tokens=3), decoding(
+        loop, temperature=1.0, seed=1), decoding(loop)
+    constrained.constraint = object()
+    prefilling = Sequence(prompt=list(loop), params=SamplingParams(), on_event=lambda e: None)
+    plan = [(free, 1), (short, 1), (seeded, 1), (constrained, 1), (prefilling, 8)]
+    drafts = spec.drafts(plan, 10_000, cheap)
+    assert drafts[free] == speculate.propose(free.tokens, 8) == [6, 7, 8, 5]   # all the lookup found
+    assert drafts[short] == drafts[free][:1]       # max_tokens 3, one already out: one more to draft at most
+    assert set(drafts) == {free, short}
+    assert speculate.Speculator(EngineConfig(speculative=False), 4096).drafts(plan, 10_000, cheap) == {}
+    tight = speculate.Speculator(EngineConfig(kv_unified=True), max_model_len=len(loop) + 4)
+    assert len(tight.drafts([(free, 1)], 10_000, cheap)[free]) == 2      # the window leaves room for two
 
 
 def test_a_draft_keeps_the_sampled_distribution():

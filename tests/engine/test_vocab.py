@@ -4,7 +4,7 @@ import pytest
 
 from tests.shared_data import shared_data
 from tokenomy.bench.workload import grounded
-from tokenomy.engine import vocab as vocab_module
+from tokenomy.engine import tuning
 from tokenomy.engine.tokenizer import Tokenizer
 from tokenomy.engine.vocab import Vocab, _overlapping
 from tokenomy.models import resolve_gguf
@@ -53,7 +53,7 @@ def test_a_chat_is_tokenized_piece_by_piece_with_exactly_llama_cpps_tokens(smoll
 
 
 def test_the_piece_cache_stays_within_its_bound_and_stays_exact(smollm, monkeypatch):
-    monkeypatch.setattr(vocab_module, "PIECE_CACHE_CHARS", 64)
+    monkeypatch.setattr(tuning, "PIECE_CACHE_CHARS", 64)
     smollm._piece_ids.clear()
     smollm._piece_chars = 0
     texts = [f"<|im_start|>user\nquestion number {i} about something<|im_end|>\n" for i in range(20)]

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.core import SCORE_TIMEOUT_S, ConstraintSpec, StepReport
+from tokenomy.engine.core import ConstraintSpec, StepReport
 from tokenomy.engine.engine import StepStats
 from tokenomy.engine.kv_tier import TierStats
 from tokenomy.engine.sampling_params import SamplingParams
@@ -35,8 +36,6 @@ from tokenomy.engine.vocab import Vocab
 log = logging.getLogger("tokenomy.engine")
 
 ENTRY = "import sys; from tokenomy.engine.core import main; main(int(sys.argv[1]))"
-BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-STABLE_S = 60.0   # an engine up this long has recovered: the next crash starts the backoff again
 
 
 class EngineStartError(RuntimeError):
@@ -97,8 +96,7 @@ class EngineClient:
         self.restarts = 0
         self.last_exit: str | None = None
         self.pid: int | None = None
-        self.max_model_len = min(cfg.max_model_len, self.vocab.n_ctx_train, cfg.n_ctx)
-        self.n_ctx = cfg.n_ctx
+        self.max_model_len = self.n_ctx = 0    # the engine process reports both when it is ready (_spawn)
         self.running = 0
         self.used_cells = 0
         self.preemptions = 0
@@ -186,7 +184,7 @@ class EngineClient:
             calls, self._calls = self._calls, {}
             self.restarts += 1
             self.last_exit = reason
-            self._failures = 0 if time.monotonic() - self._up_since > STABLE_S else self._failures + 1
+            self._failures = 0 if time.monotonic() - self._up_since > tuning.STABLE_S else self._failures + 1
         log.error("engine %s %s; failing %d requests and restarting", self.name, reason, len(pending))
         message = f"The engine for model {self.name!r} {reason}; it is restarting. Retry the request."
         for h in pending.values():
@@ -199,7 +197,7 @@ class EngineClient:
     def _restart(self) -> None:
         attempt = self._failures
         while self.state == "restarting":
-            time.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            time.sleep(tuning.BACKOFF_S[min(attempt, len(tuning.BACKOFF_S) - 1)])
             if self.state != "restarting":
                 return
             try:
@@ -281,7 +279,7 @@ class EngineClient:
     def score(self, ids: list[int], window: int) -> tuple[Any, float]:
         """Each token's surprisal in windows of `window` tokens, and the model's seconds (core.Core.score): for an
         engine that serves nothing else, as a prompt compressor's does."""
-        return self.call("score", list(ids), window, timeout=SCORE_TIMEOUT_S + 30)
+        return self.call("score", list(ids), window, timeout=tuning.SCORE_TIMEOUT_S + 30)
 
     def clear_cache(self) -> None:
         self.call("clear_cache")

@@ -7,16 +7,23 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+DEFAULT_N_CTX = 98304      # KV cells when neither n_ctx nor max_model_len is set: 24 streams of 4,096
+
 
 class EngineConfig(BaseModel):
     """The embedded engine: KV cache, scheduling, speculation and its process (docs/engine.md)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    n_ctx: int = Field(98304, ge=256, description="KV cells in all; with kv_unified false each of the n_seqs "
-                       "streams gets n_ctx / n_seqs of them (rounded up to 256), a sequence's length limit")
-    max_model_len: int = Field(8192, ge=64, description="tokens one sequence may hold, prompt and answer "
-                               "together; a longer prompt is refused")
+    n_ctx: int | None = Field(None, ge=256, description="KV cells in all; with kv_unified false each of the n_seqs "
+                              "(max_running + max_retired) streams gets n_ctx / n_seqs of them (rounded up to 256); "
+                              "none: room for every sequence id at max_model_len (n_seqs x max_model_len), or "
+                              f"{DEFAULT_N_CTX} when max_model_len is not set either")
+    max_model_len: int | None = Field(None, ge=64, description="the longest sequence, prompt and answer, in tokens; "
+                                      "granted, or the engine refuses to start and says why: it must fit a "
+                                      "sequence's KV (a stream's n_ctx / n_seqs cells with kv_unified false, n_ctx "
+                                      "with true) and the model's training context; none: as long as a sequence's "
+                                      "KV can be, at most the training context (4096 with the defaults)")
     max_running: int = Field(16, ge=1, le=128, description="sequences decoded together in one step; more: higher "
                              "throughput, slower steps (each gets a KV stream with kv_unified false)")
     max_retired: int = Field(8, ge=0, le=128, description="sequence ids beyond max_running, for finished sequences "
@@ -69,6 +76,11 @@ class EngineConfig(BaseModel):
         "error", description="a sequence reaching max_model_len: error (finish with length; a max_tokens that "
         "cannot fit is refused) or shift (keep its first tokens and the most recent half, drop the middle and "
         "go on, as StreamingLLM does: lossy, docs/engine.md); shift needs kv_unified false")
+    in_place_tokens: int | None = Field(None, ge=1, description="with kv_unified false, a cached prefix at least "
+                                        "this long is used where it lies even on a stream apart from the running "
+                                        "ones (every step then computes one more run of streams until a gap "
+                                        "closes); none: it is copied or restored next to them, which measured "
+                                        "faster (docs/bench.md, bench/stream_placement.py)")
 
     @model_validator(mode="after")
     def _shift_needs_streams(self) -> EngineConfig:
@@ -80,3 +92,32 @@ class EngineConfig(BaseModel):
     def n_seqs(self) -> int:
         """llama.cpp sequence ids: running sequences plus retired prefix holders."""
         return self.max_running + self.max_retired
+
+    @property
+    def kv_cells(self) -> int:
+        """The KV cells asked of llama.cpp: n_ctx, else room for every sequence id at max_model_len, else
+        DEFAULT_N_CTX."""
+        if self.n_ctx is not None:
+            return self.n_ctx
+        return self.n_seqs * self.max_model_len if self.max_model_len is not None else DEFAULT_N_CTX
+
+    def window(self, seq_cells: int, n_ctx_train: int) -> int:
+        """The engine's max_model_len, given the KV cells llama.cpp gave one sequence (a stream's, or the whole
+        unified buffer) and the model's training context: max_model_len when both hold it, else a ValueError that
+        names the numbers; without max_model_len, the smaller of the two."""
+        if self.max_model_len is None:
+            return min(seq_cells, n_ctx_train)
+        if self.max_model_len > n_ctx_train:
+            raise ValueError(f"max_model_len {self.max_model_len} is over the {n_ctx_train} tokens this model was "
+                             "trained for: lower max_model_len (or leave it out)")
+        if self.max_model_len <= seq_cells:
+            return self.max_model_len
+        if self.kv_unified:
+            raise ValueError(f"max_model_len {self.max_model_len} does not fit in n_ctx {seq_cells} KV cells: raise "
+                             f"n_ctx to at least {self.max_model_len} (or leave it out) or lower max_model_len")
+        raise ValueError(
+            f"max_model_len {self.max_model_len} does not fit a KV stream: with kv_unified false each of the "
+            f"{self.n_seqs} sequence ids (max_running {self.max_running} + max_retired {self.max_retired}) has a "
+            f"stream of its own, and n_ctx {self.kv_cells} gives each {seq_cells} cells; raise n_ctx to at least "
+            f"{self.n_seqs * self.max_model_len} (or leave it out), lower max_model_len, max_running or max_retired, "
+            "or set kv_unified true")

@@ -30,15 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from tokenomy.engine import tuning
 from tokenomy.engine.engine import Engine, QueueFull
 from tokenomy.engine.kv_tier import TierStats
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 
 log = logging.getLogger("tokenomy.engine")
-
-SELF_CHECK_TOKENS = 4
-SCORE_TIMEOUT_S = 600.0     # the longest a "score" call may hold the engine thread
 
 
 @dataclass
@@ -80,11 +78,12 @@ def self_check(engine: Engine) -> None:
             done.set()
 
     prompt = engine.tokenizer.encode("The capital of France is")
-    engine.submit(prompt, SamplingParams(max_tokens=SELF_CHECK_TOKENS, temperature=0.0, ignore_eos=True), on_event)
+    params = SamplingParams(max_tokens=tuning.SELF_CHECK_TOKENS, temperature=0.0, ignore_eos=True)
+    engine.submit(prompt, params, on_event)
     if not done.wait(300):
         raise RuntimeError("self-check decode did not finish in 300 s")
     last = events[-1]
-    if last.finish_reason != "length" or last.completion_tokens != SELF_CHECK_TOKENS:
+    if last.finish_reason != "length" or last.completion_tokens != tuning.SELF_CHECK_TOKENS:
         raise RuntimeError(f"self-check decode ended with {last.finish_reason}: {last.error}")
     engine.run_in_loop(engine.scheduler.clear_cache)
 
@@ -251,7 +250,7 @@ class Core:
         s = self.engine.scheduler
         if name == "state":
             return {"running": len(s.running), "waiting": self.engine.queue_depth, "used_cells": s.used_cells,
-                    "retired": len(s.prefix.retired), "pid": os.getpid()}
+                    "retired": len(s.layout.prefix.retired), "pid": os.getpid()}
         if name == "clear_cache":
             self.engine.run_in_loop(s.clear_cache)
             return True
@@ -259,7 +258,7 @@ class Core:
             return self.score(*args)
         raise ValueError(f"unknown call {name}")
 
-    def score(self, ids: list[int], window: int, timeout: float = SCORE_TIMEOUT_S) -> tuple[np.ndarray, float]:
+    def score(self, ids: list[int], window: int, timeout: float = tuning.SCORE_TIMEOUT_S) -> tuple[np.ndarray, float]:
         """Each token's surprisal, -log p(token | the tokens before it in its window of `window` tokens) (inf for a
         window's first token: no context to judge it), and the seconds the model took. The engine of a scorer
         (context/compress.py) serves no sequences: scoring takes its whole KV, so a busy engine refuses."""

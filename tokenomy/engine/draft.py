@@ -8,7 +8,7 @@ max_batch_tokens), every later one the token the previous round chose; each roun
 sequence's logits row. A sequence that asks for k tokens takes part in k rounds, so a step's drafting costs about
 as many draft steps as its longest draft: `seconds(k)` predicts that from the draft's own measured steps, and
 `catch_up_seconds` what feeding a sequence's unseen tokens costs; `speculate.plan` weighs both against the
-target's step (the engine spreads a catch-up over the answer's next CATCH_UP_HORIZON tokens at most).
+target's step (the engine spreads a catch-up over the answer's next CATCH_UP_HORIZON tokens (tuning.py) at most).
 
 Drafts are greedy: a greedy request then accepts exactly the drafted tokens the target would have chosen, and a
 sampled one treats the draft as a point mass (SequenceOutput's verification), which keeps the target distribution.
@@ -21,14 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokenomy.engine import speculate
+from tokenomy.engine import speculate, tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.prefix_cache import common_length
 from tokenomy.engine.runner import Chunk, ModelRunner
 from tokenomy.engine.vocab import Vocab
-
-CALIBRATE_CHUNK = 64     # prompt tokens in the calibration's catch-up step (larger ones are extrapolated)
-CATCH_UP_HORIZON = 128   # output tokens a draft model's catch-up on a prompt is spread over, at most
 
 
 class VocabMismatch(ValueError):
@@ -46,8 +43,9 @@ class DraftModel:
     def __init__(self, path: str, cfg: EngineConfig, target: Vocab) -> None:
         """A context for cfg.max_running drafting sequences, each stream as long as the target's streams would be
         with the same cells; refuses a model whose vocabulary is not the target's token for token."""
-        dcfg = cfg.model_copy(update={"max_retired": 0, "kv_unified": False, "draft_model": None,
-                                      "prefix_caching": False, "kv_tier_ram_mb": 0})
+        dcfg = cfg.model_copy(update={"n_ctx": cfg.kv_cells, "max_model_len": None, "max_retired": 0,
+                                      "kv_unified": False, "draft_model": None, "prefix_caching": False,
+                                      "kv_tier_ram_mb": 0})
         self.runner = ModelRunner(path, dcfg)
         if not self.runner.same_tokens(target):
             self.runner.close()
@@ -66,7 +64,7 @@ class DraftModel:
         if not free:
             return
         tok = self.runner.bos if self.runner.bos >= 0 else 0
-        size = min(CALIBRATE_CHUNK, self.runner.cfg.max_batch_tokens)
+        size = min(tuning.CALIBRATE_CHUNK, self.runner.cfg.max_batch_tokens)
         for width in (1, len(free)) * 3:
             rows = free[:width]
             t = time.perf_counter()

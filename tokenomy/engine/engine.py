@@ -3,7 +3,6 @@ finished to the KV tiers."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import threading
@@ -12,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.engine import speculate
+from tokenomy.engine import speculate, tuning
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.draft import CATCH_UP_HORIZON, DraftModel
+from tokenomy.engine.draft import DraftModel
 from tokenomy.engine.kv_tier import KVTiers, engine_dir
 from tokenomy.engine.runner import Chunk, KVFull, ModelRunner
 from tokenomy.engine.sampling_params import SamplingParams
@@ -26,9 +25,6 @@ from tokenomy.engine.tokenizer import Tokenizer
 log = logging.getLogger("tokenomy.engine")
 
 __all__ = ["Engine", "EngineConfig", "QueueFull", "StepStats"]
-
-SINK_TOKENS = 4     # context shift keeps these first tokens' KV (StreamingLLM's attention sinks)
-
 
 @dataclass
 class StepStats:
@@ -51,10 +47,14 @@ class Engine:
         self.cfg = cfg = cfg or EngineConfig()
         self.name = name
         self.runner = ModelRunner(model_path, cfg)
+        try:
+            self.max_model_len = cfg.window(self.runner.n_ctx_seq, self.runner.n_ctx_train)
+            if cfg.context_overflow == "shift" and not self.runner.can_shift:
+                raise RuntimeError("context_overflow shift: this model's KV cache cannot shift positions")
+        except Exception:
+            self.runner.close()
+            raise
         self.tokenizer = Tokenizer(self.runner)
-        self.max_model_len = min(cfg.max_model_len, self.runner.n_ctx_train, self.runner.n_ctx_seq)
-        if cfg.context_overflow == "shift" and not self.runner.can_shift:
-            raise RuntimeError("context_overflow shift: this model's KV cache cannot shift positions")
         self.stats = StepStats()
         self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
         self.drafter = DraftModel(cfg.draft_model, cfg, self.runner) if cfg.draft_model else None
@@ -62,6 +62,7 @@ class Engine:
                              cfg.kv_tier_disk_mb << 20)
         self.tiers.recompute_s = self.prefill_seconds
         self.scheduler = Scheduler(cfg, self.runner, self.runner.n_ctx, self.tiers)
+        self.speculator = speculate.Speculator(cfg, self.max_model_len, self.drafter)
         self.after_step: list[Callable[[], None]] = []   # called on the engine thread after every step
         self._inbox: list[Sequence] = []
         self._calls: list[Callable[[], None]] = []
@@ -204,23 +205,18 @@ class Engine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> None:
-        """Schedule, draft, decode, commit, process outputs."""
+        """Schedule, draft, decode, commit, output."""
         self._reap_cancelled()
         if self.cfg.context_overflow == "shift":
             for seq in self.scheduler.running:
                 if seq.n_kv + seq.pending > self.max_model_len:    # the next step would write past the window
-                    self.scheduler.shift(seq, SINK_TOKENS)
+                    self.scheduler.shift(seq, tuning.SINK_TOKENS)
         self.scheduler.batch_tokens = self._batch_tokens()
         plan = self.scheduler.schedule()
         if not plan:
             return
-        drafts = self._drafts(plan)
-        chunks = []
-        for seq, n in plan:
-            draft = drafts.get(seq, [])
-            last = seq.n_kv + n == seq.num_kv_tokens
-            chunks.append(Chunk(seq.slot, seq.kv_tokens(seq.n_kv, seq.n_kv + n) + draft, seq.n_kv,
-                                1 + len(draft) if last else 0))
+        drafts = self.speculator.drafts(plan, self.scheduler.free_cells, self.step_cost)
+        chunks = [_chunk(seq, n, drafts.get(seq, [])) for seq, n in plan]
         logits = self._decode(plan, chunks)
         if logits is None:
             return
@@ -233,49 +229,6 @@ class Engine:
             if chunk.logits:
                 self._process_output(seq, logits[row:row + chunk.logits], drafts.get(seq, []))
                 row += chunk.logits
-
-    def _drafts(self, plan: list[tuple[Sequence, int]]) -> dict[Sequence, list[int]]:
-        """Drafts for the decoding sequences of this step, from the draft model when one is configured and by
-        prompt lookup otherwise, as many tokens each as speculate.plan finds worth their measured cost (often
-        none)."""
-        if not self.cfg.speculative:
-            return {}
-        base = sum(n for _, n in plan)
-        found: list[tuple[Sequence, int]] = []          # sequences that may draft, and how many tokens at most
-        for seq, n in plan:
-            if (n != 1 or seq.pending != 1 or seq.constraint is not None or not seq.params.may_speculate
-                    or seq.dropped):
-                continue
-            room = min(speculate.MAX_DRAFT, seq.params.max_tokens - len(seq.output) - 1,
-                       self.max_model_len - seq.num_kv_tokens - 1)
-            if room > 0:
-                found.append((seq, room))
-        if not found:
-            return {}
-        proposals: dict[Sequence, list[int]] = {}
-        draft_s, fixed_s = None, None
-        if self.drafter is None:
-            proposals = {seq: p for seq, room in found if (p := speculate.propose(seq.tokens, room))}
-            found = [(seq, len(proposals[seq])) for seq, _ in found if seq in proposals]
-            if not found:
-                return {}
-        else:
-            draft_s = functools.partial(self.drafter.seconds, width=len(found))
-            # a sequence new to the draft model pays its prompt there once: spread over the tokens it has left
-            fixed_s = [self.drafter.catch_up_seconds(seq.seq_id, seq.tokens)
-                       / max(1, min(CATCH_UP_HORIZON, seq.params.max_tokens - len(seq.output)))
-                       for seq, _ in found]
-        budget = min(self.cfg.max_batch_tokens - base, self.scheduler.free_cells)
-        sampling = sum(seq.n_kv + n == seq.num_kv_tokens for seq, n in plan)
-        drafting = {seq for seq, _ in found}
-        others = None if self.cfg.kv_unified else [n for seq, n in plan if seq not in drafting]
-        ks = speculate.plan(base, sampling, [(seq.spec_acceptance, room) for seq, room in found], self.step_cost,
-                            budget, draft_s, fixed_s, apart=others)
-        if self.drafter is not None:
-            made = self.drafter.propose([(seq.seq_id, seq.tokens, k) for (seq, _), k in zip(found, ks, strict=True)
-                                         if k])
-            proposals = {seq: made.get(seq.seq_id, []) for seq, _ in found}
-        return {seq: proposals[seq][:k] for (seq, _), k in zip(found, ks, strict=True) if k and proposals[seq]}
 
     def _decode(self, plan: list[tuple[Sequence, int]], chunks: list[Chunk]) -> Any:
         """One llama_decode over the step's chunks; its logits rows, or None when llama.cpp found no room."""
@@ -368,3 +321,10 @@ class Engine:
         ev.mean_logprob = out.mean_logprob if out else 0.0
         ev.min_logprob = out.min_logprob if out else 0.0
         seq.on_event(ev)
+
+
+def _chunk(seq: Sequence, n: int, draft: list[int]) -> Chunk:
+    """What `seq` feeds this step: its next `n` tokens, then its draft; logits for the last token and the draft
+    when the step reaches the end of what it has."""
+    last = seq.n_kv + n == seq.num_kv_tokens
+    return Chunk(seq.slot, seq.kv_tokens(seq.n_kv, seq.n_kv + n) + draft, seq.n_kv, 1 + len(draft) if last else 0)

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-MIN_TIER_TOKENS = 64          # shorter prefixes are not saved: they recompute in a fraction of a step
+from tokenomy.engine import tuning
+
 TIERS = ("ram", "disk")
-PRIOR_BYTES_PER_S = {"ram": 1e9, "disk": 2e8}   # until a restore from that tier is measured
-BANDWIDTH_DECAY = 0.7
 
 
 @dataclass(eq=False)
@@ -66,7 +65,7 @@ class KVTiers:
             self.dir.mkdir(parents=True, exist_ok=True)
         self.entries: OrderedDict[int, Entry] = OrderedDict()   # id -> entry, least recently used first
         self.stats = TierStats()
-        self.bytes_per_s = dict(PRIOR_BYTES_PER_S)
+        self.bytes_per_s = dict(tuning.PRIOR_BYTES_PER_S)
         self.recompute_s: Callable[[int], float | None] = lambda n: None   # set by the engine: prefill estimate
 
     @property
@@ -127,7 +126,8 @@ class KVTiers:
         st.restore_s[tier] += seconds
         if seconds > 0:
             rate = entry.nbytes / seconds
-            self.bytes_per_s[tier] = BANDWIDTH_DECAY * self.bytes_per_s[tier] + (1 - BANDWIDTH_DECAY) * rate
+            decay = tuning.BANDWIDTH_DECAY
+            self.bytes_per_s[tier] = decay * self.bytes_per_s[tier] + (1 - decay) * rate
 
     # ---- storing ------------------------------------------------------------------------------------
     def put(self, tokens: list[int], blob: bytes | bytearray) -> None:

@@ -9,7 +9,7 @@ when no slot's path passes through it, which is when llama.cpp frees the cells t
 
 Slots that finished but still hold their KV are *retired*: they stay matchable until evicted, least recently used
 first, when cells or slot ids are needed. A retired slot is *protected* when its prompt was seen before; the
-fingerprints (first FINGERPRINT_TOKENS tokens) of recently evicted prefixes are remembered so that a prompt
+fingerprints (first FINGERPRINT_TOKENS tokens, tuning.py) of recently evicted prefixes are remembered so that a prompt
 coming back after its eviction counts as seen.
 """
 
@@ -18,10 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from tokenomy.engine import tuning
 from tokenomy.lru import LRU
-
-FINGERPRINT_TOKENS = 128    # a prompt's identity for "seen before": its first tokens (past any shared template)
-GHOSTS = 4096               # fingerprints of evicted prefixes remembered
 
 
 @dataclass(eq=False)
@@ -52,7 +50,7 @@ class PrefixCache:
         self.paths: dict[int, list[Node]] = {}   # slot -> nodes root..leaf (root excluded)
         self.retired: dict[int, float] = {}      # slot -> last use, for LRU eviction
         self.protected: set[int] = set()          # retired slots whose prompt was seen before
-        self.ghosts: LRU[int, None] = LRU(GHOSTS)   # fingerprints of evicted retired prefixes
+        self.ghosts: LRU[int, None] = LRU(tuning.GHOSTS)   # fingerprints of evicted retired prefixes
         self.used_cells = 0
 
     # ---- lookup -------------------------------------------------------------------------------------
@@ -117,8 +115,8 @@ class PrefixCache:
             self.protected.discard(slot)
             held: list[int] = []
             for node in self.paths.get(slot, []):
-                held += node.tokens[:FINGERPRINT_TOKENS - len(held)]
-                if len(held) >= FINGERPRINT_TOKENS:
+                held += node.tokens[:tuning.FINGERPRINT_TOKENS - len(held)]
+                if len(held) >= tuning.FINGERPRINT_TOKENS:
                     break
             fp = _fingerprint(held)
             self.ghosts.put(fp, None)
@@ -165,7 +163,7 @@ class PrefixCache:
 
     def evicted_recently(self, tokens: list[int]) -> bool:
         """Whether a prefix starting like `tokens` was retired here and evicted since (among the last GHOSTS)."""
-        return _fingerprint(tokens[:FINGERPRINT_TOKENS]) in self.ghosts
+        return _fingerprint(tokens[:tuning.FINGERPRINT_TOKENS]) in self.ghosts
 
     def touch(self, slot: int) -> None:
         if slot in self.retired:

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 import llama_cpp
 import numpy as np
 
+from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.vocab import Vocab
-
-STATE_COPY_SHARE = 0.5      # KV streams: a stream holding at most this share of its cells is copied through the
-                            # sequence state, cells in use only (cheaper up to about half: docs/engine.md)
-STATE_COPY_MAX_BYTES = 256 << 20   # ... and a state no larger than this (the runner keeps a buffer that size)
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
@@ -53,12 +50,12 @@ class ModelRunner(Vocab):
     """One model with one llama.cpp context over it (the vocabulary methods come from Vocab)."""
 
     def __init__(self, path: str, cfg: EngineConfig) -> None:
-        """A context of cfg.n_ctx cells for cfg.n_seqs sequences, fed up to cfg.max_batch_tokens per decode."""
+        """A context of cfg.kv_cells cells for cfg.n_seqs sequences, fed up to cfg.max_batch_tokens per decode."""
         super().__init__(path)
         self.cfg = cfg
         cparams = llama_cpp.llama_context_default_params()
         threads = cfg.n_threads or os.cpu_count() or 1
-        cparams.n_ctx = cfg.n_ctx
+        cparams.n_ctx = cfg.kv_cells
         cparams.n_batch = cfg.max_batch_tokens
         cparams.n_ubatch = cfg.max_batch_tokens
         cparams.n_seq_max = cfg.n_seqs
@@ -106,7 +103,7 @@ class ModelRunner(Vocab):
             llama_cpp.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
             return
         used = llama_cpp.llama_memory_seq_pos_max(self.mem, src) + 1
-        if not {src, dst} & self._pending and used <= STATE_COPY_SHARE * self.n_ctx_seq:
+        if not {src, dst} & self._pending and used <= tuning.STATE_COPY_SHARE * self.n_ctx_seq:
             got = self._get_state(src, scratch=True)
             if got is not None and self._set_state(dst, *got):
                 return
@@ -129,7 +126,7 @@ class ModelRunner(Vocab):
         (kept as large as the largest state copied, so a copy faults in no fresh pages; None for a state over
         STATE_COPY_MAX_BYTES) or in a new one."""
         n = llama_cpp.llama_state_seq_get_size(self.ctx, slot)
-        if scratch and n > STATE_COPY_MAX_BYTES:
+        if scratch and n > tuning.STATE_COPY_MAX_BYTES:
             return None
         if scratch and len(self._scratch) < n:
             self._scratch = bytearray(n)

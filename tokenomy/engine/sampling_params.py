@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-GREEDY_BELOW = 1e-5
+from tokenomy.engine import tuning
+
 SIGNALS = ("top1", "margin", "entropy")     # confidence signals a step can report (sampler.confidence)
 
 
@@ -72,4 +73,4 @@ class SamplingParams:
     def greedy(self) -> bool:
         """Temperatures below GREEDY_BELOW sample the top token: dividing logits by 1e-45 gives inf, not a
         sharper distribution."""
-        return self.temperature < GREEDY_BELOW
+        return self.temperature < tuning.GREEDY_BELOW

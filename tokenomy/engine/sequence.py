@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-from tokenomy.engine import speculate
+from tokenomy.engine import tuning
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence_output import SequenceOutput, TokenLogprob
 
@@ -73,7 +73,7 @@ class Sequence:
     finished_at: float | None = None
     finish_reason: str | None = None
     out: SequenceOutput | None = None      # sampling, text and stop strings; the engine sets it at submit
-    spec_acceptance: float = speculate.PRIOR_ACCEPTANCE  # share of its drafted tokens accepted lately (speculate.py)
+    spec_acceptance: float = tuning.PRIOR_ACCEPTANCE  # share of its drafted tokens accepted lately (speculate.py)
     spec_drafted: int = 0
     spec_accepted: int = 0
 

@@ -1,6 +1,6 @@
 """Speculative decoding from the sequence's own tokens (prompt lookup), sized by what a step measurably costs.
 
-Drafts: the last ``n`` tokens (``NGRAM_MAX`` down to ``NGRAM_MIN``) are looked up in the sequence's earlier
+Drafts: the last ``n`` tokens (``NGRAM_MAX`` down to ``NGRAM_MIN``, tuning.py) are looked up in the sequence's earlier
 tokens, prompt and output; the tokens that followed their latest earlier occurrence are the draft. No second
 model is needed, and grounded tasks (summaries, answers from given passages, edits) copy long spans.
 
@@ -21,26 +21,29 @@ samples from p with d removed, which is rejection sampling for a draft that puts
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-NGRAM_MAX = 3          # longest suffix looked up
-NGRAM_MIN = 1          # shortest
-MAX_DRAFT = 8          # tokens drafted per sequence and step, at most
-PRIOR_ACCEPTANCE = 0.5  # a new sequence's acceptance rate before it has a record
-ACCEPTANCE_DECAY = 0.7  # weight of the past in a sequence's acceptance rate (per verified step)
-COST_DECAY = 0.9       # weight of the past in a bucket's measured step time
-SEARCH_WINDOW = 4096   # tokens (the most recent) searched for the suffix
+from tokenomy.engine import tuning
+from tokenomy.engine.config import EngineConfig
+from tokenomy.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from tokenomy.engine.draft import DraftModel
 
 
-def propose(tokens: list[int], k: int, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
+
+def propose(tokens: list[int], k: int, ngram_max: int = tuning.NGRAM_MAX,
+            ngram_min: int = tuning.NGRAM_MIN) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix of ``tokens`` (of
     ``ngram_max`` down to ``ngram_min`` tokens) found; [] when none occurs or ``k`` is 0."""
     if k <= 0 or len(tokens) < ngram_min + 1:
         return []
-    arr = np.asarray(tokens[-SEARCH_WINDOW:], dtype=np.int64)
+    arr = np.asarray(tokens[-tuning.SEARCH_WINDOW:], dtype=np.int64)
     n_all = len(arr)
     for n in range(min(ngram_max, n_all - 1), ngram_min - 1, -1):
         suffix = arr[-n:]
@@ -64,7 +67,7 @@ class StepCost:
         if n_tokens <= 0 or dt <= 0:
             return
         old = self.seconds.get(n_tokens)
-        self.seconds[n_tokens] = dt if old is None else COST_DECAY * old + (1 - COST_DECAY) * dt
+        self.seconds[n_tokens] = dt if old is None else tuning.COST_DECAY * old + (1 - tuning.COST_DECAY) * dt
 
     def predict(self, n: int) -> float | None:
         """Seconds for a step of ``n`` tokens: the measured average, else linear between the nearest measured
@@ -122,7 +125,7 @@ def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]],
     if base_t is None or not candidates:
         return ks
     own = [0.0] * n                  # split: each drafting candidate's own ubatch
-    ub = [cost.predict(k) if k else 0.0 for k in range(MAX_DRAFT + 1)] if split else []
+    ub = [cost.predict(k) if k else 0.0 for k in range(tuning.MAX_DRAFT + 1)] if split else []
     paid = 0.0
     yields = [1.0] * n
     total, extra = float(max(base_yield, n)), 0
@@ -131,12 +134,13 @@ def plan(base_tokens: int, base_yield: int, candidates: list[tuple[float, int]],
         best, best_d, best_rate = -1, 0, rate
         longest = max(ks)
         # the predictions this round needs, once each (not per candidate): a step's, and drafting's, by size
-        step = [None] + [cost.predict(base_tokens + extra + d) for d in range(1, MAX_DRAFT + 1)] if not split else []
-        made: list[float | None] = [0.0] * (MAX_DRAFT + 1)
+        step = ([None] + [cost.predict(base_tokens + extra + d) for d in range(1, tuning.MAX_DRAFT + 1)]
+                if not split else [])
+        made: list[float | None] = [0.0] * (tuning.MAX_DRAFT + 1)
         if draft_s is not None:
-            made = [None] + [draft_s(max(longest, k)) for k in range(1, MAX_DRAFT + 1)]
+            made = [None] + [draft_s(max(longest, k)) for k in range(1, tuning.MAX_DRAFT + 1)]
         for i, (acc, avail) in enumerate(candidates):
-            for d in range(1, min(avail, MAX_DRAFT) - ks[i] + 1):
+            for d in range(1, min(avail, tuning.MAX_DRAFT) - ks[i] + 1):
                 if extra + d > budget:
                     break
                 k = ks[i] + d
@@ -174,4 +178,57 @@ def update_acceptance(old: float, drafted: int, accepted: int) -> float:
     """A sequence's acceptance rate after a step that verified ``drafted`` tokens and accepted ``accepted``."""
     if drafted <= 0:
         return old
-    return ACCEPTANCE_DECAY * old + (1 - ACCEPTANCE_DECAY) * (accepted / drafted)
+    return tuning.ACCEPTANCE_DECAY * old + (1 - tuning.ACCEPTANCE_DECAY) * (accepted / drafted)
+
+
+class Speculator:
+    """The drafts of one engine's steps: which of a step's sequences draft, the tokens proposed (by prompt lookup,
+    or by the draft model when one is configured) and how many of them are worth verifying (plan)."""
+
+    def __init__(self, cfg: EngineConfig, max_model_len: int, drafter: DraftModel | None = None) -> None:
+        self.cfg = cfg
+        self.max_model_len = max_model_len
+        self.drafter = drafter
+
+    def drafts(self, step: list[tuple[Sequence, int]], free_cells: int, cost: StepCost) -> dict[Sequence, list[int]]:
+        """Drafts for the decoding sequences of `step` (the scheduler's plan), as many tokens each as `plan` finds
+        worth by `cost` (the engine's measured steps; often none), within the step's token budget and
+        `free_cells`."""
+        if not self.cfg.speculative:
+            return {}
+        base = sum(n for _, n in step)
+        found: list[tuple[Sequence, int]] = []          # sequences that may draft, and how many tokens at most
+        for seq, n in step:
+            if (n != 1 or seq.pending != 1 or seq.constraint is not None or not seq.params.may_speculate
+                    or seq.dropped):
+                continue
+            room = min(tuning.MAX_DRAFT, seq.params.max_tokens - len(seq.output) - 1,
+                       self.max_model_len - seq.num_kv_tokens - 1)
+            if room > 0:
+                found.append((seq, room))
+        if not found:
+            return {}
+        proposals: dict[Sequence, list[int]] = {}
+        draft_s, fixed_s = None, None
+        if self.drafter is None:
+            proposals = {seq: p for seq, room in found if (p := propose(seq.tokens, room))}
+            found = [(seq, len(proposals[seq])) for seq, _ in found if seq in proposals]
+            if not found:
+                return {}
+        else:
+            draft_s = functools.partial(self.drafter.seconds, width=len(found))
+            # a sequence new to the draft model pays its prompt there once: spread over the tokens it has left
+            fixed_s = [self.drafter.catch_up_seconds(seq.seq_id, seq.tokens)
+                       / max(1, min(tuning.CATCH_UP_HORIZON, seq.params.max_tokens - len(seq.output)))
+                       for seq, _ in found]
+        budget = min(self.cfg.max_batch_tokens - base, free_cells)
+        sampling = sum(seq.n_kv + n == seq.num_kv_tokens for seq, n in step)
+        drafting = {seq for seq, _ in found}
+        others = None if self.cfg.kv_unified else [n for seq, n in step if seq not in drafting]
+        ks = plan(base, sampling, [(seq.spec_acceptance, room) for seq, room in found], cost, budget, draft_s,
+                  fixed_s, apart=others)
+        if self.drafter is not None:
+            made = self.drafter.propose([(seq.seq_id, seq.tokens, k) for (seq, _), k in zip(found, ks, strict=True)
+                                         if k])
+            proposals = {seq: made.get(seq.seq_id, []) for seq, _ in found}
+        return {seq: proposals[seq][:k] for (seq, _), k in zip(found, ks, strict=True) if k and proposals[seq]}

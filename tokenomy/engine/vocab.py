@@ -23,10 +23,11 @@ from collections import OrderedDict
 import llama_cpp
 import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback, which honours the level below)
 
+from tokenomy.engine import tuning
+
 llama_cpp._logger.logger.setLevel(logging.ERROR)
 
 _backend_ready = False
-PIECE_CACHE_CHARS = 1 << 22     # text of the pieces whose tokens are kept (about 1M tokens, 8 MB)
 
 
 class Vocab:
@@ -111,10 +112,10 @@ class Vocab:
                 return got
         got = array("i", self._tokenize(piece, False, False))
         with self._piece_lock:
-            if piece not in self._piece_ids and len(piece) <= PIECE_CACHE_CHARS // 4:
+            if piece not in self._piece_ids and len(piece) <= tuning.PIECE_CACHE_CHARS // 4:
                 self._piece_ids[piece] = got
                 self._piece_chars += len(piece)
-                while self._piece_chars > PIECE_CACHE_CHARS:
+                while self._piece_chars > tuning.PIECE_CACHE_CHARS:
                     old, _ = self._piece_ids.popitem(last=False)
                     self._piece_chars -= len(old)
         return got
