@@ -33,9 +33,9 @@ from typing import Any
 import yaml
 from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside this script)
 
-from tokenomy.bench.loadgen import Load, Options, Target, run
-from tokenomy.bench.metrics import summarize
-from tokenomy.bench.workload import load_workload
+from tokenomy.loadtest.loadgen import Load, Options, Target, run
+from tokenomy.loadtest.metrics import summarize
+from tokenomy.loadtest.workload import load_workload
 from tokenomy.meter.ledger import Ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

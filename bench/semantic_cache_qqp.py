@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tokenomy.cache.entry import CacheEntry  # noqa: E402
+from tokenomy.cache.hit_verifier import DEFAULT_VERIFIER, Verifier  # noqa: E402
 from tokenomy.cache.key import question_key  # noqa: E402
 from tokenomy.cache.semantic import SemanticCache  # noqa: E402
-from tokenomy.cache.verify import DEFAULT_VERIFIER, Verifier  # noqa: E402
 from tokenomy.offline.cache.calibrate import embed_cached, fingerprint, load_pairs  # noqa: E402
 
 CTX = "bench-context"

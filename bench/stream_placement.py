@@ -33,10 +33,10 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tokenomy.bench.workload import grounded  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.engine import Engine  # noqa: E402
 from tokenomy.engine.sampling_params import SamplingParams  # noqa: E402
+from tokenomy.loadtest.workload import grounded  # noqa: E402
 from tokenomy.models import resolve_gguf  # noqa: E402
 
 GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")

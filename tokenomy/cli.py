@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from tokenomy.batch.command import app as batch_app
-from tokenomy.bench.command import bench
+from tokenomy.loadtest.command import bench
 from tokenomy.meter.command import report
 from tokenomy.offline.replay.command import replay
 from tokenomy.offline.router.command import app as router_app

@@ -3,10 +3,10 @@ import random
 import pytest
 
 from tests.shared_data import shared_data
-from tokenomy.bench.workload import grounded
 from tokenomy.engine import tuning
 from tokenomy.engine.tokenizer import Tokenizer
 from tokenomy.engine.vocab import Vocab, _overlapping
+from tokenomy.loadtest.workload import grounded
 from tokenomy.models import resolve_gguf
 
 

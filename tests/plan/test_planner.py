@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenomy.plan.planner import WorkloadError, make_plan
+from tokenomy.plan.planner import PlanInputError, make_plan
 from tokenomy.plan.presets import preset_hardware, preset_model
 from tokenomy.plan.specs import Workload
 
@@ -91,5 +91,5 @@ def test_no_price_means_no_cost(llama8b, h100):
     (Workload(price_per_hour=-1), "price-per-hour"),
 ])
 def test_bad_workloads_raise_clear_errors(llama8b, h100, workload, message):
-    with pytest.raises(WorkloadError, match=message):
+    with pytest.raises(PlanInputError, match=message):
         make_plan(llama8b, h100, workload)

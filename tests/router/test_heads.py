@@ -14,7 +14,7 @@ from tests.noise import assert_same_probabilities
 from tests.routing_fixtures import synthetic_rows
 from tokenomy.offline.router.dataset import RoutingData, load_routing_data
 from tokenomy.offline.router.train import RouterTrainingError, train_router
-from tokenomy.router.classifier import VERSION, RouteClassifier, Router, RouterFileError
+from tokenomy.router.classifier import VERSION, RouteClassifier, RouterFileError, TrainedRouter
 
 DATA = Path(__file__).parent / "data"
 
@@ -27,11 +27,11 @@ def tiny(tmp_path_factory) -> RoutingData:
 
 
 @pytest.fixture(scope="module")
-def two_heads(tiny) -> Router:
+def two_heads(tiny) -> TrainedRouter:
     return train_router(tiny)
 
 
-def test_train_router_fits_a_head_per_embedding(two_heads: Router, tiny: RoutingData) -> None:
+def test_train_router_fits_a_head_per_embedding(two_heads: TrainedRouter, tiny: RoutingData) -> None:
     assert two_heads.embeddings == ["minilm-static", "minilm"]
     static, contextual = two_heads.heads
     assert (two_heads.weak, two_heads.strong) == ("weak", "strong")
@@ -47,13 +47,13 @@ def test_train_router_fits_a_head_per_embedding(two_heads: Router, tiny: Routing
         train_router(tiny, heads=("minilm", "minilm"))
 
 
-def test_two_head_file_round_trips(two_heads: Router, tiny: RoutingData, tmp_path) -> None:
+def test_two_head_file_round_trips(two_heads: TrainedRouter, tiny: RoutingData, tmp_path) -> None:
     path = tmp_path / "router.json"
     two_heads.save(path)
     document = json.loads(path.read_text())
     assert document["version"] == VERSION == 2
     assert [h["features"]["embedding"] for h in document["heads"]] == ["minilm-static", "minilm"]
-    loaded = Router.load(path)
+    loaded = TrainedRouter.load(path)
     assert loaded.embeddings == two_heads.embeddings
     prompts = [r["prompt"] for r in synthetic_rows(10, seed=5)]
     for saved, read in zip(two_heads.heads, loaded.heads, strict=True):
@@ -69,7 +69,7 @@ def test_a_version_1_file_still_loads_and_predicts_what_it_did() -> None:
     probabilities it computed for a few prompts, on another CPU: equal up to its kernels' noise, same decisions."""
     expected = json.loads((DATA / "router-v1-expected.json").read_text())
     assert json.loads((DATA / "router-v1.json").read_text())["version"] == 1
-    router = Router.load(DATA / "router-v1.json")
+    router = TrainedRouter.load(DATA / "router-v1.json")
     assert router.embeddings == ["minilm-static"] and router.head_for(True) is router.heads[0]
     assert not router.heads[0].word_problem
     head = RouteClassifier.load(DATA / "router-v1.json")
@@ -79,7 +79,7 @@ def test_a_version_1_file_still_loads_and_predicts_what_it_did() -> None:
     assert list(p >= head.threshold) == [q >= expected["threshold"] for q in expected["p_weak_ok"]]
 
 
-def test_a_one_head_file_written_now_reads_as_before(two_heads: Router, tmp_path) -> None:
+def test_a_one_head_file_written_now_reads_as_before(two_heads: TrainedRouter, tmp_path) -> None:
     static = two_heads.head("minilm-static")
     static.save(tmp_path / "one.json")
     assert json.loads((tmp_path / "one.json").read_text())["version"] == 2
@@ -87,7 +87,7 @@ def test_a_one_head_file_written_now_reads_as_before(two_heads: Router, tmp_path
                               static.p_weak_ok("Tom has 3 apples."))
 
 
-def test_bad_two_head_files_are_refused(two_heads: Router, tmp_path) -> None:
+def test_bad_two_head_files_are_refused(two_heads: TrainedRouter, tmp_path) -> None:
     path = tmp_path / "router.json"
     two_heads.save(path)
     good = json.loads(path.read_text())
@@ -95,17 +95,17 @@ def test_bad_two_head_files_are_refused(two_heads: Router, tmp_path) -> None:
                             ({"heads": [good["heads"][0]] * 2}, "share an embedding"), ({"heads": None}, "damaged")):
         path.write_text(json.dumps({**good, **change}))
         with pytest.raises(RouterFileError, match=message):
-            Router.load(path)
+            TrainedRouter.load(path)
     broken = json.loads(json.dumps(good))
     broken["heads"][1]["arrays"]["coef"]["shape"] = [1, -1]
     path.write_text(json.dumps(broken))
     with pytest.raises(RouterFileError, match="damaged"):
-        Router.load(path)
+        TrainedRouter.load(path)
 
 
-def test_head_for_prefers_the_contextual_head_only_when_its_vector_is_at_hand(two_heads: Router) -> None:
+def test_head_for_prefers_the_contextual_head_only_when_its_vector_is_at_hand(two_heads: TrainedRouter) -> None:
     static, contextual = two_heads.head("minilm-static"), two_heads.head("minilm")
     assert two_heads.head_for(True) is contextual and two_heads.head_for(False) is static
-    alone = Router([contextual])  # a lone contextual head decides anyway (and embeds the prompt itself)
+    alone = TrainedRouter([contextual])  # a lone contextual head decides anyway (and embeds the prompt itself)
     assert alone.head_for(False) is contextual and alone.head_for(True) is contextual
-    assert Router([static]).head_for(True) is static
+    assert TrainedRouter([static]).head_for(True) is static

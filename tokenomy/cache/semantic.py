@@ -32,11 +32,11 @@ from typing import Any, Literal
 import numpy as np
 
 from tokenomy.cache.entry import CacheEntry, CacheHit, read_entry
+from tokenomy.cache.hit_verifier import Verifier, load_default, pair_features
 from tokenomy.cache.index import DIM, PartitionedIndex
 from tokenomy.cache.key import context_key, question_key
 from tokenomy.cache.replication import Added, Deleted, Replication
 from tokenomy.cache.store import SQLiteStore, Store
-from tokenomy.cache.verify import Verifier, load_default, pair_features
 from tokenomy.messages import last_user_text
 
 Reason = Literal["hit", "exact-text", "empty", "below-threshold", "ambiguous", "rejected", "entry-bar",

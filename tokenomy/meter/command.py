@@ -26,7 +26,7 @@ def report(
     format: str = typer.Option("table", "--format", "-f", help="table, json or html (offline, plotly inline)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file instead of standard output."),
     verify: bool = typer.Option(False, "--verify", help="Recompute every figure from the raw rows by a separate "
-                                "code path (tokenomy/meter/verify.py); exit 1 naming each mismatch."),
+                                "code path (tokenomy/meter/crosscheck.py); exit 1 naming each mismatch."),
 ) -> None:
     """Tokens per second, per USD and per joule, cost per 1K tokens and per request, cache hit rates and
     savings per layer, token efficiency, TTFT/TPOT percentiles and over-budget counts, from the ledger."""
@@ -52,7 +52,7 @@ def report(
         with Ledger(url) as led:
             data = build(led.query(since=lo, until=hi), lo, hi, by)
             if verify:
-                from tokenomy.meter.verify import verify as check
+                from tokenomy.meter.crosscheck import verify as check
 
                 checked, problems = check(data, led.engine, lo, hi, by)
     except LedgerError as e:

@@ -172,11 +172,11 @@ class Route:
         return ctx.vectors[text]
 
     def _classifier(self, path: str) -> Any:
-        """The router file at `path` (tokenomy.router.classifier.Router: one head or two), loaded once."""
+        """The router file at `path` (tokenomy.router.classifier.TrainedRouter: one head or two), loaded once."""
         if path not in self._classifiers:
-            from tokenomy.router.classifier import Router
+            from tokenomy.router.classifier import TrainedRouter
 
-            self._classifiers[path] = Router.load(path)
+            self._classifiers[path] = TrainedRouter.load(path)
         return self._classifiers[path]
 
     # ---- cascade ------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from tokenomy.plan.planner import Plan, WorkloadError, make_plan
+from tokenomy.plan.planner import Plan, PlanInputError, make_plan
 from tokenomy.plan.presets import PresetError, hardware_names, model_names, resolve_hardware, resolve_model
 from tokenomy.plan.specs import HardwareSpec, ModelShape, Workload
 
@@ -59,7 +59,7 @@ def _resolve(model: str, hardware: str) -> tuple[ModelShape, HardwareSpec]:
 def _plan(model: ModelShape, chip: HardwareSpec, workload: Workload, label: str) -> Plan:
     try:
         return make_plan(model, chip, workload, label)
-    except WorkloadError as e:
+    except PlanInputError as e:
         raise typer.BadParameter(str(e)) from None
 
 

@@ -9,7 +9,7 @@ from tokenomy.plan import formulas as F
 from tokenomy.plan.specs import HardwareSpec, ModelShape, Workload
 
 
-class WorkloadError(ValueError):
+class PlanInputError(ValueError):
     """A workload setting the formulas cannot use (unknown dtype, non-positive size)."""
 
 
@@ -73,20 +73,20 @@ class Plan:
 
 def _check(w: Workload) -> None:
     if w.weights is not None and w.weights not in F.WEIGHT_BITS:
-        raise WorkloadError(f"unknown weights format {w.weights!r}; valid: {', '.join(F.WEIGHT_BITS)}")
+        raise PlanInputError(f"unknown weights format {w.weights!r}; valid: {', '.join(F.WEIGHT_BITS)}")
     if w.kv not in F.KV_BITS:
-        raise WorkloadError(f"unknown KV format {w.kv!r}; valid: {', '.join(F.KV_BITS)}")
+        raise PlanInputError(f"unknown KV format {w.kv!r}; valid: {', '.join(F.KV_BITS)}")
     for name in ("batch", "output", "gpus"):
         if getattr(w, name) < 1:
-            raise WorkloadError(f"{name} must be at least 1, got {getattr(w, name)}")
+            raise PlanInputError(f"{name} must be at least 1, got {getattr(w, name)}")
     if w.prompt < 0 or w.context_tokens < 1:
-        raise WorkloadError("prompt must be >= 0 and context >= 1")
+        raise PlanInputError("prompt must be >= 0 and context >= 1")
     if not 0 < w.memory_utilization <= 1:
-        raise WorkloadError(f"memory utilization must be in (0, 1], got {w.memory_utilization}")
+        raise PlanInputError(f"memory utilization must be in (0, 1], got {w.memory_utilization}")
     for name in ("price_per_hour", "tdp_w", "measured_tps"):
         value = getattr(w, name)
         if value is not None and value <= 0:
-            raise WorkloadError(f"{name.replace('_', '-')} must be positive, got {value}")
+            raise PlanInputError(f"{name.replace('_', '-')} must be positive, got {value}")
 
 
 def make_plan(model: ModelShape, chip: HardwareSpec, w: Workload, label: str = "") -> Plan:

@@ -19,9 +19,9 @@ Prediction: the weak model when p_weak_ok >= threshold, else the strong one. Tra
 offline (tokenomy/offline/router/train.py, calibrate.py); this module holds the classifier, applies it, and
 reads and writes its file.
 
-Heads. A router file (Router) holds one or two such classifiers ("heads"), each on its own embedding with its
+Heads. A router file (TrainedRouter) holds one or two such classifiers ("heads"), each on its own embedding with its
 own threshold: "minilm-static" (about 1 ms) and "minilm" (the contextual vector, better but 8-50 ms unless the
-semantic cache computed it already). Router.head_for picks the contextual head when the prompt's contextual
+semantic cache computed it already). TrainedRouter.head_for picks the contextual head when the prompt's contextual
 vector is at hand and the static head otherwise; a file with one head always uses it.
 
 File. One JSON document: a readable header (format, version, models, the decision rule) and per head its
@@ -159,17 +159,17 @@ class RouteClassifier:
     # ---- file --------------------------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> None:
-        """Write this classifier as a router file with one head (Router.save)."""
-        Router([self]).save(path)
+        """Write this classifier as a router file with one head (TrainedRouter.save)."""
+        TrainedRouter([self]).save(path)
 
     @classmethod
     def load(cls, path: str | Path) -> RouteClassifier:
         """The head of a one-head router file; RouterFileError for a bad file or one with several heads
-        (read those with Router.load)."""
-        router = Router.load(path)
+        (read those with TrainedRouter.load)."""
+        router = TrainedRouter.load(path)
         if len(router.heads) != 1:
             raise RouterFileError(f"{path}: holds {len(router.heads)} heads "
-                                  f"({', '.join(router.embeddings)}); read it with Router.load")
+                                  f"({', '.join(router.embeddings)}); read it with TrainedRouter.load")
         return router.heads[0]
 
     def to_document(self) -> dict:
@@ -239,7 +239,7 @@ class RouteClassifier:
 
 
 @dataclass
-class Router:
+class TrainedRouter:
     """What a router file holds: one head, or two on different embeddings, for the same weak and strong models.
 
     Invariants (checked on construction): at least one head, all heads name the same weak and strong models, and
@@ -298,7 +298,7 @@ class Router:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: str | Path) -> Router:
+    def load(cls, path: str | Path) -> TrainedRouter:
         """Read a router file of any version in READABLE_VERSIONS; RouterFileError says what is wrong with a bad
         one."""
         path = Path(path)

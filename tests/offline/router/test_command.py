@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tokenomy.offline.router.command import app
 from tokenomy.offline.router.dataset import load_routing_data
-from tokenomy.router.classifier import Router
+from tokenomy.router.classifier import TrainedRouter
 
 runner = CliRunner()
 
@@ -30,7 +30,7 @@ def router_file(train_file, tmp_path_factory) -> Path:
 
 
 def test_train_writes_both_heads_by_default(router_file) -> None:
-    router = Router.load(router_file)
+    router = TrainedRouter.load(router_file)
     assert router.embeddings == ["minilm-static", "minilm"]
     assert all(h.meta["target"]["strong_share"] == 0.5 for h in router.heads)
 
@@ -42,7 +42,7 @@ def test_train_one_head_with_embedding(tmp_path) -> None:
     result = run("train", "--data", data, "--out", tmp_path / "r.json", "--embedding", "minilm-static")
     assert result.exit_code == 0, result.output
     assert "minilm-static head" in result.output and "minilm head" not in result.output
-    assert Router.load(tmp_path / "r.json").embeddings == ["minilm-static"]
+    assert TrainedRouter.load(tmp_path / "r.json").embeddings == ["minilm-static"]
 
 
 def test_calibrate_hits_the_requested_strong_share(router_file, test_file, tmp_path) -> None:
@@ -50,8 +50,8 @@ def test_calibrate_hits_the_requested_strong_share(router_file, test_file, tmp_p
     result = run("calibrate", "--router", router_file, "--data", test_file, "--strong-share", "0.3", "--out", out)
     assert result.exit_code == 0, result.output
     assert "minilm-static head: threshold" in result.output and "minilm head: threshold" in result.output
-    router, data = Router.load(out), load_routing_data(test_file)
-    before = Router.load(router_file)
+    router, data = TrainedRouter.load(out), load_routing_data(test_file)
+    before = TrainedRouter.load(router_file)
     for head in router.heads:  # each head calibrated to the same target
         share = (head.p_weak_ok_many(data.prompts) < head.threshold).mean()
         assert share == pytest.approx(0.3, abs=0.005)
@@ -63,7 +63,7 @@ def test_calibrate_quality_floor_keeps_the_quality(router_file, test_file, tmp_p
     out = tmp_path / "floor.json"
     result = run("calibrate", "--router", router_file, "--data", test_file, "--quality-floor", "0.95", "--out", out)
     assert result.exit_code == 0, result.output
-    router, data = Router.load(out), load_routing_data(test_file)
+    router, data = TrainedRouter.load(out), load_routing_data(test_file)
     for head in router.heads:
         strong = head.p_weak_ok_many(data.prompts) < head.threshold
         quality = np.where(strong, data.strong_ok, data.weak_ok).mean()

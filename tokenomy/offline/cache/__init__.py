@@ -1,1 +1,1 @@
-"""The semantic cache's offline side: fitting and calibrating the verifier that tokenomy/cache/verify.py loads."""
+"""The semantic cache's offline side: fitting and calibrating the verifier that tokenomy/cache/hit_verifier.py loads."""

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenomy.cache.hit_verifier import DEFAULT_VERIFIER, FEATURES, features_matrix
 from tokenomy.cache.key import normalise
-from tokenomy.cache.verify import DEFAULT_VERIFIER, FEATURES, features_matrix
 
 EMBED_CACHE = Path("/tmp/tokenomy-embeddings")
 MIN_GATE = 0.70
@@ -198,7 +198,7 @@ def fit_model(x: np.ndarray, y: np.ndarray, kind: str, c: float = 1.0) -> dict:
 
 
 def predict(spec: dict, x: np.ndarray) -> np.ndarray:
-    from tokenomy.cache.verify import Verifier
+    from tokenomy.cache.hit_verifier import Verifier
 
     return np.asarray(Verifier({"features": list(FEATURES), "model": spec, "calibration_points": []})
                       .probability(x))

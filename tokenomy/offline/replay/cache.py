@@ -19,10 +19,10 @@ from typing import Any
 
 from tokenomy.cache.entry import CacheEntry
 from tokenomy.cache.exact import ExactCache
+from tokenomy.cache.hit_verifier import load_default, pair_features
 from tokenomy.cache.key import context_key, question_key
 from tokenomy.cache.semantic import SemanticCache
 from tokenomy.cache.store import SQLiteStore
-from tokenomy.cache.verify import load_default, pair_features
 from tokenomy.config import CacheSettings
 from tokenomy.messages import last_user_text
 from tokenomy.offline.replay.trace import Recorded, RowPrice, Trace

@@ -24,7 +24,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from tokenomy.offline.router.dataset import RoutingData
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import TrainedRouter
 
 
 class CalibrationError(ValueError):
@@ -99,7 +99,7 @@ def operating_point(
 
 
 def calibrate_router(
-    router: Router, data: RoutingData, strong_share: float | None = None, quality_floor: float | None = None,
+    router: TrainedRouter, data: RoutingData, strong_share: float | None = None, quality_floor: float | None = None,
     source: str = "",
 ) -> dict[str, Calibration]:
     """Set every head's threshold from the same target (exactly one of `strong_share` and `quality_floor`) on

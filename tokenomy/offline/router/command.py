@@ -146,14 +146,14 @@ def calibrate(
         return
     from tokenomy.offline.router.calibrate import calibrate_router, operating_point
     from tokenomy.offline.router.dataset import load_routing_data
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import TrainedRouter
 
     if router_path is None or data is None:
         raise _UserError("give --router and --data (or --cascade with --config, --route and --prompts)")
     if (strong_share is None) == (quality_floor is None):
         raise _UserError("give exactly one of --strong-share and --quality-floor")
     _check_writable(out or router_path)
-    router = Router.load(router_path)
+    router = TrainedRouter.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong, require_labels=quality_floor is not None)
     results = calibrate_router(router, rows, strong_share, quality_floor, source=str(data))
     target = out or router_path
@@ -303,7 +303,7 @@ def evaluate(
     routers."""
     from tokenomy.offline.router.dataset import load_routing_data
     from tokenomy.offline.router.report import evaluate_heads, print_report, write_plot
-    from tokenomy.router.classifier import Router
+    from tokenomy.router.classifier import TrainedRouter
 
     if points < 1 or seeds < 1:
         raise _UserError("--points and --seeds must be at least 1")
@@ -311,7 +311,7 @@ def evaluate(
         raise _UserError(f"--plot must end in .png or .html, got {plot.name}")
     if plot is not None:
         _check_writable(plot)
-    router = Router.load(router_path)
+    router = TrainedRouter.load(router_path)
     rows = load_routing_data(data, router.weak, router.strong)
     report = evaluate_heads(router, rows, points=points, seeds=seeds)
     if plot is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from tokenomy.offline.router.calibrate import operating_point
 from tokenomy.offline.router.dataset import RoutingData
 from tokenomy.offline.router.evaluate import evaluate_baselines, evaluate_scores
-from tokenomy.router.classifier import RouteClassifier, Router
+from tokenomy.router.classifier import RouteClassifier, TrainedRouter
 
 
 def evaluate_router(
@@ -44,7 +44,7 @@ def evaluate_router(
     }
 
 
-def evaluate_heads(router: Router, data: RoutingData, points: int = 10, seeds: int = 20) -> dict:
+def evaluate_heads(router: TrainedRouter, data: RoutingData, points: int = 10, seeds: int = 20) -> dict:
     """`tokenomy router eval`'s report: the models, the row count and evaluate_router's figures for every head
     (static head first), under "heads"."""
     return {

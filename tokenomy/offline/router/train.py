@@ -6,7 +6,7 @@ standardised, and a
 multinomial logistic regression is fitted on the four joint outcomes. Its regularisation strength C is chosen by
 5-fold log loss inside the training data only. The threshold is then set on the training rows for a share of
 strong calls (recalibrate it on held-out prompts with calibrate.py). train_router fits one such head per
-embedding (by default both, static and contextual) into one Router.
+embedding (by default both, static and contextual) into one TrainedRouter.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from tokenomy.offline.router.dataset import RoutingData
-from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, Router, dense_features
+from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, TrainedRouter, dense_features
 from tokenomy.router.features import EMBEDDINGS, embed_prompts
 from tokenomy.router.prior import GroupPrior, outcome_matrix
 
@@ -92,13 +92,13 @@ def train_classifier(
 def train_router(
     data: RoutingData, embeddings: dict[str, np.ndarray] | None = None, strong_share: float = 0.5,
     heads: tuple[str, ...] | list[str] = HEADS,
-) -> Router:
+) -> TrainedRouter:
     """One head per embedding kind in `heads`, each fitted by train_classifier on all of `data` (with the
     embeddings of its prompts from `embeddings`, where given) and thresholded for `strong_share` on it."""
     if not heads or len(set(heads)) != len(heads):
         raise RouterTrainingError(f"name each embedding once, got {list(heads)}")
     vectors = embeddings or {}
-    return Router([train_classifier(data, vectors.get(kind), strong_share, kind) for kind in heads])
+    return TrainedRouter([train_classifier(data, vectors.get(kind), strong_share, kind) for kind in heads])
 
 
 def logistic(c: float):

@@ -9,7 +9,15 @@ import jsonschema
 import pytest
 
 from tests.shared_data import shared_data
-from tokenomy.bench.workload import BUILTINS, Request, WorkloadError, load_workload, parse_length, read_file, write_file
+from tokenomy.loadtest.workload import (
+    BUILTINS,
+    Request,
+    WorkloadError,
+    load_workload,
+    parse_length,
+    read_file,
+    write_file,
+)
 
 
 def assert_chat_body(body: dict) -> None:

@@ -22,7 +22,7 @@ _UNITS = {"ms": 1e-3, "s": 1.0, "": 1e-3}   # a bare number is milliseconds, as 
 
 
 @dataclass
-class Record:
+class RequestResult:
     """What happened to one request. Times in seconds; `start` relative to the run's start."""
     start: float = 0.0
     ok: bool = False
@@ -89,7 +89,7 @@ def _std(xs: list[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
-def is_good(r: Record, slo: dict[str, float]) -> bool:
+def is_good(r: RequestResult, slo: dict[str, float]) -> bool:
     """Completed, and each SLO holds; the ITL SLO holds when every gap of the request does."""
     if not r.ok:
         return False
@@ -97,7 +97,7 @@ def is_good(r: Record, slo: dict[str, float]) -> bool:
     return all(values[k] <= limit for k, limit in slo.items())
 
 
-def summarize(records: list[Record], duration: float, slo: dict[str, float] | None = None) -> dict[str, Any]:
+def summarize(records: list[RequestResult], duration: float, slo: dict[str, float] | None = None) -> dict[str, Any]:
     """The figures of one run, keyed as `vllm bench serve` keys them (latencies in ms)."""
     done = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
@@ -132,7 +132,7 @@ def summarize(records: list[Record], duration: float, slo: dict[str, float] | No
     return out
 
 
-def error_samples(failed: list[Record], keep: int = 5) -> list[dict[str, Any]]:
+def error_samples(failed: list[RequestResult], keep: int = 5) -> list[dict[str, Any]]:
     """Distinct error messages with their counts, most frequent first, at most `keep`."""
     counts: dict[str, int] = {}
     for r in failed:

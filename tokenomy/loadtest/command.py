@@ -21,10 +21,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenomy.bench.loadgen import Load, Options, Target
-from tokenomy.bench.metrics import Record, SLOError, parse_slo
-from tokenomy.bench.sweep import RATIO_KEYS, Run, ratios, sweep
-from tokenomy.bench.workload import BUILTINS, WorkloadError, load_workload, write_file
+from tokenomy.loadtest.loadgen import Load, Options, Target
+from tokenomy.loadtest.metrics import RequestResult, SLOError, parse_slo
+from tokenomy.loadtest.sweep import RATIO_KEYS, Run, ratios, sweep
+from tokenomy.loadtest.workload import BUILTINS, WorkloadError, load_workload, write_file
 
 
 def parse_levels(text: str, kind: str) -> list[float]:
@@ -215,7 +215,7 @@ def bench(
         _write(json_out, lambda p: p.write_text(json.dumps(doc, indent=1), encoding="utf-8"))
         console.print(f"wrote {json_out}")
     if html_out is not None:
-        from tokenomy.bench.html import write_html
+        from tokenomy.loadtest.html import write_html
 
         _write(html_out, lambda p: write_html(summaries, p, f"tokenomy bench: {workload}"))
         console.print(f"wrote {html_out}")
@@ -246,7 +246,7 @@ def _run_live(console: Console, targets: list[tuple[str, Target]], reqs: list, l
             current["task"] = progress.add_task(label, total=total, failed=0)
             current["failed"] = 0
 
-        def on_record(rec: Record) -> None:
+        def on_record(rec: RequestResult) -> None:
             current["failed"] += not rec.ok
             progress.update(current["task"], advance=1, failed=current["failed"])
 

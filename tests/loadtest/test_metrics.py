@@ -7,16 +7,16 @@ import random
 import numpy as np
 import pytest
 
-from tokenomy.bench.metrics import Record, SLOError, is_good, parse_slo, percentile, summarize
+from tokenomy.loadtest.metrics import RequestResult, SLOError, is_good, parse_slo, percentile, summarize
 
 
-def rec(ttft: float, e2el: float, out: int, itl: list[float] | None = None) -> Record:
-    return Record(ok=True, ttft=ttft, e2el=e2el, output_tokens=out, prompt_tokens=10, usage=True, itl=itl or [])
+def rec(ttft: float, e2el: float, out: int, itl: list[float] | None = None) -> RequestResult:
+    return RequestResult(ok=True, ttft=ttft, e2el=e2el, output_tokens=out, prompt_tokens=10, usage=True, itl=itl or [])
 
 
 # r1 tpot (1.0-0.2)/4 = 0.2; r2 tpot 0.4/2 = 0.2; r3 tpot 2.0/4 = 0.5; r4 one token, tpot 0; r5 failed
 TRACE = [rec(0.2, 1.0, 5, [0.2] * 4), rec(0.6, 1.0, 3, [0.1, 0.3]), rec(0.1, 2.1, 5, [0.5] * 4), rec(0.3, 0.3, 1),
-         Record(ok=False, error="HTTP 500: boom")]
+         RequestResult(ok=False, error="HTTP 500: boom")]
 
 
 def test_parse_slo_units() -> None:
@@ -73,6 +73,6 @@ def test_figures_on_planted_trace() -> None:
 
 
 def test_token_source_flagged() -> None:
-    no_usage = [Record(ok=True, ttft=0.1, e2el=0.2, output_tokens=3)]
+    no_usage = [RequestResult(ok=True, ttft=0.1, e2el=0.2, output_tokens=3)]
     assert summarize(no_usage, 1.0)["token_counts"] == "chunks"
     assert summarize(no_usage + TRACE[:1], 1.0)["token_counts"] == "mixed"

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from tests.bench.stub import BenchStub, Served
-from tokenomy.bench.loadgen import Load, Options, Target
-from tokenomy.bench.sweep import RATIO_KEYS, ratios, sweep
-from tokenomy.bench.workload import Request
+from tests.loadtest.stub import BenchStub, Served
+from tokenomy.loadtest.loadgen import Load, Options, Target
+from tokenomy.loadtest.sweep import RATIO_KEYS, ratios, sweep
+from tokenomy.loadtest.workload import Request
 
 REQS = [Request({"messages": [{"role": "user", "content": "q"}]})]
 

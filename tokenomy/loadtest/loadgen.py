@@ -1,5 +1,5 @@
 """The load generator: sends a workload's requests to one OpenAI-compatible endpoint, streaming, and records what
-happened to each (`metrics.Record`).
+happened to each (`metrics.RequestResult`).
 
 Three shapes of load: closed loop (a fixed number of requests in flight; a new one is sent when one finishes),
 open loop (Poisson arrivals at a rate, seeded, sent whether or not earlier ones have finished, so queueing shows)
@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from tokenomy.bench.metrics import Record
-from tokenomy.bench.workload import Request
+from tokenomy.loadtest.metrics import RequestResult
+from tokenomy.loadtest.workload import Request
 
 NO_CACHE = {"cache-control": "no-cache, no-store"}   # tokenomy's response caches stay out of an engine measurement
 
@@ -99,12 +99,13 @@ def _error_message(raw: bytes, status: int) -> str:
     return f"HTTP {status}: {msg[:200]}" if msg else f"HTTP {status}"
 
 
-async def send(client: httpx.AsyncClient, target: Target, request: Request, opts: Options, t_run: float) -> Record:
+async def send(client: httpx.AsyncClient, target: Target, request: Request, opts: Options,
+               t_run: float) -> RequestResult:
     """Send one request, streaming, and record its timings and token counts; never raises for a failed request."""
     body = prepare(request.body, target, opts)
     url = target.base_url + ("/chat/completions" if request.chat else "/completions")
     t0 = time.perf_counter()
-    rec = Record(start=t0 - t_run)
+    rec = RequestResult(start=t0 - t_run)
     last: float | None = None
     chunks, finished = 0, False
     try:
@@ -166,16 +167,16 @@ async def send(client: httpx.AsyncClient, target: Target, request: Request, opts
 
 async def run(target: Target, requests: list[Request], load: Load, opts: Options, n_requests: int | None = None,
               duration_s: float | None = None, seed: int = 0,
-              on_record: Callable[[Record], None] | None = None) -> tuple[list[Record], float]:
+              on_record: Callable[[RequestResult], None] | None = None) -> tuple[list[RequestResult], float]:
     """Run one load against one target: (records in completion order, seconds from first send to last end).
     Request i is requests[i % len(requests)] (trace replay sends the file once, in arrival order). Stops after
     `n_requests`, or sends nothing new after `duration_s`; at least one of the two must be given, except for
     a trace."""
     if n_requests is None and duration_s is None and load.kind != "trace":
         raise ValueError("give n_requests or duration_s")
-    records: list[Record] = []
+    records: list[RequestResult] = []
 
-    def done(rec: Record) -> None:
+    def done(rec: RequestResult) -> None:
         records.append(rec)
         if on_record is not None:
             on_record(rec)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.bench.stub import BenchStub, Served
 from tests.conftest import LiveServer, free_port
+from tests.loadtest.stub import BenchStub, Served
 from tokenomy.cli import app
 
 runner = CliRunner()

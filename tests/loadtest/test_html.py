@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.bench.test_metrics import TRACE
-from tokenomy.bench.html import latencies_ms, write_html
-from tokenomy.bench.metrics import parse_slo, summarize
+from tests.loadtest.test_metrics import TRACE
+from tokenomy.loadtest.html import latencies_ms, write_html
+from tokenomy.loadtest.metrics import parse_slo, summarize
 
 
 def run_summary(endpoint: str, concurrency: int) -> dict:

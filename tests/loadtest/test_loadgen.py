@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from tests.bench.stub import BenchStub, Served
-from tokenomy.bench.loadgen import Load, Options, Target, poisson_arrivals, prepare, run
-from tokenomy.bench.workload import Request
+from tests.loadtest.stub import BenchStub, Served
+from tokenomy.loadtest.loadgen import Load, Options, Target, poisson_arrivals, prepare, run
+from tokenomy.loadtest.workload import Request
 
 REQS = [Request({"messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(3)]
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.bench.loadgen import Load, Options, Target, run
-from tokenomy.bench.metrics import Record, summarize
-from tokenomy.bench.workload import Request
+from tokenomy.loadtest.loadgen import Load, Options, Target, run
+from tokenomy.loadtest.metrics import RequestResult, summarize
+from tokenomy.loadtest.workload import Request
 
 # Ratios printed for a comparison: first target / second target. Throughputs: higher is better; latencies: lower.
 RATIO_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
@@ -27,7 +27,7 @@ class Run:
     name: str
     target: Target
     load: Load
-    records: list[Record] = field(default_factory=list)
+    records: list[RequestResult] = field(default_factory=list)
     duration: float = 0.0
     rounds: int = 0
 
@@ -45,7 +45,7 @@ class Run:
 async def sweep(targets: list[tuple[str, Target]], requests: list[Request], loads: list[Load], opts: Options,
                 rounds: int = 1, n_requests: int | None = None, duration_s: float | None = None, seed: int = 0,
                 on_start: Callable[[str, Load, int], None] | None = None,
-                on_record: Callable[[Record], None] | None = None, warmup: int = 0) -> list[Run]:
+                on_record: Callable[[RequestResult], None] | None = None, warmup: int = 0) -> list[Run]:
     """Runs in order of load level, then target; `on_start(name, load, round)` is called before each round.
     First, `warmup` requests go to each target one at a time and are not recorded (a cold server's first
     requests pay for loading and compiling, which is not what a sweep measures)."""

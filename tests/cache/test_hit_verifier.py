@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from tokenomy.cache.verify import DEFAULT_VERIFIER, FEATURES, Verifier, jeffreys_upper, load_default, pair_features
+from tokenomy.cache.hit_verifier import (
+    DEFAULT_VERIFIER,
+    FEATURES,
+    Verifier,
+    jeffreys_upper,
+    load_default,
+    pair_features,
+)
 
 
 def test_jeffreys_upper_matches_the_beta_quantile() -> None:
