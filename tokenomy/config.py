@@ -645,6 +645,14 @@ class Config(_Strict):
     def model(self, name: str) -> ModelSpec:
         return next(m for m in self.models if m.name == name)
 
+    def prices(self) -> dict[str, Price]:
+        """Every configured model's price by the names a request may give it: its name, and for an embedded model
+        its gguf too (a name wins over another model's gguf). The one table every price lookup reads
+        (meter.pricing.price_of)."""
+        table = {m.gguf: m.price for m in self.models if isinstance(m, EmbeddedModelSpec)}
+        table.update({m.name: m.price for m in self.models})
+        return table
+
 
 class ConfigError(ValueError):
     pass

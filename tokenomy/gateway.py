@@ -93,7 +93,7 @@ class Gateway:
             self.metrics.watch_limits(self.shared)
             self.shared.on_recover.append(lambda: self.budgets.reseed())   # the budgets of the latest reload
         admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open")
-        self.prices = {m.name: m.price for m in config.models}     # models change only with a restart
+        self.prices = config.prices()     # models change only with a restart
         self.meter = MeterSink(self.ledger, self.prices, self.metrics,
                                self.budgets, self.energy, {m.name: m.backend for m in config.models},
                                store_prompts=led.stores_prompts if led is not None and led.store_prompts else None)
@@ -199,12 +199,9 @@ class Gateway:
                 if c is not None]
 
     def price(self, model: str, batch: bool = False) -> PriceLike | None:
-        """A configured model's price (by its name, else its gguf) for one request, the batch price for a batch
-        request (meter.pricing.price_of); None for a model not configured."""
-        models = self.config.models
-        spec = (next((m for m in models if m.name == model), None)
-                or next((m for m in models if isinstance(m, EmbeddedModelSpec) and m.gguf == model), None))
-        return pricing.price_of(self.prices, spec.name, batch) if spec is not None else None
+        """A configured model's price (by its name, else its gguf: Config.prices) for one request, the batch price
+        for a batch request (meter.pricing.price_of); None for a model not configured."""
+        return pricing.price_of(self.prices, model, batch)
 
     def cost(self, model: str, usage: Usage, batch: bool = False) -> float:
         """USD for a generation: uncached input, cached input and output each at their own price."""

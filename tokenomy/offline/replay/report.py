@@ -62,7 +62,7 @@ def build(trace: Trace, config: Config | None, what: str = "all",
                 cannot.append(f"route: {count} requests not evaluated: {why}")
             cannot.extend(f"route: {note}" for note in data["route"]["notes"])
     if what in ("price", "all"):
-        prices = {m.name: m.price for m in config.models} if config is not None else None
+        prices = config.prices() if config is not None else None
         data["price"] = price_policies(trace, prices)
         if any(q.row.cache_hit and q.row.model and q.row.price_input == q.row.price_output == 0
                for q in trace.requests):
