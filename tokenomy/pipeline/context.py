@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -63,6 +64,7 @@ class Context:
         self.tracker = tracker if tracker is not None else PrefixTracker()
         self.summaries = SummaryCache()
         self.compressors = compressors if compressors is not None else {}
+        self._compressors_lock = threading.Lock()   # one engine process per compressor model, however many ask
         self.prefill_s_per_token: dict[str, float] = {}   # measured per model (EWMA), for compression's decision
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
@@ -172,11 +174,19 @@ class Context:
         self.compressors.clear()
 
     def compressor(self, model: str) -> cz.Compressor:
-        comp = self.compressors.get(model)
-        if comp is None:
-            comp = self.compressors[model] = cz.Compressor(cz.Scorer(model))
-            comp.calibrate()
-        return comp
+        """The calibrated compressor for `model`, started on first use (from a worker thread: requests that ask
+        together wait for the one start, and none sees it before its calibration)."""
+        with self._compressors_lock:
+            comp = self.compressors.get(model)
+            if comp is None:
+                comp = cz.Compressor(cz.Scorer(model))
+                try:
+                    comp.calibrate()
+                except BaseException:
+                    comp.scorer.close()
+                    raise
+                self.compressors[model] = comp
+            return comp
 
     async def _compress(self, messages: list[dict[str, Any]], s: Any, target: str, work: ContextWork,
                         batch: bool) -> list[dict[str, Any]]:
