@@ -145,7 +145,7 @@ def extractive(text: str, n: int) -> str:
 def bench_compaction(args: argparse.Namespace) -> dict[str, Any]:
     from tokenomy.engine.tokenizer import Tokenizer
     from tokenomy.engine.vocab import Vocab
-    from tokenomy.structured.tokenizer import packaged_model_path
+    from tokenomy.structured.token_tables import packaged_model_path
 
     tok = Tokenizer(Vocab(packaged_model_path(), vocab_only=True))
 
@@ -264,7 +264,7 @@ def advised(req: dict[str, Any]) -> dict[str, Any]:
 def bench_lint(args: argparse.Namespace) -> dict[str, Any]:
     from tokenomy.engine.tokenizer import Tokenizer
     from tokenomy.engine.vocab import Vocab
-    from tokenomy.structured.tokenizer import packaged_model_path
+    from tokenomy.structured.token_tables import packaged_model_path
 
     tok = Tokenizer(Vocab(packaged_model_path(), vocab_only=True))
     reqs = trace(args.requests)

@@ -34,7 +34,7 @@ import yaml
 from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside this script)
 
 from tokenomy.loadtest.loadgen import Load, Options, Target, run
-from tokenomy.loadtest.metrics import summarize
+from tokenomy.loadtest.results import summarize
 from tokenomy.loadtest.workload import load_workload
 from tokenomy.meter.ledger import Ledger
 

@@ -57,7 +57,7 @@ from tokenomy.structured import (  # noqa: E402
     start_constraint,
 )
 from tokenomy.structured import schema as schema_mod  # noqa: E402
-from tokenomy.structured.tokenizer import load_tokenizer, packaged_model_path  # noqa: E402
+from tokenomy.structured.token_tables import load_tokenizer, packaged_model_path  # noqa: E402
 from tokenomy.structured.validate import validate  # noqa: E402
 
 DEFAULT_SCHEMAS = os.path.join(ROOT, "..", "shared", "data", "jsonschema", "dev.jsonl")

@@ -7,6 +7,10 @@ any other: a miss is told apart from a stored ``None`` by ``in``, or by ``get_or
 With ``thread_safe=True`` every operation holds an internal lock; ``get_or_compute`` does not hold it while
 ``compute`` runs, so two threads missing the same key at once may both compute it (the later ``put`` wins).
 Without it, the caller serialises access (its own lock, or a single thread).
+
+Bounded by entry count only. Two caches are bounded by weight instead and keep their own order: the vocabulary's
+piece cache (engine/vocab.py, by characters) and the KV tiers (engine/kv_tier.py, by bytes, with a save on
+eviction).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.loadtest.test_metrics import TRACE
+from tests.loadtest.test_results import TRACE
 from tokenomy.loadtest.html import latencies_ms, write_html
-from tokenomy.loadtest.metrics import parse_slo, summarize
+from tokenomy.loadtest.results import parse_slo, summarize
 
 
 def run_summary(endpoint: str, concurrency: int) -> dict:

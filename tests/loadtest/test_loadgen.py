@@ -43,8 +43,10 @@ def test_timings_follow_planted_delays() -> None:
         records, duration = go(s.base_url, Load("closed", 1), n=2)
     assert len(records) == 2 and all(r.ok and r.usage for r in records)
     for r in records:
-        assert 0.15 <= r.ttft < 0.6
-        assert len(r.itl) == 3 and all(0.045 <= x < 0.3 for x in r.itl)
+        # lower bounds only: a busy machine may stretch any interval, never shorten a planted delay
+        assert 0.15 <= r.ttft <= r.e2el
+        assert len(r.itl) == 3 and all(x >= 0.045 for x in r.itl)
+        assert sum(r.itl) <= r.e2el - r.ttft + 1e-6                  # the gaps lie between first token and end
         assert r.output_tokens == 4 and r.prompt_tokens == 10
         assert r.tpot == pytest.approx((r.e2el - r.ttft) / 3)
     assert duration >= sum(r.e2el for r in records) * 0.99           # concurrency 1: one after another

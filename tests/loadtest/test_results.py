@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from tokenomy.loadtest.metrics import RequestResult, SLOError, is_good, parse_slo, percentile, summarize
+from tokenomy.loadtest.results import RequestResult, SLOError, is_good, parse_slo, percentile, summarize
 
 
 def rec(ttft: float, e2el: float, out: int, itl: list[float] | None = None) -> RequestResult:

@@ -10,7 +10,7 @@ from tests.meter.synthetic import mixed, rows_for
 from tokenomy.cli import app
 from tokenomy.meter import report
 from tokenomy.meter.ledger import Ledger
-from tokenomy.meter.schema import ledger as table
+from tokenomy.meter.ledger_schema import ledger as table
 
 runner = CliRunner()
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from tests.meter.synthetic import Spec, mixed, rows_for
 from tests.wait import wait_until
-from tokenomy.meter import schema
+from tokenomy.meter import ledger_schema as schema
 from tokenomy.meter.ledger import Ledger, LedgerError, normalize_url
 from tokenomy.meter.row import LedgerRow
 

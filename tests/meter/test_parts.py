@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from tests.meter.synthetic import Spec, rows_for
 from tokenomy.config import Price
 from tokenomy.generation import GenRequest, Usage
-from tokenomy.meter import schema
+from tokenomy.meter import ledger_schema as schema
 from tokenomy.meter.ledger import Ledger, normalize_url
 from tokenomy.meter.metrics import Metrics
 from tokenomy.meter.sink import MeterSink

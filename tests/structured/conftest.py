@@ -13,7 +13,7 @@ from tokenomy.structured.grammar import GrammarCompiler
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
     pytest.importorskip("llama_cpp")
-    from tokenomy.structured.tokenizer import load_tokenizer
+    from tokenomy.structured.token_tables import load_tokenizer
 
     return load_tokenizer()
 

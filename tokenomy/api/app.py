@@ -40,22 +40,23 @@ from tokenomy.pipeline.request import RequestContext
 
 
 async def chat_completions(request: Request) -> Response:
-    gateway = _gateway(request)
-    body = await _parse_recorded(gateway, request, ChatCompletionRequest, "chat")
-    assert isinstance(body, ChatCompletionRequest)
-    gen = body.gen_request()
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _serve(request, gateway, gen, body.stream, include_usage)
+    return await _generate(request, ChatCompletionRequest, "chat")
 
 
 async def completions(request: Request) -> Response:
+    return await _generate(request, CompletionRequest, "completion")
+
+
+async def _generate(request: Request, cls: type[ChatCompletionRequest] | type[CompletionRequest],
+                    kind: str) -> Response:
+    """Read a body of `cls`, map it to the pipeline's request and serve it (a completion echoes its prompt when
+    asked)."""
     gateway = _gateway(request)
-    body = await _parse_recorded(gateway, request, CompletionRequest, "completion")
-    assert isinstance(body, CompletionRequest)
-    gen = body.gen_request()
+    body = await _parse_recorded(gateway, request, cls, kind)
+    assert isinstance(body, cls)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _serve(request, gateway, gen, body.stream, include_usage,
-                        echo=body.text if body.echo else "")
+    echo = body.text if isinstance(body, CompletionRequest) and body.echo else ""
+    return await _serve(request, gateway, body.gen_request(), body.stream, include_usage, echo=echo)
 
 
 async def models(request: Request) -> dict[str, Any]:

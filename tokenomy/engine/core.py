@@ -238,7 +238,7 @@ class Core:
         with self._compiler_lock:
             if self._compiler is None:
                 from tokenomy.structured import GrammarCompiler
-                from tokenomy.structured.tokenizer import tokenizer_from_vocab
+                from tokenomy.structured.token_tables import tokenizer_from_vocab
 
                 r = self.engine.runner
                 self._compiler = GrammarCompiler(tokenizer_from_vocab(r.vocab, n_vocab=r.n_vocab))

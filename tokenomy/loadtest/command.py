@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tokenomy.loadtest.loadgen import Load, Options, Target
-from tokenomy.loadtest.metrics import RequestResult, SLOError, parse_slo
+from tokenomy.loadtest.results import RequestResult, SLOError, parse_slo
 from tokenomy.loadtest.sweep import RATIO_KEYS, Run, ratios, sweep
 from tokenomy.loadtest.workload import BUILTINS, WorkloadError, load_workload, write_file
 

@@ -1,5 +1,5 @@
 """The load generator: sends a workload's requests to one OpenAI-compatible endpoint, streaming, and records what
-happened to each (`metrics.RequestResult`).
+happened to each (`results.RequestResult`).
 
 Three shapes of load: closed loop (a fixed number of requests in flight; a new one is sent when one finishes),
 open loop (Poisson arrivals at a rate, seeded, sent whether or not earlier ones have finished, so queueing shows)
@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tokenomy.loadtest.metrics import RequestResult
+from tokenomy.loadtest.results import RequestResult
 from tokenomy.loadtest.workload import Request
 
 NO_CACHE = {"cache-control": "no-cache, no-store"}   # tokenomy's response caches stay out of an engine measurement

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenomy.loadtest.loadgen import Load, Options, Target, run
-from tokenomy.loadtest.metrics import RequestResult, summarize
+from tokenomy.loadtest.results import RequestResult, summarize
 from tokenomy.loadtest.workload import Request
 
 # Ratios printed for a comparison: first target / second target. Throughputs: higher is better; latencies: lower.

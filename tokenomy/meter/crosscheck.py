@@ -22,7 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tokenomy.meter.schema import ledger
+from tokenomy.meter.ledger_schema import ledger
 
 HITS = ("exact", "semantic")
 MEASURED = ("nvml", "rapl")

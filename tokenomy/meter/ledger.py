@@ -37,9 +37,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
 from tokenomy import home
+from tokenomy.meter.ledger_schema import LedgerSchemaError, ledger, migrate, prompts
 from tokenomy.meter.prompts import StoredPrompt
 from tokenomy.meter.row import LedgerRow
-from tokenomy.meter.schema import LedgerSchemaError, ledger, migrate, prompts
 
 log = logging.getLogger("tokenomy.ledger")
 

@@ -201,7 +201,7 @@ class Metrics:
                                          ["model"], registry=r)
         self.spec_accepted = Counter("tokenomy_spec_decode_num_accepted_tokens_total", "Drafted tokens accepted",
                                      ["model"], registry=r)
-        # routing (pipeline/route.py) and token-level routing (router/token.py)
+        # routing (pipeline/route.py) and token-level routing (router/token_routing.py)
         self.route_decisions = Counter("tokenomy_route_decisions_total", "Routing decisions", ["route", "model", "by"],
                                        registry=r)
         self.route_escalations = Counter("tokenomy_route_escalations_total", "Cascade escalations",

@@ -54,7 +54,7 @@ import numpy as np
 
 from tokenomy.lru import LRU
 from tokenomy.structured.grammar import CompiledGrammar, clean_reason
-from tokenomy.structured.tokenizer import TokenTables
+from tokenomy.structured.token_tables import TokenTables
 
 LOOP_REPEATS = 3  # back-to-back copies of a span that count as a loop
 LOOP_MAX_PERIOD = 128  # longest span (tokens) looked for

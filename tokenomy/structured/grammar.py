@@ -31,7 +31,7 @@ import numpy as np
 from tokenomy.lru import LRU
 from tokenomy.structured.normalize import walk
 from tokenomy.structured.schema import JSON_OPTIONS, OutputFormat, SchemaError, json_schema_format
-from tokenomy.structured.tokenizer import TokenTables
+from tokenomy.structured.token_tables import TokenTables
 
 DEFAULT_TIMEOUT_S = 5.0
 MAX_PATTERN_PROBES = 64  # bounds the probing cost on schemas with hundreds of patterns

@@ -21,7 +21,7 @@ import numpy as np
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.runner import Chunk, ModelRunner
 from tokenomy.structured.constraint import Constraint
-from tokenomy.structured.tokenizer import packaged_model_path
+from tokenomy.structured.token_tables import packaged_model_path
 
 SLOT = 0  # the one llama.cpp sequence this runner uses
 
@@ -59,7 +59,7 @@ class GreedyRunner:
     def __init__(self, model_path: str | None = None, n_ctx: int = 4096, n_threads: int = 0,
                  n_batch: int = 512, flash_attn: bool = True) -> None:
         """Load the model (default: packaged SmolLM2); pair it with ``load_tokenizer(same path)``."""
-        from tokenomy.structured.tokenizer import _quiet_llama
+        from tokenomy.structured.token_tables import _quiet_llama
 
         _quiet_llama()
         self.runner = ModelRunner(model_path or packaged_model_path(), EngineConfig(
