@@ -15,6 +15,16 @@ from typing import Any
 WORDS = ["Hello", " from", " the", " stub", "."]
 
 
+async def read_body(receive: Any) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 class Stub:
     def __init__(self, delay: float = 0.0, fail_status: int | None = None, fail_times: int = 0,
                  no_usage: bool = False, stall_after: int | None = None, json_for_stream: bool = False) -> None:
@@ -38,12 +48,7 @@ class Stub:
         if path.endswith("/models"):
             await self._json(send, 200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
         self.hits += 1
         if scope.get("client"):
             self.peers.add(tuple(scope["client"]))

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from tests.conftest import free_port
-from tests.upstream_stub import Stub
+from tests.upstream_stub import Stub, read_body
 
 
 class BenchStub:
@@ -37,12 +37,7 @@ class BenchStub:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        raw = await read_body(receive)
         if scope["path"].endswith("/models"):
             await self._json(send, 200, {"object": "list", "data": [{"id": self.name, "object": "model"}]})
             return
