@@ -308,10 +308,12 @@ class Gateway:
     async def handle(self, ctx: RequestContext) -> RequestContext:
         return await self.pipeline.run(ctx)
 
-    def refused(self, kind: str, error: APIError, headers: dict[str, str]) -> None:
-        """Record a request refused before the pipeline (a body that could not be read or parsed): a ledger row
-        with its status, no model, and the key and tenant when the key is valid."""
-        ctx = RequestContext(gen=GenRequest(model="", kind=kind), error=error, status=error.status, headers=headers)
+    def refused(self, api: str, error: APIError, headers: dict[str, str]) -> None:
+        """Record a request to `api` refused before the pipeline (a body that could not be read or parsed): a
+        ledger row with its status, no model, and the key and tenant when the key is valid."""
+        kind = "completion" if api == "completions" else "chat"
+        ctx = RequestContext(gen=GenRequest(model="", kind=kind, api=api), error=error, status=error.status,
+                             headers=headers)
         if self.keyring.enabled:
             try:
                 info = self.keyring.lookup(headers.get("authorization"))

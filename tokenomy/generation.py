@@ -26,6 +26,9 @@ class GenRequest:
 
     model: str
     kind: str = "chat"                                  # chat | completion
+    # the API the client called, which the ledger's `api` column and the metrics' `endpoint` label say:
+    # chat.completions | completions | messages | responses | embeddings (dialects map all to kind chat or completion)
+    api: str = "chat.completions"
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     params: dict[str, Any] = field(default_factory=dict)   # OpenAI sampling fields, normalised

@@ -147,7 +147,8 @@ def test_a_stream_the_client_cuts_short_is_billed_for_what_it_got():
         assert streamed.completion_tokens >= 13 and streamed.cost_usd > 0
         assert abandoned.model == MODEL and abandoned.prompt_tokens > 800 and abandoned.cost_usd > 0
         metrics = httpx.get(srv.root + "/metrics").text
-        assert f'tokenomy_requests_total{{model="{MODEL}",status="cancelled"}} 2.0' in metrics, [
+        cancelled = f'tokenomy_requests_total{{endpoint="chat.completions",model="{MODEL}",status="cancelled"}} 2.0'
+        assert cancelled in metrics, [
             line for line in metrics.splitlines() if line.startswith("tokenomy_requests_total")]
 
 

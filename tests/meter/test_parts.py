@@ -159,7 +159,7 @@ def test_a_version_6_ledger_migrates_to_7_and_keeps_its_rows(ledger_url):
     engine.dispose()
     with Ledger(ledger_url) as led:
         with led.engine.connect() as conn:
-            assert schema.current_version(conn) == 7 == len(schema.MIGRATIONS)
+            assert schema.current_version(conn) == len(schema.MIGRATIONS)
         got = led.query()
         assert [r.request_id for r in got] == [r.request_id for r in old]
         assert [r.cost_usd for r in got] == pytest.approx([r.cost_usd for r in old])

@@ -40,19 +40,19 @@ from tokenomy.pipeline.request import RequestContext
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, ChatCompletionRequest, "chat")
+    return await _generate(request, ChatCompletionRequest, "chat.completions")
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, CompletionRequest, "completion")
+    return await _generate(request, CompletionRequest, "completions")
 
 
 async def _generate(request: Request, cls: type[ChatCompletionRequest] | type[CompletionRequest],
-                    kind: str) -> Response:
+                    api: str) -> Response:
     """Read a body of `cls`, map it to the pipeline's request and serve it (a completion echoes its prompt when
     asked)."""
     gateway = _gateway(request)
-    body = await _parse_recorded(gateway, request, cls, kind)
+    body = await _parse_recorded(gateway, request, cls, api)
     assert isinstance(body, cls)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echo = body.text if isinstance(body, CompletionRequest) and body.echo else ""
@@ -194,7 +194,7 @@ def _own_request(request: Request, row: Any) -> None:
         raise APIError(403, "That request was made with another key.", code="not_your_request")
 
 
-async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseModel], kind: str) -> BaseModel:
+async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseModel], api: str) -> BaseModel:
     """Authenticate, then parse the body (no byte of it is read for a caller without a valid key); a refused
     request still gets its ledger row (status 4xx, no model)."""
     try:
@@ -202,7 +202,7 @@ async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseMo
         return await _parse(request, model, gateway.config.server.max_body_bytes)
     except (APIError, RequestValidationError) as e:
         err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")
-        gateway.refused(kind, err, {k.lower(): v for k, v in request.headers.items()})
+        gateway.refused(api, err, {k.lower(): v for k, v in request.headers.items()})
         raise
 
 

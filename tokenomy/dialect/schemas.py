@@ -166,8 +166,8 @@ class CompletionRequest(_Sampling):
     def gen_request(self, priority: str = "interactive") -> GenRequest:
         if self.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
-        return GenRequest(model=self.model, kind="completion", prompt=self.text, params=self.sampling(),
-                          user=self.user, priority=priority)
+        return GenRequest(model=self.model, kind="completion", api="completions", prompt=self.text,
+                          params=self.sampling(), user=self.user, priority=priority)
 
     @property
     def text(self) -> str:

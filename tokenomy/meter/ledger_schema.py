@@ -94,9 +94,15 @@ def _v7_columns() -> list[sa.Column]:
             sa.Column("handovers", sa.Integer), sa.Column("parts", sa.Text)]
 
 
+def _v8_columns() -> list[sa.Column]:
+    """Which API the client called (chat.completions, completions, messages, responses, embeddings); NULL on rows
+    written before it was recorded, which were all chat.completions or completions."""
+    return [sa.Column("api", sa.String(32))]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
-                  *_v6_columns(), *_v7_columns())
+                  *_v6_columns(), *_v7_columns(), *_v8_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
@@ -147,8 +153,13 @@ def _m7_inside(conn: Connection) -> None:
         add_column(conn, "ledger", column)
 
 
+def _m8_api(conn: Connection) -> None:
+    for column in _v8_columns():
+        add_column(conn, "ledger", column)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
-                                                  _m5_replica, _m6_batch, _m7_inside]
+                                                  _m5_replica, _m6_batch, _m7_inside, _m8_api]
 
 
 class LedgerSchemaError(RuntimeError):

@@ -237,7 +237,8 @@ class Metrics:
         self.cost = Counter("tokenomy_cost_usd_total", "USD spent", ["model"], registry=r)
         self.saved = Counter("tokenomy_saved_usd_total", "USD saved", ["by"], registry=r)
         # business
-        self.requests = Counter("tokenomy_requests_total", "Requests by outcome", ["status", "model"], registry=r)
+        self.requests = Counter("tokenomy_requests_total", "Requests by outcome and the API called",
+                                ["status", "model", "endpoint"], registry=r)
         self.engine_gauge = Gauge("tokenomy_engine_info", "Embedded engines loaded", ["model"], registry=r)
         self.feedback = Histogram("tokenomy_feedback_score", "Feedback scores (-1 to 1) joined to requests",
                                   buckets=(-1, -0.5, 0, 0.5, 1), registry=r)

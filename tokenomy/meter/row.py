@@ -79,6 +79,9 @@ class Finished(Protocol):
     batch_id: str | None                      # set for a batch request (its row is marked and batch-priced)
 
     @property
+    def api(self) -> str: ...
+
+    @property
     def asked_model(self) -> str: ...
 
     @property
@@ -139,6 +142,8 @@ class LedgerRow:
     draft_accepted: int | None = None   # ... and accepted
     handovers: int | None = None        # token-level routing: times the large model took over (NULL: not routed)
     parts: list[dict[str, Any]] | None = None   # an answer several models wrote: each one's usage and cost
+    api: str | None = None              # the API called: chat.completions | completions | messages | responses
+    #                                     | embeddings (NULL on rows from before it was recorded)
 
     @property
     def cache_hit(self) -> bool:
@@ -244,7 +249,7 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
         cache="bypass" if ctx.cache == "miss" and ctx.cache_bypass else ctx.cache,
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
         over_budget=bool(ctx.over_budget), batch=ctx.batch_id, replica=u.replica,
-        draft_tokens=u.draft_tokens, draft_accepted=u.draft_accepted, handovers=u.handovers,
+        draft_tokens=u.draft_tokens, draft_accepted=u.draft_accepted, handovers=u.handovers, api=ctx.api,
     )
     if ctx.error is not None:
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]

@@ -86,7 +86,7 @@ class Record:
             status = "error"
         else:
             status = "cancelled" if ctx.finish_reason == "cancelled" else "ok"
-        m.requests.labels(status, model).inc()
+        m.requests.labels(status, model, ctx.api).inc()
         u = ctx.usage
         if u is not None:
             for name, part in u.parts or [(None, u)]:     # an answer several models wrote: each its own

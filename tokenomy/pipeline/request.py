@@ -120,5 +120,9 @@ class RequestContext:
         return self.gen.model
 
     @property
+    def api(self) -> str:
+        return self.gen.api
+
+    @property
     def route_candidates(self) -> list[str]:
         return self.route_decision.candidates if self.route_decision is not None else []
