@@ -6,7 +6,6 @@ lifespan."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,12 +14,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, openapi
+from tokenomy.api import batches, dashboard, openapi, serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import read_body
 from tokenomy.api.dashboard import Dashboard
@@ -36,7 +35,6 @@ from tokenomy.dialect.wire import ChunkWriter, chat_body, completion_body
 from tokenomy.errors import APIError
 from tokenomy.gateway import Gateway
 from tokenomy.generation import GenRequest
-from tokenomy.pipeline.request import RequestContext
 
 
 async def chat_completions(request: Request) -> Response:
@@ -261,62 +259,16 @@ async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseMo
         raise RequestValidationError(e.errors()) from e
 
 
-def _headers(ctx: RequestContext, with_cost: bool = False) -> dict[str, str]:
-    h = {"x-tokenomy-request-id": ctx.request_id, "x-tokenomy-cache": ctx.cache}
-    if with_cost and ctx.usage is not None and ctx.model and not ctx.stream:
-        h["x-tokenomy-cost-usd"] = f"{ctx.cost_usd:.8f}"
-    if ctx.model:
-        h["x-tokenomy-route"] = f"{ctx.model}; {ctx.route_reason}"
-    if ctx.usage is not None and ctx.usage.counted:
-        h["x-tokenomy-usage"] = "counted"
-    h.update(ctx.response_headers)
-    return h
-
-
 async def _serve(request: Request, gateway: Gateway, gen: GenRequest, stream: bool, include_usage: bool,
                  echo: str = "") -> Response:
-    ctx = RequestContext(gen=gen, stream=stream, headers={k.lower(): v for k, v in request.headers.items()})
-    task = asyncio.ensure_future(gateway.handle(ctx))
-    watcher = asyncio.ensure_future(_disconnected(request))
-    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if task not in done:            # the client left before the answer was ready: stop generating
-        task.cancel()
-        try:
-            await task
-        except BaseException:
-            pass
-        return Response(status_code=499)
-    watcher.cancel()
     try:
-        task.result()
+        ctx = await serve.run(request, gateway, gen, stream)
+    except serve.ClientLeft:
+        return serve.client_left()
     except APIError as e:
-        e.headers = {**_headers(ctx), **e.headers}
         return error_response(e)
     if not stream:
         body = chat_body(ctx) if gen.kind == "chat" else completion_body(ctx, echo)
-        return JSONResponse(body, headers=_headers(ctx, with_cost=True))
-    assert ctx.deltas is not None
+        return JSONResponse(body, headers=serve.tokenomy_headers(ctx, with_cost=True))
     writer = ChunkWriter(ctx, include_usage, echo)
-
-    async def events() -> AsyncIterator[bytes]:
-        deltas = ctx.deltas
-        assert deltas is not None
-        try:
-            async for d in deltas:
-                for chunk in writer.chunks(d):
-                    yield chunk
-                if d.error:         # an error event ends the stream; [DONE] would claim a clean finish
-                    return
-            yield writer.done()
-        finally:
-            await deltas.aclose()
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={**_headers(ctx), "cache-control": "no-cache"})
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+    return serve.stream_response(ctx, writer.chunks, lambda: [writer.done()])

@@ -1,0 +1,100 @@
+"""Serving one generation over HTTP, for every dialect: run the pipeline while watching for the client leaving,
+then hand the finished RequestContext to the dialect to render, or stream its deltas through the dialect's writer.
+
+A dialect (OpenAI chat and completions in app.py, Messages, Responses) only maps its body to a GenRequest and its
+answer back; how a request is run, cancelled and streamed lives here once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from tokenomy.errors import APIError
+from tokenomy.generation import Delta, GenRequest
+from tokenomy.pipeline.request import RequestContext
+
+CLIENT_CLOSED = 499
+
+
+class ClientLeft(Exception):
+    """The client closed the connection before the answer was ready; the generation was stopped."""
+
+
+def headers_of(request: Request) -> dict[str, str]:
+    return {k.lower(): v for k, v in request.headers.items()}
+
+
+async def run(request: Request, gateway: object, gen: GenRequest, stream: bool) -> RequestContext:
+    """Run `gen` through the gateway's pipeline. Returns the context (with `result`, or `deltas` when streamed);
+    raises ClientLeft when the client disconnects first (the work is cancelled), and APIError with the tokenomy
+    headers merged into its own."""
+    ctx = RequestContext(gen=gen, stream=stream, headers=headers_of(request))
+    task = asyncio.ensure_future(gateway.handle(ctx))  # type: ignore[attr-defined]
+    watcher = asyncio.ensure_future(disconnected(request))
+    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task not in done:            # the client left before the answer was ready: stop generating
+        task.cancel()
+        try:
+            await task
+        except BaseException:
+            pass
+        raise ClientLeft
+    watcher.cancel()
+    try:
+        task.result()
+    except APIError as e:
+        e.headers = {**tokenomy_headers(ctx), **e.headers}
+        raise
+    return ctx
+
+
+def tokenomy_headers(ctx: RequestContext, with_cost: bool = False) -> dict[str, str]:
+    """The x-tokenomy-* headers every dialect's response carries: request id, cache outcome, route, cost."""
+    h = {"x-tokenomy-request-id": ctx.request_id, "x-tokenomy-cache": ctx.cache}
+    if with_cost and ctx.usage is not None and ctx.model and not ctx.stream:
+        h["x-tokenomy-cost-usd"] = f"{ctx.cost_usd:.8f}"
+    if ctx.model:
+        h["x-tokenomy-route"] = f"{ctx.model}; {ctx.route_reason}"
+    if ctx.usage is not None and ctx.usage.counted:
+        h["x-tokenomy-usage"] = "counted"
+    h.update(ctx.response_headers)
+    return h
+
+
+def stream_response(ctx: RequestContext, chunks: Callable[[Delta], Iterable[bytes]],
+                    end: Callable[[], Iterable[bytes]]) -> StreamingResponse:
+    """An SSE response of `ctx.deltas`, each rendered by `chunks`; `end` closes a stream that ran to its finish.
+    An error delta is rendered by `chunks` too and ends the stream without `end` (which would claim a clean
+    finish). Closing the response (the client left) closes the deltas, which stops the generation."""
+    assert ctx.deltas is not None
+
+    async def events() -> AsyncIterator[bytes]:
+        deltas = ctx.deltas
+        assert deltas is not None
+        try:
+            async for d in deltas:
+                for chunk in chunks(d):
+                    yield chunk
+                if d.error:
+                    return
+            for chunk in end():
+                yield chunk
+        finally:
+            await deltas.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={**tokenomy_headers(ctx), "cache-control": "no-cache"})
+
+
+def client_left() -> Response:
+    return Response(status_code=CLIENT_CLOSED)
+
+
+async def disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
