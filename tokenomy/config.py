@@ -356,6 +356,13 @@ class ContextSettings(_Strict):
                        "request with header x-tokenomy-lint: on)")
     rewrite: bool = Field(False, description="lint's safe fix: move date/time lines of the system prompt to the "
                           "end, so the prefix before them caches")
+    fit: Literal["auto", "on", "off"] = Field(
+        "auto", description="fit a request into the serving model's window (tools described briefly, the oldest "
+        "turns dropped, then max_tokens lowered to the room left: tokenomy/context/fit.py). auto: for the Messages "
+        "and Responses APIs, whose agent clients send long prompts and a large max_tokens whatever the model; on: "
+        "every request; off: never (a request that does not fit is a 400)")
+    fit_min_answer: int = Field(1024, ge=16, description="fitting stops once the prompt leaves this many tokens of "
+                                "the window for the answer")
 
 
 Strategy = Literal["fixed", "rules", "classifier", "load", "cascade", "token"]

@@ -103,6 +103,7 @@ class Gateway:
         self.exact_cache, self.semantic_cache = self._caches(config)
         self.metrics.watch_caches(self.cache_stores)
         self.context = Context(self.count_tokens, self.routes, summarize=self.summarize, input_price=self.input_price,
+                               window=self.window,
                                on_break=lambda reason: self.metrics.prefix_breaks.labels(reason).inc())
         self.pipeline = Pipeline([
             self.record,
@@ -267,6 +268,14 @@ class Gateway:
         if model in PACKAGED:
             return PACKAGED[model].price_input / 1e6, True
         return 0.0, True
+
+    def window(self, model: str) -> int | None:
+        """A configured model's context window in tokens: an embedded engine's max_model_len; None for an upstream
+        (its server enforces its own) or an engine not yet started."""
+        backend = self.registry.backends.get(model)
+        if isinstance(backend, EmbeddedBackend):
+            return backend.engine.max_model_len or None
+        return None
 
     def count_tokens(self, model: str, ctx: RequestContext) -> TokenCount:
         return self.registry.get(model).count_tokens(ctx.gen)

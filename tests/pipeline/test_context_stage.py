@@ -37,7 +37,9 @@ def gw():
                    "max_summary_tokens": 24}}},
                "desk": {"models": [MODEL], "context": {"lint": True}},
                "fixed": {"models": [MODEL], "context": {"lint": True, "rewrite": True}},
-               "docs": {"models": [MODEL], "context": {"compress": {"min_tokens": 32}}}}}
+               "docs": {"models": [MODEL], "context": {"compress": {"min_tokens": 32}}},
+               "fitted": {"models": [MODEL], "context": {"fit": "on", "fit_min_answer": 256}},
+               "strict": {"models": [MODEL], "context": {"fit": "off"}}}}
     with live_server(cfg) as s:
         stage = next(st for st in s.gateway.pipeline.stages if st.name == "context")
         calls = []
@@ -137,3 +139,37 @@ def test_a_priced_upstream_gets_compressed_and_the_compressor_is_charged():
     assert work is not None and work.after < work.before and work.cost_usd > 0
     assert "1890" in ctx.gen.messages[0]["content"]
     assert "compress=" in ctx.response_headers["x-tokenomy-context"]
+
+
+LONG_TOOL = {"type": "function", "function": {
+    "name": "lookup", "description": "Look a word up in the dictionary. " + "It knows many words and their meanings, "
+    "and it answers with the definition, the etymology and examples of use. " * 40,
+    "parameters": {"type": "object", "properties": {
+        "word": {"type": "string", "description": "The word to look up. " * 30},
+        "description": {"type": "string", "description": "A property named description stays. " * 10}},
+        "required": ["word"]}}}
+
+
+def test_fit_keeps_an_agent_sized_request_valid_on_a_small_window(gw):
+    """A request over the 2048-token window (a tool described at length, a long history, a max_tokens past the
+    window) is refused without fitting, and answered with it: tools described briefly, old turns dropped and
+    max_tokens lowered, each said in the header and the ledger row."""
+    msgs = conversation(40)
+    body = {"messages": msgs, "tools": [LONG_TOOL], "max_tokens": 32000, "temperature": 0}
+    refused = httpx.post(gw.base_url + "/chat/completions", json={**body, "model": "strict"}, timeout=120)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    r = httpx.post(gw.base_url + "/chat/completions", json={**body, "model": "fitted", "max_tokens": 8},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    header = r.headers["x-tokenomy-context"]
+    assert "fit=tools described briefly" in header and "oldest turn(s)" in header
+    before, after = (int(x) for x in header.rsplit("tokens=", 1)[1].split("->"))
+    assert before > 2048 >= after + 256
+    assert r.json()["usage"]["prompt_tokens"] == after
+    big = httpx.post(gw.base_url + "/chat/completions", json={**body, "model": "fitted"}, timeout=120)
+    assert big.status_code == 200, big.text
+    assert f"fit=max_tokens 32000->{2048 - after}" in big.headers["x-tokenomy-context"]
+    assert big.json()["usage"]["prompt_tokens"] + big.json()["usage"]["completion_tokens"] <= 2048
+    off = httpx.post(gw.base_url + "/chat/completions", json={**body, "model": "fitted"}, timeout=120,
+                     headers={"x-tokenomy-context": "off"})
+    assert off.status_code == 400

@@ -108,10 +108,23 @@ class EmbeddedBackend:
         tok = self.engine.tokenizer
         if req.kind == "chat":
             try:
-                return tok.encode_chat(req.messages or [], req.tools)
+                return tok.encode_chat(self._described(req).messages or [], req.tools)
             except TemplateError as e:
                 raise InvalidRequest(str(e), param="messages") from e
         return tok.encode(req.prompt or "")
+
+    def _described(self, req: GenRequest) -> GenRequest:
+        """The request as the model reads it: tools it may call are described in its system message (the grammar
+        enforces the call convention; SmolLM2's template has no tool syntax of its own). Counting and generating
+        both render this, so a prompt's count includes its tools."""
+        if not req.tools:
+            return req
+        fmt = self.output_format(req)
+        if fmt is None or not fmt.may_call:
+            return req
+        from tokenomy.structured import tools_prompt
+
+        return _with_system(req, tools_prompt(req.tools))
 
     def count_tokens(self, req: GenRequest) -> TokenCount:
         ids = self.prompt_tokens(req)
@@ -141,10 +154,6 @@ class EmbeddedBackend:
     async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         fmt = self.output_format(req)
-        if fmt is not None and fmt.may_call:
-            from tokenomy.structured import tools_prompt
-
-            req = _with_system(req, tools_prompt(req.tools or []))
         calls = None
         if fmt is not None and fmt.may_call:
             from tokenomy.structured import ToolCallStream

@@ -24,6 +24,7 @@ from typing import Any
 from tokenomy.backends.base import InvalidRequest
 from tokenomy.config import ContextSettings, RouteSpec
 from tokenomy.context import compress as cz
+from tokenomy.context import fit
 from tokenomy.context.compaction import SummaryCache, compact
 from tokenomy.context.lint import PrefixTracker, header, segments, volatile_lines
 from tokenomy.context.tokens import TokenCount
@@ -36,7 +37,10 @@ Counter = Callable[[str, RequestContext], TokenCount]
 Summarizer = Callable[[str, str, int, bool], Awaitable[tuple[str, float]]]
 # (model name, a batch request?) -> (input USD per token, notional?)
 InputPrice = Callable[[str, bool], tuple[float, bool]]
+# model name -> its context window in tokens (None: not known, e.g. an upstream)
+Window = Callable[[str], int | None]
 SWITCH = ("on", "off")
+FIT_AUTO_APIS = frozenset({"messages", "responses"})    # fit: auto fits the requests of these APIs
 
 
 def _switch(ctx: RequestContext, name: str) -> str | None:
@@ -55,8 +59,10 @@ class Context:
 
     def __init__(self, count: Counter, routes: dict[str, RouteSpec], summarize: Summarizer | None = None,
                  input_price: InputPrice | None = None, on_break: Callable[[str], None] | None = None,
-                 tracker: PrefixTracker | None = None, compressors: dict[str, cz.Compressor] | None = None) -> None:
+                 tracker: PrefixTracker | None = None, compressors: dict[str, cz.Compressor] | None = None,
+                 window: Window | None = None) -> None:
         self.count = count
+        self.window = window or (lambda _m: None)
         self.routes = routes
         self.summarize = summarize
         self.input_price = input_price or (lambda _m, _b: (0.0, True))
@@ -86,6 +92,9 @@ class Context:
                 ctx.response_headers["x-tokenomy-context"] = "off"
             else:
                 tc = await self._work(ctx, settings, target, tc)
+        fits = settings.fit == "on" or (settings.fit == "auto" and ctx.gen.api in FIT_AUTO_APIS)
+        if fits and opt != "off" and ctx.gen.kind == "chat":
+            tc = await self._fit(ctx, settings, target, tc)
         ctx.prompt_tokens, ctx.prompt_tokens_exact = tc.tokens, tc.exact
         if lint_asked == "on" or (settings.lint and lint_asked != "off"):
             self._lint(ctx, lint_asked == "on")
@@ -142,6 +151,51 @@ class Context:
             tc = self.count(target, ctx)
         work.after = tc.tokens
         work.seconds = time.perf_counter() - t0
+        ctx.context_work = work
+        ctx.response_headers["x-tokenomy-context"] = work.header()
+        return tc
+
+    async def _fit(self, ctx: RequestContext, s: ContextSettings, target: str, tc: TokenCount) -> TokenCount:
+        """Fit the request into the target model's window (context/fit.py); records what it did like the levers."""
+        window = self.window(target)
+        if not window or not tc.exact:
+            return tc
+        room = min(s.fit_min_answer, window // 4)
+        asked = ctx.gen.params.get("max_tokens")
+        if tc.tokens + room <= window and (asked is None or tc.tokens + asked <= window):
+            return tc
+        t0 = time.perf_counter()
+        work = ctx.context_work or ContextWork(before=tc.tokens, after=tc.tokens)
+        gen = ctx.gen
+
+        def count(g: Any) -> TokenCount:
+            return self.count(target, RequestContext(gen=g))
+
+        if tc.tokens + room > window and gen.tools:
+            briefer = dataclasses.replace(gen, tools=fit.brief_tools(gen.tools), counted=None)
+            tc, gen = count(briefer), briefer
+            work.actions.append("fit=tools described briefly")
+        if tc.tokens + room > window and gen.messages:
+            base = gen
+
+            def count_messages(msgs: list[dict[str, Any]]) -> int:
+                return count(dataclasses.replace(base, messages=msgs, counted=None)).tokens
+
+            messages, dropped = await fit.fit_turns(list(gen.messages), window - room, count_messages)
+            if dropped:
+                gen = dataclasses.replace(gen, messages=messages, counted=None)
+                tc = count(gen)
+                work.actions.append(f"fit=dropped {dropped} oldest turn(s)")
+        left = window - tc.tokens
+        if asked is not None and tc.tokens + asked > window and left > 0:
+            gen = dataclasses.replace(gen, params={**gen.params, "max_tokens": left})
+            work.actions.append(f"fit=max_tokens {asked}->{left}")
+        if gen is not ctx.gen:
+            if gen.messages is not ctx.gen.messages or gen.tools is not ctx.gen.tools:
+                tc = self.count(target, RequestContext(gen=gen))     # leaves its ids for the backend to reuse
+            ctx.gen = gen
+        work.after = tc.tokens
+        work.seconds += time.perf_counter() - t0
         ctx.context_work = work
         ctx.response_headers["x-tokenomy-context"] = work.header()
         return tc
