@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install tokenomy into .venv: llama-cpp-python built for this CPU family first (scripts/llama_wheel.py), then the
 # package with the extras named as arguments (`bash install.sh test` for the test suite, which also installs
-# Chromium for the dashboard's browser test where it can: docs/testing.md).
+# Chromium for the dashboard's browser test where it can, and, where node is installed, the coding agents the
+# dialect tests run, Claude Code and Codex CLI, from npm into .venv/agents: docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -33,5 +34,18 @@ if [[ ",$extras," == *",test,"* ]] && ! have_chromium; then
     echo "install.sh: no Chromium found, and no root or apt-get to install it: the dashboard's browser test will" \
          "fail until you install one (Debian/Ubuntu: sudo apt-get install chromium), run" \
          "'.venv/bin/playwright install chromium', or set TOKENOMY_TEST_CHROMIUM=/path/to/chromium"
+  fi
+fi
+
+# The real clients of the Messages and Responses dialects (tests/api/test_agents.py), pinned: the versions whose
+# requests docs/agents.md describes. Without node the test skips; with node it needs them.
+AGENTS=(@anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0)
+if [[ ",$extras," == *",test,"* ]]; then
+  if command -v node >/dev/null && command -v npm >/dev/null; then
+    echo "install.sh: installing ${AGENTS[*]} (npm) for the agent tests"
+    npm install --prefix .venv/agents --no-audit --no-fund --loglevel=error "${AGENTS[@]}" >/dev/null \
+      || echo "install.sh: npm install of the agents failed; tests/api/test_agents.py will fail until it works"
+  else
+    echo "install.sh: no node/npm: tests/api/test_agents.py (Claude Code and Codex CLI) will be skipped"
   fi
 fi
