@@ -118,6 +118,16 @@ class Gateway:
         ])
 
         self.batches, self.batch_runner = self._batch(config)
+        self.responses = self._responses()
+
+    def _responses(self) -> Any:
+        """Stored Responses API answers (in the ledger's database, kept as long as its stored bodies); None without
+        a ledger."""
+        if self.ledger is None:
+            return None
+        from tokenomy.meter.responses_store import ResponseStore
+
+        return ResponseStore(self.ledger.engine, self.ledger.prompt_retention_s)
 
     def _batch(self, config: Config) -> tuple[Any, Any]:
         """The Batch API's store (in the ledger's database) and its worker; (None, None) without a ledger."""
