@@ -19,6 +19,7 @@ from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
 from tokenomy.meter.pricing import PriceLike
+from tokenomy.meter.responses_store import ResponseStore
 from tokenomy.meter.shared import SharedCounters
 from tokenomy.meter.sink import MeterSink
 from tokenomy.models import resolve_gguf
@@ -119,6 +120,14 @@ class Gateway:
         ])
 
         self.batches, self.batch_runner = self._batch(config)
+        self.responses = self._responses()
+
+    def _responses(self) -> ResponseStore | None:
+        """Stored Responses API answers (in the ledger's database, kept as long as its stored bodies); None without
+        a ledger."""
+        if self.ledger is None:
+            return None
+        return ResponseStore(self.ledger.engine, self.ledger.prompt_retention_s)
 
     def _batch(self, config: Config) -> tuple[Any, Any]:
         """The Batch API's store (in the ledger's database) and its worker; (None, None) without a ledger."""

@@ -1,8 +1,8 @@
 """The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back.
 
 Each endpoint is a module-level function that finds the Gateway as `app.state.gateway`; create_app assembles the
-routes (ROUTES, and the dashboard's and the Files and Batches' when the gateway has them), the error handlers and the
-lifespan."""
+routes (ROUTES, the Responses API's, and the dashboard's and the Files and Batches' when the gateway has them), the
+error handlers and the lifespan."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, openapi, serve
+from tokenomy.api import batches, dashboard, openapi, responses, serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import read_body
 from tokenomy.api.dashboard import Dashboard
@@ -134,13 +134,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(gateway: Gateway) -> FastAPI:
-    """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger and the Files and Batches
-    routes when batches are enabled. Every endpoint reads what it needs from `app.state`."""
-    routes = [*ROUTES, *(dashboard.ROUTES if gateway.ledger is not None else ()),
+    """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
+    routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
+    what it needs from `app.state`."""
+    routes = [*ROUTES, *responses.ROUTES, *(responses.ROUTES_STORED if gateway.responses is not None else ()),
+              *(dashboard.ROUTES if gateway.ledger is not None else ()),
               *(batches.ROUTES if gateway.batches is not None else ())]
     app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
+    app.state.responses = responses.ResponsesAPI(
+        gateway.responses, lambda request, model, api: _parse_recorded(_gateway(request), request, model, api), _owner)
     if gateway.ledger is not None:
         app.state.dashboard = Dashboard(gateway.ledger, gateway.metrics, guard=_admin, feedback_guard=_own_request,
                                         authenticate=_authenticate)

@@ -7,7 +7,8 @@ answer back; how a request is run, cancelled and streamed lives here once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -65,8 +66,9 @@ def tokenomy_headers(ctx: RequestContext, with_cost: bool = False) -> dict[str, 
 
 
 def stream_response(ctx: RequestContext, chunks: Callable[[Delta], Iterable[bytes]],
-                    end: Callable[[], Iterable[bytes]]) -> StreamingResponse:
-    """An SSE response of `ctx.deltas`, each rendered by `chunks`; `end` closes a stream that ran to its finish.
+                    end: Callable[[], Iterable[bytes] | Awaitable[Iterable[bytes]]]) -> StreamingResponse:
+    """An SSE response of `ctx.deltas`, each rendered by `chunks`; `end` closes a stream that ran to its finish
+    (it may be a coroutine function, for a dialect that stores the answer before saying it is complete).
     An error delta is rendered by `chunks` too and ends the stream without `end` (which would claim a clean
     finish). Closing the response (the client left) closes the deltas, which stops the generation."""
     assert ctx.deltas is not None
@@ -80,7 +82,10 @@ def stream_response(ctx: RequestContext, chunks: Callable[[Delta], Iterable[byte
                     yield chunk
                 if d.error:
                     return
-            for chunk in end():
+            tail = end()
+            if inspect.isawaitable(tail):
+                tail = await tail
+            for chunk in tail:
                 yield chunk
         finally:
             await deltas.aclose()

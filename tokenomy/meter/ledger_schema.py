@@ -100,10 +100,22 @@ def _v8_columns() -> list[sa.Column]:
     return [sa.Column("api", sa.String(32))]
 
 
+def _response_columns() -> list[sa.Column]:
+    """Stored Responses API answers (meter/responses_store.py), one per response id, pruned by age like stored
+    prompts: the tenant and key that made it, the request id of its ledger row, the conversation the next turn
+    continues (internal chat messages, JSON), the input items the request sent (JSON) and the response object
+    (JSON)."""
+    return [sa.Column("id", sa.String(64), primary_key=True), sa.Column("ts", DOUBLE, nullable=False),
+            sa.Column("tenant", sa.String(128), nullable=False), sa.Column("key_id", sa.String(64)),
+            sa.Column("request_id", sa.String(64), nullable=False), sa.Column("conversation", sa.Text, nullable=False),
+            sa.Column("input_items", sa.Text, nullable=False), sa.Column("response", sa.Text, nullable=False)]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
                   *_v6_columns(), *_v7_columns(), *_v8_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
+responses = sa.Table("stored_responses", metadata, *_response_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
 
@@ -158,8 +170,14 @@ def _m8_api(conn: Connection) -> None:
         add_column(conn, "ledger", column)
 
 
+def _m9_responses(conn: Connection) -> None:
+    table = sa.Table("stored_responses", sa.MetaData(), *_response_columns())
+    table.create(conn)
+    sa.Index("ix_stored_responses_ts", table.c.ts).create(conn)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
-                                                  _m5_replica, _m6_batch, _m7_inside, _m8_api]
+                                                  _m5_replica, _m6_batch, _m7_inside, _m8_api, _m9_responses]
 
 
 class LedgerSchemaError(RuntimeError):
