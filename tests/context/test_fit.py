@@ -36,3 +36,23 @@ def test_brief_tools_drop_prose_but_keep_the_schema():
     bad = [{"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": ""}'}}]
     assert validate_tool_calls(good, full).ok and validate_tool_calls(good, short).ok
     assert not validate_tool_calls(bad, full).ok and not validate_tool_calls(bad, short).ok
+
+
+def test_cut_middle_cuts_the_longest_message_but_never_the_last_until_it_fits():
+    from tokenomy.context.fit import cut_middle
+
+    def count(msgs):                          # four characters a token, as a tokenizer roughly counts
+        return sum(len(m["content"]) for m in msgs) // 4
+
+    system = "Rules first. " + "filler " * 2000 + "Closing rule."
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "q" * 3000},
+            {"role": "user", "content": "the question " * 400}]
+    out, cut = cut_middle(msgs, 2500, count)
+    assert count(out) <= 2500 and cut > 0
+    assert out[-1] == msgs[-1] and msgs[0]["content"] == system          # the question and the input untouched
+    assert out[0]["content"].startswith("Rules first.") and out[0]["content"].endswith("Closing rule.")
+    assert "characters left out to fit the model's context window" in out[0]["content"]
+    # what cannot fit without touching the last message stays over, and says nothing was possible beyond it
+    tiny = [{"role": "system", "content": "s" * 500}, {"role": "user", "content": "u" * 40000}]
+    out, cut = cut_middle(tiny, 100, count)
+    assert out[-1] == tiny[-1] and len(out[0]["content"]) >= 400

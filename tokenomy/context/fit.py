@@ -1,13 +1,15 @@
 """Fitting a request into the serving model's context window, so an agent's request stays valid on a small model.
 
 Coding agents (Claude Code, Codex CLI) send many thousands of tokens of system prompt and tool definitions and a
-fixed, large max_tokens (Claude Code: 32000), whatever the model. On a model with an 8k window such a request is
-refused outright. Fitting keeps it valid, in this order, stopping as soon as the prompt leaves `min_answer` tokens
+fixed, large max_tokens (Claude Code: 32000), whatever the model. On a model with a 4k or 8k window such a request
+is refused outright. Fitting keeps it valid, in this order, stopping as soon as the prompt leaves `min_answer` tokens
 of room:
 
     tools        each tool's description cut to its first sentence and the descriptions inside its parameter
                  schema dropped (names, types and constraints stay, so the grammar and validation are unchanged)
     turns        the oldest conversation turns dropped (compaction's drop_middle, the last turns kept)
+    cut          the middle of the longest message left out, with a note that says so (system prompts first:
+                 never the last message, which is the question), until the prompt fits
     max_tokens   then an asked max_tokens past the window is lowered to the room left (the answer ends with
                  its length reason, as any answer cut by max_tokens)
 
@@ -21,6 +23,9 @@ import re
 from typing import Any
 
 from tokenomy.context.compaction import Count, compact
+
+CUT_NOTE = "\n[... {n} characters left out to fit the model's context window ...]\n"
+MIN_KEPT_CHARS = 400      # a cut message keeps at least this much of its head and tail
 
 SENTENCE = re.compile(r"(.+?[.!?])(?:\s|$)", re.S)
 MAX_BRIEF_CHARS = 200
@@ -81,3 +86,33 @@ async def fit_turns(messages: list[dict[str, Any]], limit: int, count: Count) ->
     system messages and the last turn; (messages, turns dropped)."""
     done = await compact(messages, DropMiddle(limit), count)
     return done.messages, done.turns_replaced
+
+
+def cut_middle(messages: list[dict[str, Any]], limit: int, count: Count, rounds: int = 8
+               ) -> tuple[list[dict[str, Any]], int]:
+    """`messages` with the middle of the longest text message (never the last message) left out, with CUT_NOTE in
+    its place, until they count at most `limit` tokens or nothing is left to cut; (messages, characters cut). Each
+    round cuts what the overshoot needs at the prompt's own characters per token, with a margin; two thirds of
+    what is kept is the head (instructions tend to open a system prompt), one third the tail."""
+    msgs = [dict(m) for m in messages]
+    removed = 0
+    for _ in range(rounds):
+        tokens = count(msgs)
+        over = tokens - limit
+        if over <= 0:
+            break
+        texts = [j for j in range(len(msgs) - 1) if isinstance(msgs[j].get("content"), str)]
+        if not texts:
+            break
+        i = max(texts, key=lambda j: len(msgs[j]["content"]))
+        text = msgs[i]["content"]
+        chars = sum(len(m["content"]) for m in msgs if isinstance(m.get("content"), str))
+        per_token = max(chars / max(tokens, 1), 1.0)
+        cut = min(len(text) - MIN_KEPT_CHARS, int(over * per_token * 1.15) + 64)
+        if cut <= 0:
+            break
+        kept = len(text) - cut
+        head = kept * 2 // 3
+        msgs[i]["content"] = text[:head] + CUT_NOTE.format(n=cut) + text[len(text) - (kept - head):]
+        removed += cut
+    return msgs, removed

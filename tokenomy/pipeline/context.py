@@ -186,6 +186,14 @@ class Context:
                 gen = dataclasses.replace(gen, messages=messages, counted=None)
                 tc = count(gen)
                 work.actions.append(f"fit=dropped {dropped} oldest turn(s)")
+        if tc.tokens + room > window and gen.messages:
+            base = gen
+            messages, cut = fit.cut_middle(list(gen.messages), window - room, lambda msgs: count(
+                dataclasses.replace(base, messages=msgs, counted=None)).tokens)
+            if cut:
+                gen = dataclasses.replace(gen, messages=messages, counted=None)
+                tc = count(gen)
+                work.actions.append(f"fit=cut {cut} characters")
         left = window - tc.tokens
         if asked is not None and tc.tokens + asked > window and left > 0:
             gen = dataclasses.replace(gen, params={**gen.params, "max_tokens": left})
