@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from tokenomy.dialect.embeddings import EmbeddingRequest
 from tokenomy.dialect.schemas import ChatCompletionRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
@@ -61,7 +62,7 @@ def install(app: FastAPI) -> None:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            for model in (ChatCompletionRequest, CompletionRequest):
+            for model in (ChatCompletionRequest, CompletionRequest, EmbeddingRequest):
                 js = model.model_json_schema(ref_template=REF)
                 schemas.update(js.pop("$defs", {}))
                 schemas[model.__name__] = js
