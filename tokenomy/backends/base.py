@@ -69,7 +69,7 @@ class Embeddings:
     usage: Usage                    # prompt_tokens; queue_s and e2e_s where known
 
 
-class Embedder(Protocol):
+class EmbeddingBackend(Protocol):
     """What the embed stage needs of an embedding model: the packaged MiniLM (minilm.py) or an OpenAI-compatible
     upstream (openai.py, pool.py)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping
 
-from tokenomy.backends.base import BackendError, Embedder, InvalidRequest, Overloaded
+from tokenomy.backends.base import BackendError, EmbeddingBackend, InvalidRequest, Overloaded
 from tokenomy.backends.registry import Registry
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
@@ -22,7 +22,7 @@ from tokenomy.pipeline.request import RequestContext
 class Embed:
     name = "embed"
 
-    def __init__(self, embedders: Mapping[str, Embedder], registry: Registry, generators: Collection[str],
+    def __init__(self, embedders: Mapping[str, EmbeddingBackend], registry: Registry, generators: Collection[str],
                  routes: Collection[str]) -> None:
         """`embedders`: the embedding models by name; `registry`: the configured models' backends (an upstream's
         failures count towards its cool-down as a generation's do); `generators`, `routes`: the other names a
