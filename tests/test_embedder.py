@@ -57,3 +57,24 @@ def test_unwritable_cache_falls_back_to_torch(tmp_path, monkeypatch) -> None:
     assert e.backend == "torch" and e.embed_one("hello").shape == (384,)
     with pytest.raises(OSError):
         Embedder(backend="onnx")  # asked for explicitly: the error is the caller's to see
+
+
+@pytest.mark.parametrize("backend", ["onnx", "torch"])
+def test_token_ids_embed_as_their_text_does(backend: str, torch_embedder: Embedder) -> None:
+    from tests.noise import assert_same_vectors
+
+    e = default_embedder() if backend == "onnx" else torch_embedder
+    texts = TEXTS[:3]
+    rows = e.tokenize(texts)
+    assert all(r[0] == e.tokenizer.token_to_id("[CLS]") and r[-1] == e.tokenizer.token_to_id("[SEP]") for r in rows)
+    assert_same_vectors(e.embed_ids(rows), e.embed(texts))
+    assert_same_vectors(e.embed_ids(rows, batch_size=1), e.embed(texts))
+
+
+def test_tokenize_does_not_truncate_and_embed_ids_refuses_what_embed_would_cut() -> None:
+    e = default_embedder()
+    long = e.tokenize([TEXTS[-1]])[0]
+    assert len(long) == 402 > e.max_tokens == 256
+    with pytest.raises(ValueError, match="256"):
+        e.embed_ids([long])
+    assert e.embed_ids([]).shape == (0, 384)

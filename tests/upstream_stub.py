@@ -1,5 +1,6 @@
 """A minimal OpenAI-compatible upstream for tests and the gateway benchmark: answers instantly (or slowly, or
-with errors, as told), as a raw ASGI app so that its own overhead is as small as it can be.
+with errors, as told), as a raw ASGI app so that its own overhead is as small as it can be. Its /v1/embeddings
+answers STUB_DIMENSIONS-dimensional vectors that `stub_vector` computes from each input.
 
     python -m tests.upstream_stub --port 9000 [--delay 0] [--fail-status 429 --fail-times 2] [--no-usage]
 """
@@ -8,11 +9,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
 import time
 from typing import Any
 
+import numpy as np
+
 WORDS = ["Hello", " from", " the", " stub", "."]
+STUB_DIMENSIONS = 8
+
+
+def stub_vector(item: str | list[int], dimensions: int = STUB_DIMENSIONS) -> np.ndarray:
+    """The stub's embedding of one input: unit-length float32, fixed by the input, shortened to `dimensions`."""
+    seed = hashlib.sha256(json.dumps(item).encode()).digest()
+    v = np.frombuffer(seed, dtype=np.uint8)[:STUB_DIMENSIONS].astype(np.float32) - 127.5
+    v = v[:dimensions]
+    return (v / np.linalg.norm(v)).astype(np.float32)
 
 
 async def read_body(receive: Any) -> bytes:
@@ -60,6 +74,9 @@ class Stub:
             await asyncio.sleep(self.delay)
         req = json.loads(body or b"{}")
         self.bodies.append(req)
+        if path.endswith("/embeddings"):
+            await self._embeddings(send, req)
+            return
         chat = path.endswith("/chat/completions")
         usage = {"prompt_tokens": 7, "completion_tokens": len(WORDS), "total_tokens": 7 + len(WORDS)}
         if not req.get("stream") or self.json_for_stream:
@@ -90,6 +107,28 @@ class Stub:
             await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [],
                                      "usage": usage})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def _embeddings(self, send: Any, req: dict[str, Any]) -> None:
+        """OpenAI's embeddings answer: floats or base64 as asked; a 400 for more dimensions than it has."""
+        dims = req.get("dimensions") or STUB_DIMENSIONS
+        if dims > STUB_DIMENSIONS:
+            await self._json(send, 400, {"error": {"message": f"this model has only {STUB_DIMENSIONS} dimensions",
+                                                   "type": "invalid_request_error"}})
+            return
+        items = req["input"] if isinstance(req["input"], list) else [req["input"]]
+        if items and all(isinstance(t, int) for t in items):
+            items = [items]
+        data = []
+        for i, item in enumerate(items):
+            v = stub_vector(item, dims)
+            e: Any = base64.b64encode(v.astype("<f4").tobytes()).decode() if req.get("encoding_format") == "base64" \
+                else v.tolist()
+            data.append({"object": "embedding", "index": i, "embedding": e})
+        tokens = sum(len(x.split()) if isinstance(x, str) else len(x) for x in items)
+        out: dict[str, Any] = {"object": "list", "data": data, "model": req.get("model", "stub")}
+        if not self.no_usage:
+            out["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
+        await self._json(send, 200, out)
 
     @staticmethod
     async def _event(send: Any, obj: dict[str, Any]) -> None:

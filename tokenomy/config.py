@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from tokenomy import home
 from tokenomy.engine.config import EngineConfig
-from tokenomy.models import DEFAULT_MODEL, PACKAGED
+from tokenomy.models import DEFAULT_MODEL, PACKAGED, PACKAGED_EMBEDDINGS
 
 
 class _Strict(BaseModel):
@@ -624,7 +624,7 @@ class Config(_Strict):
             if c is not None and c.summary_model is not None and c.summary_model not in names:
                 raise ValueError(f"routes.{rname}.context.compaction.summary_model: unknown model "
                                  f"{c.summary_model!r}; known: {names}")
-        known = set(names) | set(self.routes)
+        known = set(names) | set(self.routes) | set(PACKAGED_EMBEDDINGS)    # keys may allow the packaged embedder
         for where, allowed in [(f"keys[{i}] ({k.name})", k.models) for i, k in enumerate(self.keys)] + [
                 (f"tenants.{t}", spec.models) for t, spec in self.tenants.items()]:
             unknown = sorted(set(allowed or []) - known)
@@ -654,9 +654,12 @@ class Config(_Strict):
 
     def prices(self) -> dict[str, Price]:
         """Every configured model's price by the names a request may give it: its name, and for an embedded model
-        its gguf too (a name wins over another model's gguf). The one table every price lookup reads
+        its gguf too (a name wins over another model's gguf), and the packaged embedding models' notional prices
+        (a configured model of the same name wins). The one table every price lookup reads
         (meter.pricing.price_of)."""
-        table = {m.gguf: m.price for m in self.models if isinstance(m, EmbeddedModelSpec)}
+        table: dict[str, Price] = {name: Price(input=e.price_input, notional=True)
+                                   for name, e in PACKAGED_EMBEDDINGS.items()}
+        table.update({m.gguf: m.price for m in self.models if isinstance(m, EmbeddedModelSpec)})
         table.update({m.name: m.price for m in self.models})
         return table
 

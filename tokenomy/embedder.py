@@ -21,9 +21,11 @@ import logging
 import os
 import threading
 import warnings
-from functools import lru_cache
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -61,6 +63,25 @@ def _mean_pooled(model_path: str) -> bool:
     return modes == ["pooling_mode_mean_tokens"]
 
 
+def _run_padded(rows: list[list[int]], batch_size: int, run: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                pad_id: int, lock: AbstractContextManager[object] | None = None) -> np.ndarray:
+    """Embed token-id rows in batches of similar length (as sentence-transformers does: padding costs compute),
+    each batch padded with `pad_id` and masked, and run (under `lock`, when given) by `run(ids, mask)`."""
+    out = np.empty((len(rows), Embedder.dim), dtype=np.float32)
+    order = np.argsort([len(r) for r in rows], kind="stable")
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        width = max(len(rows[i]) for i in idx)
+        ids = np.full((len(idx), width), pad_id, dtype=np.int64)
+        mask = np.zeros((len(idx), width), dtype=np.int64)
+        for r, i in enumerate(idx):
+            n = len(rows[i])
+            ids[r, :n], mask[r, :n] = rows[i], 1
+        with lock or nullcontext():
+            out[idx] = run(ids, mask)
+    return out
+
+
 class _TorchEncoder:
     def __init__(self, model_path: str, threads: int | None) -> None:
         import torch
@@ -73,6 +94,16 @@ class _TorchEncoder:
     def __call__(self, texts: list[str], batch_size: int) -> np.ndarray:
         return self._model.encode(texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
                                   show_progress_bar=False)
+
+    def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """One padded batch of token ids through the sentence-transformers modules, unit length."""
+        import torch
+
+        features = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
+                    "token_type_ids": torch.zeros_like(torch.from_numpy(ids))}
+        with torch.inference_mode():
+            vectors = self._model(features)["sentence_embedding"]
+            return torch.nn.functional.normalize(vectors, dim=-1).numpy()
 
 
 def onnx_export_path(model_path: str) -> Path:
@@ -143,21 +174,13 @@ class _OnnxEncoder:
         self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
 
     def __call__(self, texts: list[str], batch_size: int) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(texts)
-        out = np.empty((len(texts), Embedder.dim), dtype=np.float32)
-        # Batches of similar length (as sentence-transformers does): padding costs compute.
-        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            width = max(len(encodings[i].ids) for i in rows)
-            ids = np.full((len(rows), width), self._pad_id, dtype=np.int64)
-            mask = np.zeros((len(rows), width), dtype=np.int64)
-            for r, i in enumerate(rows):
-                n = len(encodings[i].ids)
-                ids[r, :n], mask[r, :n] = encodings[i].ids, 1
-            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-            out[rows] = self._session.run(None, feeds)[0]
-        return out
+        rows = [e.ids for e in self._tokenizer.encode_batch(texts)]
+        return _run_padded(rows, batch_size, self.run, self._pad_id)
+
+    def run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """One padded batch of token ids, unit length."""
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        return self._session.run(None, feeds)[0]
 
 
 def load_onnxruntime() -> bool:
@@ -181,6 +204,8 @@ class Embedder:
 
     def __init__(self, model_path: str | None = None, threads: int | None = 1, backend: Backend = "auto") -> None:
         model_path = model_path or packaged_model_path()
+        self.model_path = model_path
+        self.max_tokens = _max_seq_length(model_path)   # what `embed` truncates to; `embed_ids` refuses more
         encoder: _OnnxEncoder | _TorchEncoder | None = None
         if backend == "onnx" or (backend == "auto" and load_onnxruntime() and _mean_pooled(model_path)):
             try:
@@ -205,6 +230,32 @@ class Embedder:
 
     def embed_one(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The model's wordpiece tokenizer (a `tokenizers.Tokenizer`), neither truncating nor padding."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(Path(self.model_path) / "tokenizer.json"))
+        tok.no_truncation()
+        tok.no_padding()
+        return tok
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids as the model reads them: [CLS] wordpieces [SEP], not truncated."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts))]
+
+    def embed_ids(self, rows: list[list[int]], batch_size: int = 64) -> np.ndarray:
+        """Like `embed`, from token ids (each row as `tokenize` gives it, at most `max_tokens` long) instead of
+        text: `embed_ids(tokenize(texts))` equals `embed(texts)` for texts within `max_tokens`. The embedder is
+        held one batch at a time, so a long request lets other callers' short ones in between its batches."""
+        if not rows:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        longest = max(len(r) for r in rows)
+        if longest > self.max_tokens or min(len(r) for r in rows) == 0:
+            raise ValueError(f"token rows must hold 1 to {self.max_tokens} ids; the longest holds {longest}")
+        pad_id = self.tokenizer.token_to_id("[PAD]") or 0
+        return _run_padded([list(r) for r in rows], batch_size, self._encode.run, pad_id, self._lock)
 
 
 @lru_cache(maxsize=4)

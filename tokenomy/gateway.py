@@ -22,11 +22,12 @@ from tokenomy.meter.pricing import PriceLike
 from tokenomy.meter.responses_store import ResponseStore
 from tokenomy.meter.shared import SharedCounters
 from tokenomy.meter.sink import MeterSink
-from tokenomy.models import resolve_gguf
+from tokenomy.models import PACKAGED_EMBEDDINGS, resolve_gguf
 from tokenomy.pipeline.admit import Admit, Keyring, hash_key
 from tokenomy.pipeline.cache import Cache
 from tokenomy.pipeline.chain import Pipeline
 from tokenomy.pipeline.context import Context
+from tokenomy.pipeline.embed import Embed
 from tokenomy.pipeline.generate import Generate
 from tokenomy.pipeline.record import Record
 from tokenomy.pipeline.request import RequestContext
@@ -67,7 +68,10 @@ class Gateway:
         self.config = config
         self.config_path = config_path
         self.metrics = Metrics()
-        self.metrics.names = {m.name for m in config.models} | set(config.routes)
+        # the packaged embedding models a configured model or route does not shadow: served without config
+        self.packaged_embedders = [n for n in PACKAGED_EMBEDDINGS
+                                   if n not in {m.name for m in config.models} and n not in config.routes]
+        self.metrics.names = {m.name for m in config.models} | set(config.routes) | set(self.packaged_embedders)
         self.registry = Registry(config.cooldown.failures, config.cooldown.window_s, config.cooldown.cooldown_s)
         for spec in config.models:
             self.registry.add(build_backend(spec, config, metrics=self.metrics))
@@ -114,10 +118,14 @@ class Gateway:
                   set(config.cache.semantic.routes) if config.cache.semantic.routes is not None else None),
             Route([m.name for m in config.models], self.routes,
                   expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
-                  metrics=self.metrics, backends=self.registry),
+                  metrics=self.metrics, backends=self.registry, embedding_models=self.packaged_embedders),
             Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend == "openai"},
                      self.metrics),
         ])
+        # Embeddings: keys, limits, budgets and the ledger as for a generation; nothing of context, cache or route
+        self.embedders = self._embedders(config)
+        self.embed_pipeline = Pipeline([self.record, admit, Embed(self.embedders, self.registry,
+                                                                  [m.name for m in config.models], self.routes)])
 
         self.batches, self.batch_runner = self._batch(config)
         self.responses = self._responses()
@@ -128,6 +136,17 @@ class Gateway:
         if self.ledger is None:
             return None
         return ResponseStore(self.ledger.engine, self.ledger.prompt_retention_s)
+
+    def _embedders(self, config: Config) -> dict[str, Any]:
+        """The embedding models by name: every OpenAI-compatible upstream (its /embeddings), then the packaged
+        MiniLM on the semantic cache's embedder."""
+        from tokenomy.backends.minilm import MiniLMBackend
+
+        out: dict[str, Any] = {m.name: self.registry.get(m.name) for m in config.models if m.backend == "openai"}
+        for name in self.packaged_embedders:
+            out[name] = MiniLMBackend(name, PACKAGED_EMBEDDINGS[name].dimensions,
+                                      threads=config.cache.semantic.embed_threads)
+        return out
 
     def _batch(self, config: Config) -> tuple[Any, Any]:
         """The Batch API's store (in the ledger's database) and its worker; (None, None) without a ledger."""
@@ -290,7 +309,8 @@ class Gateway:
         return self.registry.get(model).count_tokens(ctx.gen)
 
     def model_names(self) -> list[str]:
-        return [m.name for m in self.config.models] + list(self.routes)
+        """Configured models, routes, then the packaged embedding models."""
+        return [m.name for m in self.config.models] + list(self.routes) + self.packaged_embedders
 
     def models_for(self, authorization: str | None) -> list[str]:
         """The names a caller may use: all without keys; with keys, the presented key's (401 without one)."""
@@ -315,7 +335,7 @@ class Gateway:
         self.budgets.__dict__.update(fresh.__dict__)
         self.routes.clear()
         self.routes.update(new.routes)
-        self.metrics.names = {m.name for m in new.models} | set(new.routes)
+        self.metrics.names = {m.name for m in new.models} | set(new.routes) | set(self.packaged_embedders)
         self.registry.failures = new.cooldown.failures
         self.registry.window_s, self.registry.cooldown_s = new.cooldown.window_s, new.cooldown.cooldown_s
         led = new.ledger
@@ -324,12 +344,13 @@ class Gateway:
         return {"reloaded": True, "keys": len(new.keys), "routes": sorted(new.routes)}
 
     async def handle(self, ctx: RequestContext) -> RequestContext:
-        return await self.pipeline.run(ctx)
+        pipeline = self.embed_pipeline if ctx.gen.kind == "embedding" else self.pipeline
+        return await pipeline.run(ctx)
 
     def refused(self, api: str, error: APIError, headers: dict[str, str]) -> None:
         """Record a request to `api` refused before the pipeline (a body that could not be read or parsed): a
         ledger row with its status, no model, and the key and tenant when the key is valid."""
-        kind = "completion" if api == "completions" else "chat"
+        kind = {"completions": "completion", "embeddings": "embedding"}.get(api, "chat")
         ctx = RequestContext(gen=GenRequest(model="", kind=kind, api=api), error=error, status=error.status,
                              headers=headers)
         if self.keyring.enabled:
@@ -349,6 +370,8 @@ class Gateway:
         if self.batch_runner is not None:
             await self.batch_runner.stop()
         await self.registry.close()
+        for name in self.packaged_embedders:
+            await self.embedders[name].close()
         await asyncio.to_thread(self.context.close)
         if self.semantic_cache is not None:
             self.semantic_cache.close()

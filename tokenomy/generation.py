@@ -22,15 +22,19 @@ class TokenRouting:
 
 @dataclass
 class GenRequest:
-    """One generation, already validated. `messages` for chat, `prompt` for completions."""
+    """One generation, already validated. `messages` for chat, `prompt` for completions; `inputs` for an embeddings
+    request (kind "embedding"), which the gateway serves with the admit and record stages around an embed stage."""
 
     model: str
-    kind: str = "chat"                                  # chat | completion
+    kind: str = "chat"                                  # chat | completion | embedding
     # the API the client called, which the ledger's `api` column and the metrics' `endpoint` label say:
-    # chat.completions | completions | messages | responses | embeddings (dialects map all to kind chat or completion)
+    # chat.completions | completions | messages | responses | embeddings (the generating dialects map to kind chat or
+    # completion, embeddings to kind embedding)
     api: str = "chat.completions"
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    # embedding: the texts, or the token-id lists, to embed, in order (params: encoding_format, dimensions)
+    inputs: list[str] | list[list[int]] | None = None
     params: dict[str, Any] = field(default_factory=dict)   # OpenAI sampling fields, normalised
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None

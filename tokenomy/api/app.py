@@ -1,12 +1,11 @@
 """The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back.
 
 Each endpoint is a module-level function that finds the Gateway as `app.state.gateway`; create_app assembles the
-routes (ROUTES, the Responses API's, and the dashboard's and the Files and Batches' when the gateway has them), the
-error handlers and the lifespan."""
+routes (ROUTES, the Responses API's, the embeddings', and the dashboard's and the Files and Batches' when the
+gateway has them), the error handlers and the lifespan."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,12 +15,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, openapi, responses, serve
+from tokenomy.api import batches, dashboard, embeddings, openapi, responses, serve
 from tokenomy.api.batches import BatchAPI
-from tokenomy.api.body import read_body
+from tokenomy.api.body import parse_recorded
 from tokenomy.api.dashboard import Dashboard
 from tokenomy.api.errors import (
     api_error_handler,
@@ -50,7 +48,7 @@ async def _generate(request: Request, cls: type[ChatCompletionRequest] | type[Co
     """Read a body of `cls`, map it to the pipeline's request and serve it (a completion echoes its prompt when
     asked)."""
     gateway = _gateway(request)
-    body = await _parse_recorded(gateway, request, cls, api)
+    body = await parse_recorded(gateway, request, cls, api)
     assert isinstance(body, cls)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     echo = body.text if isinstance(body, CompletionRequest) and body.echo else ""
@@ -137,14 +135,15 @@ def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
-    routes = [*ROUTES, *responses.ROUTES, *(responses.ROUTES_STORED if gateway.responses is not None else ()),
+    routes = [*ROUTES, *embeddings.ROUTES, *responses.ROUTES,
+              *(responses.ROUTES_STORED if gateway.responses is not None else ()),
               *(dashboard.ROUTES if gateway.ledger is not None else ()),
               *(batches.ROUTES if gateway.batches is not None else ())]
     app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
     app.state.responses = responses.ResponsesAPI(
-        gateway.responses, lambda request, model, api: _parse_recorded(_gateway(request), request, model, api), _owner)
+        gateway.responses, lambda request, model, api: parse_recorded(_gateway(request), request, model, api), _owner)
     if gateway.ledger is not None:
         app.state.dashboard = Dashboard(gateway.ledger, gateway.metrics, guard=_admin, feedback_guard=_own_request,
                                         authenticate=_authenticate)
@@ -194,73 +193,6 @@ def _own_request(request: Request, row: Any) -> None:
     info = gateway.keyring.lookup(request.headers.get("authorization"))
     if not info.admin and info.key_id != getattr(row, "key_id", None):
         raise APIError(403, "That request was made with another key.", code="not_your_request")
-
-
-async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseModel], api: str) -> BaseModel:
-    """Authenticate, then parse the body (no byte of it is read for a caller without a valid key); a refused
-    request still gets its ledger row (status 4xx, no model)."""
-    try:
-        _authenticate(request)
-        return await _parse(request, model, gateway.config.server.max_body_bytes)
-    except (APIError, RequestValidationError) as e:
-        err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")
-        gateway.refused(api, err, {k.lower(): v for k, v in request.headers.items()})
-        raise
-
-
-MAX_JSON_DEPTH = 128
-
-
-def check_json(data: Any) -> None:
-    """Refuse what parses as JSON but cannot be served: text with a lone UTF-16 surrogate ("\\ud800"), which no
-    response, log line, ledger row or metric can encode, and nesting deeper than MAX_JSON_DEPTH. The error names
-    the field."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep (at {path}).",
-                           param=path or None, code="invalid_json")
-        if isinstance(value, str):
-            _encodable(value, path)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                _encodable(k, path)
-                stack.append((v, f"{path}.{k}" if path else k, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
-
-
-def _encodable(text: str, path: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        field = path or "the body"
-        raise APIError(400, f"{field} contains a lone UTF-16 surrogate, which is not valid Unicode text.",
-                       param=path or None, code="invalid_encoding") from None
-
-
-async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
-    raw = await read_body(request, limit)
-    try:
-        text = raw.decode("utf-8-sig")      # a leading byte-order mark is not part of the JSON
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
-                       f"column {e.colno}.", code="invalid_json") from e
-    except RecursionError:
-        raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
-                       code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
-    check_json(data)
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise RequestValidationError(e.errors()) from e
 
 
 async def _serve(request: Request, gateway: Gateway, gen: GenRequest, stream: bool, include_usage: bool,

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from tokenomy.dialect.embeddings import EmbeddingRequest
 from tokenomy.dialect.responses import ResponsesRequest
 from tokenomy.dialect.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -62,7 +63,7 @@ def install(app: FastAPI) -> None:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest):
+            for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest):
                 js = model.model_json_schema(ref_template=REF)
                 schemas.update(js.pop("$defs", {}))
                 schemas[model.__name__] = js

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from tokenomy.context.tokens import TokenCount
-from tokenomy.generation import Delta, GenRequest
+from tokenomy.generation import Delta, GenRequest, Usage
 
 
 class BackendError(Exception):
@@ -53,6 +56,28 @@ class Backend(Protocol):
 
     def expected_wait_s(self) -> float:
         """The queue wait a new request should expect now (seconds)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class Embeddings:
+    """An embeddings request's answer: one float32 row per input, in the inputs' order, and the tokens read."""
+
+    vectors: np.ndarray             # (inputs, dimensions), float32
+    usage: Usage                    # prompt_tokens; queue_s and e2e_s where known
+
+
+class EmbeddingBackend(Protocol):
+    """What the embed stage needs of an embedding model: the packaged MiniLM (minilm.py) or an OpenAI-compatible
+    upstream (openai.py, pool.py)."""
+
+    name: str
+
+    async def embed(self, req: GenRequest) -> Embeddings:
+        """Embed `req.inputs` in one call. Raises InvalidRequest (a 400: inputs or `dimensions` the model cannot
+        take), Overloaded (429) or BackendError."""
         ...
 
     async def close(self) -> None: ...

@@ -8,6 +8,8 @@ sends no usage we count tokens ourselves and mark the usage `counted`.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import os
 import time
@@ -15,8 +17,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import numpy as np
 
-from tokenomy.backends.base import BackendError, InvalidRequest
+from tokenomy.backends.base import BackendError, Embeddings, InvalidRequest
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.generation import Delta, GenRequest, Usage
@@ -215,6 +218,55 @@ class OpenAIBackend:
         if text or calls:
             yield Delta(text=text, tool_calls=[dict(c, index=i) for i, c in enumerate(calls)] if calls else None)
         yield Delta(finish_reason=choice["finish_reason"], usage=usage)
+
+    async def embed(self, req: GenRequest) -> Embeddings:
+        """The upstream's /embeddings for `req.inputs`, asked in the client's encoding_format (so a server that
+        does not know base64 is asked in floats by clients that ask in floats) with its dimensions and user;
+        vectors in either encoding come back as float32 rows. Without usage from the upstream, the texts' tokens
+        are counted here and the usage marked `counted`."""
+        t0 = time.perf_counter()
+        inputs = req.inputs or []
+        body: dict[str, Any] = {"model": self.spec.model, "input": inputs,
+                                "encoding_format": req.params.get("encoding_format", "float")}
+        if req.params.get("dimensions") is not None:
+            body["dimensions"] = req.params["dimensions"]
+        if req.user is not None:
+            body["user"] = req.user
+        resp = await self._open("/embeddings", body)
+        try:
+            data = json.loads(await resp.aread())
+        except (json.JSONDecodeError, httpx.HTTPError) as e:
+            raise BackendError(f"{self.name} sent an unreadable embeddings answer: {type(e).__name__}") from e
+        finally:
+            await resp.aclose()
+        vectors = self._vectors(data, len(inputs))
+        u = data.get("usage") if isinstance(data, dict) else None
+        if isinstance(u, dict) and isinstance(u.get("prompt_tokens"), int):
+            usage = Usage(prompt_tokens=u["prompt_tokens"])
+        else:
+            usage = Usage(prompt_tokens=sum(len(x) if isinstance(x, list) else self.counter.count_text(x).tokens
+                                            for x in inputs), counted=True)
+        usage.e2e_s = time.perf_counter() - t0
+        return Embeddings(vectors, usage)
+
+    def _vectors(self, data: Any, n: int) -> np.ndarray:
+        """The rows of an embeddings answer, by their `index`: a float list or base64 of little-endian float32."""
+        items = data.get("data") if isinstance(data, dict) else None
+        try:
+            if not isinstance(items, list) or len(items) != n:
+                raise ValueError("not one item per input")
+            rows: list[Any] = [None] * n
+            for pos, item in enumerate(items):
+                v = item["embedding"]
+                rows[item.get("index", pos)] = (np.frombuffer(base64.b64decode(v, validate=True), dtype="<f4")
+                                                if isinstance(v, str) else np.asarray(v, dtype=np.float32))
+            out = np.stack(rows).astype(np.float32, copy=False)
+            if out.ndim != 2 or not np.isfinite(out).all():
+                raise ValueError("not finite vectors")
+        except (KeyError, TypeError, ValueError, IndexError, binascii.Error):
+            raise BackendError(f"{self.name} answered embeddings that are not {n} vectors of one length",
+                               status=502) from None
+        return out
 
     def expected_wait_s(self) -> float:
         """Unknown for an upstream (it queues on its side); treated as no wait."""

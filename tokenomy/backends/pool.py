@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tokenomy.backends.base import BackendError
+from tokenomy.backends.base import BackendError, Embeddings
 from tokenomy.backends.load_signals import LoadSignal, parse_prometheus, parse_slots
 from tokenomy.backends.openai import OpenAIBackend
 from tokenomy.backends.prefix_index import PrefixIndex, render
@@ -158,6 +158,29 @@ class Pool:
                 r.outstanding -= 1
                 await inner.aclose()
             return
+        raise BackendError(f"no replica of {self.name} could serve ({'; '.join(errors)})", status=502)
+
+    async def embed(self, req: GenRequest) -> Embeddings:
+        """An embeddings request, on the replica `balance` picks (by load or session: a prefix means nothing
+        here), failed over to the next on a failure that another replica may not have."""
+        self._start_checker()
+        order, by = self.order(req)
+        errors: list[str] = []
+        for i, r in enumerate(order):
+            r.outstanding += 1
+            try:
+                out = await r.backend.embed(req)
+            except BackendError as e:
+                if not e.retryable:
+                    raise
+                self._failed(r, str(e))
+                errors.append(f"{r.name}: {e}")
+                continue
+            finally:
+                r.outstanding -= 1
+            self._succeeded(r, "failover" if i else by)
+            out.usage.replica = r.name
+            return out
         raise BackendError(f"no replica of {self.name} could serve ({'; '.join(errors)})", status=502)
 
     # --- choosing -----------------------------------------------------------------------------------------------

@@ -131,7 +131,8 @@ class MeterSink:
         if ctx.schema_problem and row.error_code is None:
             row.error_code, row.error = "schema_invalid", ctx.schema_problem[:500]
         if self.ledger is not None:
-            keep = self.store_prompts is not None and self.store_prompts(row.tenant)
+            # bodies are kept for replay, which asks the caches and the router again: embeddings pass neither
+            keep = self.store_prompts is not None and ctx.api != "embeddings" and self.store_prompts(row.tenant)
             self.ledger.write(row, prompt_from_context(cast(Asked, ctx), row.ts) if keep else None)
         m = self.metrics
         if m is not None:

@@ -106,6 +106,7 @@ class RequestContext:
     serving: str | None = None                # the model at work, should the client leave before it answers
     seen_tokens: int = 0                      # completion tokens streamed so far
     schema_problem: str | None = None         # the answer did not validate against the request's schema
+    embeddings: Any = None                    # an embeddings request's vectors: float32 (inputs, dimensions)
     stream_error: str | None = None           # a stream that failed after its 200
     # record
     error: APIError | None = None

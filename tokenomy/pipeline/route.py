@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 from tokenomy.config import RouteSpec
@@ -46,11 +46,13 @@ class Route:
     name = "route"
 
     def __init__(self, models: list[str], routes: dict[str, RouteSpec], expected_wait: Callable[[str], float]
-                 | None = None, metrics: Any = None, backends: Any = None) -> None:
+                 | None = None, metrics: Any = None, backends: Any = None,
+                 embedding_models: Collection[str] = ()) -> None:
         """`metrics`: the gateway's meter.metrics.Metrics, which counts decisions, escalations and token routes
         (None: not counted); `backends`: the backends by model name (backends/registry.py), which token routes
-        route between."""
+        route between; `embedding_models`: names that only embed (the packaged MiniLM), refused with a 400."""
         self.models = models
+        self.embedding_models = embedding_models
         self.routes = routes
         self.expected_wait = expected_wait or (lambda _: 0.0)
         self.metrics = metrics
@@ -67,6 +69,9 @@ class Route:
             await call_next(ctx)
             return
         spec = self.routes.get(asked)
+        if spec is None and asked in self.embedding_models:
+            raise APIError(400, f"'{asked}' is an embedding model: it does not generate text. Ask it at "
+                           "POST /v1/embeddings.", param="model", code="not_a_generation_model")
         if spec is None:
             allowed = ctx.allowed_models    # a key with an allow-list learns only its own names
             known = ", ".join(n for n in self.models + list(self.routes) if allowed is None or n in allowed)
