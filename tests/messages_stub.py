@@ -37,6 +37,7 @@ class Reply:
     cache_write: int = 0
     output_tokens: int = 6
     error_after_start: dict[str, Any] | None = None     # an `error` event right after message_start
+    usage: bool = True                                  # False: no usage at all, as some servers answer
 
 
 def text(t: str = DEFAULT_TEXT, **kw: Any) -> Reply:
@@ -91,10 +92,11 @@ class MessagesStub:
 
 
 def _message(body: dict[str, Any], r: Reply) -> dict[str, Any]:
+    usage = {"input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
+             "cache_read_input_tokens": r.cache_read, "cache_creation_input_tokens": r.cache_write}
     return {"id": "msg_stub", "type": "message", "role": "assistant", "model": body.get("model", "stub"),
             "content": r.content, "stop_reason": r.stop_reason, "stop_sequence": r.stop_sequence,
-            "usage": {"input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
-                      "cache_read_input_tokens": r.cache_read, "cache_creation_input_tokens": r.cache_write}}
+            **({"usage": usage} if r.usage else {})}
 
 
 def _pieces(s: str, n: int = 3) -> list[str]:
@@ -106,8 +108,9 @@ def _pieces(s: str, n: int = 3) -> list[str]:
 async def _stream(send: Any, message: dict[str, Any], r: Reply) -> None:
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {**message["usage"], "output_tokens": 1}}
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    if r.usage:
+        start["usage"] = {**message["usage"], "output_tokens": 1}
     await _event(send, "message_start", {"type": "message_start", "message": start})
     if r.error_after_start is not None:
         await _event(send, "error", {"type": "error", "error": r.error_after_start})
@@ -131,7 +134,7 @@ async def _stream(send: Any, message: dict[str, Any], r: Reply) -> None:
         await _event(send, "content_block_stop", {"type": "content_block_stop", "index": i})
     await _event(send, "message_delta", {"type": "message_delta",
                                          "delta": {"stop_reason": r.stop_reason, "stop_sequence": r.stop_sequence},
-                                         "usage": {"output_tokens": r.output_tokens}})
+                                         **({"usage": {"output_tokens": r.output_tokens}} if r.usage else {})})
     await _event(send, "message_stop", {"type": "message_stop"})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 

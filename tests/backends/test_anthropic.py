@@ -238,6 +238,14 @@ def test_a_plain_answer_with_cache_reads_and_writes_in_its_usage(stub: Any, json
     assert_valid(r["body"])
 
 
+def test_an_answer_without_usage_is_counted_and_marked_so(stub: Any) -> None:
+    s, port = stub
+    s.replies.append(text(usage=False))
+    deltas = answer(AnthropicBackend(spec(port, tokenizer="smollm2-135m-instruct")), chat())
+    u = deltas[-1].usage
+    assert u.counted and u.prompt_tokens > 0 and u.completion_tokens > 0 and u.cache_write_tokens == 0
+
+
 def test_a_tool_call_round_trip(stub: Any) -> None:
     s, port = stub
     s.replies += [tool_use("weather", {"city": "Paris"}, tool_id="toolu_01A"), text("Sunny in Paris.")]

@@ -110,13 +110,10 @@ class AnthropicBackend:
             rest, _ = scan.feed("", final=True)
             if rest:
                 yield Delta(text=rest)
-        usage = answer.usage()
-        if usage is None or cut:    # cut: the final output count never came; count what was kept
-            prompt = usage.prompt_tokens if usage is not None else self.count_tokens(req).tokens
-            text = scan.text if scan is not None else answer.text()
-            usage = Usage(prompt_tokens=prompt, completion_tokens=self.counter.count_text(text).tokens,
-                          cached_tokens=usage.cached_tokens if usage is not None else 0,
-                          cache_write_tokens=usage.cache_write_tokens if usage is not None else 0, counted=True)
+        usage = answer.usage() or Usage(prompt_tokens=self.count_tokens(req).tokens, counted=True)
+        if cut or usage.counted:    # the output count never came (a cut stream closes before it): count what was kept
+            usage.completion_tokens = self.counter.count_text(scan.text if scan is not None else answer.text()).tokens
+            usage.counted = True
         usage.e2e_s = time.perf_counter() - t0
         usage.ttft_s = ttft
         yield Delta(finish_reason="stop" if cut else answer.finish_reason(), usage=usage)
