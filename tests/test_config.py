@@ -149,7 +149,12 @@ def test_each_backend_takes_only_its_own_keys(tmp_path) -> None:
              r"models\.0: .*replicas: settings of `backend: openai`"),
             ("{name: a, backend: openai, base_url: 'http://h:1/v1', engine: {n_ctx: 4096}, structured: {}}",
              r"models\.0: .*engine, structured: settings of `backend: embedded` models; this one is openai"),
-            ("{name: a, backend: vllm, base_url: 'http://h:1/v1'}", r"models\.0: `backend` must be embedded or openai"),
+            ("{name: a, backend: vllm, base_url: 'http://h:1/v1'}",
+             r"models\.0: `backend` must be embedded, openai or anthropic"),
+            ("{name: a, backend: anthropic, replicas: ['http://h:1']}",
+             r"models\.0: .*replicas: settings of `backend: openai` models; this one is anthropic"),
+            ("{name: a, backend: openai, base_url: 'http://h:1/v1', cache_control: auto}",
+             r"models\.0: .*cache_control: settings of `backend: anthropic` models; this one is openai"),
             ("{name: a, gguf: smollm2-135m-instruct, nonsense: 1}", r"models\.0\.nonsense: Extra inputs")]:
         p.write_text(f"models:\n  - {model}\n")
         with pytest.raises(ConfigError, match=message):

@@ -30,8 +30,13 @@ def serve(
 ) -> None:
     """Start the OpenAI-compatible server on the embedded default model (or the models in --config)."""
     from tokenomy.api.server import run
+    from tokenomy.config import ConfigError
 
-    run(host=host, port=port, config_path=config)
+    try:
+        run(host=host, port=port, config_path=config)
+    except ConfigError as e:        # a bad file, or what only shows at start (a key's variable unset)
+        typer.echo(f"tokenomy: {e}", err=True)
+        raise typer.Exit(1) from None
 
 
 config_app = typer.Typer(no_args_is_help=True, help="Check configuration files; print their schema and reference.")

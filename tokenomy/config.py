@@ -6,6 +6,7 @@ schema` into the JSON Schema editors complete the YAML with (tokenomy/config_doc
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -42,11 +43,14 @@ class BudgetLimits(_Strict):
 class Price(_Strict):
     """A model's rates in USD per 1M tokens: the ledger's cost, budgets and the cost-aware strategies read them."""
 
-    input: float = Field(0.0, ge=0, description="USD per 1M prompt tokens not served from the upstream's prompt "
-                         "cache")
+    input: float = Field(0.0, ge=0, description="USD per 1M prompt tokens neither read from nor written to a "
+                         "prompt cache")
     cached_input: float = Field(0.0, ge=0, description="USD per 1M prompt tokens served from a prompt (prefix) "
                                 "cache")
     output: float = Field(0.0, ge=0, description="USD per 1M completion tokens")
+    cache_write: float | None = Field(None, ge=0, description="USD per 1M prompt tokens written to the upstream's "
+                                      "prompt cache (Anthropic's cache_creation_input_tokens; 1.25x input there "
+                                      "for a 5-minute entry); null: the input price")
     notional: bool = Field(False, description="a made-up price (a packaged model's default); reports say so")
     batch_discount: float = Field(0.5, ge=0, le=1, description="share taken off every rate for batch requests "
                                   "(OpenAI's Batch API: 0.5)")
@@ -55,7 +59,8 @@ class Price(_Strict):
         """The rates a batch request is billed at."""
         keep = 1.0 - self.batch_discount
         return self.model_copy(update={"input": self.input * keep, "cached_input": self.cached_input * keep,
-                                       "output": self.output * keep})
+                                       "output": self.output * keep,
+                                       "cache_write": None if self.cache_write is None else self.cache_write * keep})
 
 
 class StructuredSettings(_Strict):
@@ -95,15 +100,17 @@ class BalanceSettings(_Strict):
                                     "scrapes (0: off)")
 
 
-BACKENDS = ("embedded", "openai")
+BACKENDS = ("embedded", "openai", "anthropic")
 
 
 class _ModelSpec(_Strict):
     """What every model takes, whatever its backend."""
 
     name: str = Field(description="the name clients ask for in `model`, and routes, keys and tenants list")
-    backend: Literal["embedded", "openai"] = Field(description="embedded: tokenomy's own engine runs a GGUF "
-                                                   "model; openai: an OpenAI-compatible upstream server")
+    backend: Literal["embedded", "openai", "anthropic"] = Field(description="embedded: tokenomy's own engine runs "
+                                                                "a GGUF model; openai: an OpenAI-compatible upstream "
+                                                                "server; anthropic: a server that speaks Anthropic's "
+                                                                "Messages API")
     price: Price | None = Field(None, description="USD per 1M tokens, for the ledger, budgets and reports; "
                                 "default: a packaged model's notional price, else 0")
 
@@ -154,19 +161,9 @@ class EmbeddedModelSpec(_ModelSpec):
         return self
 
 
-class OpenAIModelSpec(_ModelSpec):
-    """An OpenAI-compatible upstream (vLLM, llama-server, another tokenomy, a hosted API): one server at
-    `base_url`, or a pool of `replicas` serving the same model."""
+class _Upstream(_Strict):
+    """What every upstream server takes, whatever API it speaks: its key, token counting, timeouts and retries."""
 
-    backend: Literal["openai"] = Field(description="openai: an OpenAI-compatible upstream server")
-    base_url: str | None = Field(None, description="the server's API root, e.g. http://host:8000/v1 (or give "
-                                 "`replicas`)")
-    replicas: list[str] | None = Field(None, description="API roots of several servers of the same model, "
-                                       "balanced per `balance` and failed over; instead of `base_url`")
-    balance: BalanceSettings = Field(BalanceSettings(), description="how a request picks one of the `replicas`")
-    model: str | None = Field(None, description="the model name the upstream knows; default: `name`")
-    api_key_env: str | None = Field(None, description="the environment variable holding the upstream's API key "
-                                    "(the key itself never goes in the file); null: no key sent")
     tokenizer: str | None = Field(None, description="what prompt tokens are counted with, before the upstream "
                                   "reports usage: a tiktoken encoding (cl100k_base, o200k_base) or a packaged "
                                   "model's name; default: guessed from `model` (bytes / 4, flagged an estimate, "
@@ -183,6 +180,21 @@ class OpenAIModelSpec(_ModelSpec):
     schema_policy: Literal["flag", "repair"] = Field("flag", description="an answer that breaks its request's "
                                                      "json_schema: flag (pass it on with x-tokenomy-schema: "
                                                      "invalid) or repair (ask once more, with the problem)")
+
+
+class OpenAIModelSpec(_Upstream, _ModelSpec):
+    """An OpenAI-compatible upstream (vLLM, llama-server, another tokenomy, a hosted API): one server at
+    `base_url`, or a pool of `replicas` serving the same model."""
+
+    backend: Literal["openai"] = Field(description="openai: an OpenAI-compatible upstream server")
+    base_url: str | None = Field(None, description="the server's API root, e.g. http://host:8000/v1 (or give "
+                                 "`replicas`)")
+    replicas: list[str] | None = Field(None, description="API roots of several servers of the same model, "
+                                       "balanced per `balance` and failed over; instead of `base_url`")
+    balance: BalanceSettings = Field(BalanceSettings(), description="how a request picks one of the `replicas`")
+    model: str | None = Field(None, description="the model name the upstream knows; default: `name`")
+    api_key_env: str | None = Field(None, description="the environment variable holding the upstream's API key "
+                                    "(the key itself never goes in the file); null: no key sent")
 
     @model_validator(mode="after")
     def _check(self) -> OpenAIModelSpec:
@@ -203,15 +215,61 @@ class OpenAIModelSpec(_ModelSpec):
         return self
 
 
+class AnthropicModelSpec(_Upstream, _ModelSpec):
+    """A server that speaks Anthropic's Messages API: Anthropic's own, or any other (vLLM, llama-server, another
+    tokenomy). Requests are translated from the internal (OpenAI chat) shape; docs/upstreams.md says how."""
+
+    backend: Literal["anthropic"] = Field(description="anthropic: a server of Anthropic's Messages API")
+    base_url: str = Field("https://api.anthropic.com", description="the server's root, as the anthropic SDK's "
+                          "base_url (requests go to `base_url`/v1/messages; a trailing /v1 is accepted too)")
+    model: str | None = Field(None, description="the model name the upstream knows, e.g. claude-sonnet-4-5; "
+                              "default: `name`")
+    api_key_env: str | None = Field("ANTHROPIC_API_KEY", description="the environment variable holding the key, "
+                                    "sent as a bearer token as the anthropic SDK sends it (the key itself never "
+                                    "goes in the file); tokenomy refuses to start while it is unset; null: no key "
+                                    "sent (a server that needs none)")
+    anthropic_version: str = Field("2023-06-01", description="the anthropic-version header sent")
+    max_tokens: int = Field(4096, ge=1, description="max_tokens sent when a request gives none (the Messages API "
+                            "requires one)")
+    sampling: bool = Field(False, description="send the request's temperature (at most 1), top_p and top_k: "
+                           "other Messages servers and older Claude models honour them; Claude models after Opus 4.6 "
+                           "refuse them (400), so they are left out unless this is true")
+    cache_control: Literal["keep", "auto", "off"] = Field(
+        "keep", description="prompt-cache breakpoints: keep, those the client marked (a Messages client's "
+        "cache_control); auto, those and, within Anthropic's 4, one at the end of the tools and system prompt and "
+        "one at the end of the conversation before its newest user turn; off, none sent")
+
+    @model_validator(mode="after")
+    def _check(self) -> AnthropicModelSpec:
+        url = self.base_url.rstrip("/")
+        self.base_url = url[:-3] if url.endswith("/v1") else url
+        self.model = self.model or self.name
+        self.price = self.price or Price()
+        return self
+
+    def api_key(self) -> str | None:
+        """The key from the environment (None when `api_key_env` is null). Read at start, not when the file is
+        checked: the variable may be set only where tokenomy serves. ConfigError when it is unset or empty."""
+        if not self.api_key_env:
+            return None
+        key = os.environ.get(self.api_key_env, "")
+        if not key:
+            raise ConfigError(f"model {self.name!r} (backend: anthropic) reads its key from ${self.api_key_env}, "
+                              "which is not set: export it, or set `api_key_env: null` for a Messages server that "
+                              "needs no key")
+        return key
+
+
 def _backend(data: Any) -> str | None:
     if isinstance(data, dict):
         return data.get("backend", "embedded")
     return getattr(data, "backend", None)
 
 
-ModelSpec = Annotated[Annotated[EmbeddedModelSpec, Tag("embedded")] | Annotated[OpenAIModelSpec, Tag("openai")],
+ModelSpec = Annotated[Annotated[EmbeddedModelSpec, Tag("embedded")] | Annotated[OpenAIModelSpec, Tag("openai")]
+                      | Annotated[AnthropicModelSpec, Tag("anthropic")],
                       Discriminator(_backend, custom_error_type="backend",
-                                    custom_error_message="`backend` must be embedded or openai")]
+                                    custom_error_message="`backend` must be embedded, openai or anthropic")]
 
 
 class RuleWhen(_Strict):

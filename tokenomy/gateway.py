@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
-from tokenomy.config import Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
+from tokenomy.config import AnthropicModelSpec, Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
@@ -39,7 +39,9 @@ log = logging.getLogger("tokenomy")
 def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
                   n_threads: int | None = None) -> Any:
     """The backend for one configured model: the embedded engine (started here, with the model's engine and
-    structured settings; ``n_threads`` overrides the engine's threads) or the OpenAI-compatible upstream."""
+    structured settings; ``n_threads`` overrides the engine's threads), the OpenAI-compatible upstream (a pool of
+    them with `replicas`) or the Messages upstream. Raises ConfigError for what only shows at start (a key's
+    variable unset)."""
     if isinstance(spec, EmbeddedModelSpec):
         cfg = spec.engine or config.engine
         if n_threads is not None:
@@ -54,6 +56,10 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
                         "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
                         "engine.n_threads to %d.", spec.name, cores, cores - 1)
         return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured)
+    if isinstance(spec, AnthropicModelSpec):
+        from tokenomy.backends.anthropic import AnthropicBackend
+
+        return AnthropicBackend(spec, metrics=metrics)
     if spec.replicas:
         from tokenomy.backends.pool import Pool
 
@@ -73,6 +79,9 @@ class Gateway:
                                    if n not in {m.name for m in config.models} and n not in config.routes]
         self.metrics.names = {m.name for m in config.models} | set(config.routes) | set(self.packaged_embedders)
         self.registry = Registry(config.cooldown.failures, config.cooldown.window_s, config.cooldown.cooldown_s)
+        for spec in config.models:      # a missing upstream key stops the start before any model loads
+            if isinstance(spec, AnthropicModelSpec):
+                spec.api_key()
         for spec in config.models:
             self.registry.add(build_backend(spec, config, metrics=self.metrics))
         self.metrics.watch_engines(self.engines)
@@ -119,7 +128,7 @@ class Gateway:
             Route([m.name for m in config.models], self.routes,
                   expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
                   metrics=self.metrics, backends=self.registry, embedding_models=self.packaged_embedders),
-            Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend == "openai"},
+            Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend != "embedded"},
                      self.metrics),
         ])
         # Embeddings: keys, limits, budgets and the ledger as for a generation; nothing of context, cache or route
@@ -176,9 +185,9 @@ class Gateway:
         return False
 
     def _upstreams(self, name: str) -> list[str]:
-        """The upstream (openai backend) models a model or route name may be served by."""
+        """The upstream (openai and anthropic backend) models a model or route name may be served by."""
         names = self.routes[name].models if name in self.routes else [name]
-        return [m.name for m in self.config.models if m.name in names and m.backend == "openai"]
+        return [m.name for m in self.config.models if m.name in names and m.backend != "embedded"]
 
     def _budgets(self, config: Config) -> Budgets:
         keys = {(k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or ""))[:12]: k.budget
@@ -233,12 +242,9 @@ class Gateway:
         return pricing.price_of(self.prices, model, batch)
 
     def cost(self, model: str, usage: Usage, batch: bool = False) -> float:
-        """USD for a generation: uncached input, cached input and output each at their own price."""
+        """USD for a generation: uncached input, cached input, cache writes and output each at their own price."""
         p = self.price(model, batch)
-        if p is None:
-            return 0.0
-        cached = min(usage.cached_tokens, usage.prompt_tokens)
-        return pricing.cost(p, usage.prompt_tokens, cached, usage.completion_tokens).total_usd
+        return 0.0 if p is None else pricing.usage_cost(p, usage).total_usd
 
     def engines(self) -> list[tuple[str, Any]]:
         return [(n, b.engine) for n, b in self.registry.backends.items() if isinstance(b, EmbeddedBackend)]

@@ -72,7 +72,9 @@ class Delta:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0       # prompt tokens read from a prompt (prefix) cache; part of prompt_tokens
+    cache_write_tokens: int = 0  # prompt tokens written to an upstream's prompt cache (Anthropic's
+    #                              cache_creation_input_tokens); part of prompt_tokens, apart from cached_tokens
     counted: bool = False        # True when we counted because the upstream sent no usage
     queue_s: float = 0.0
     ttft_s: float | None = None

@@ -203,6 +203,26 @@ def test_migrates_an_old_ledger_without_losing_rows(ledger_url):
         assert again.get(row["request_id"]).feedback_comment == "kept"
 
 
+def test_cache_write_columns_arrive_by_migration_and_read_as_zero_on_older_rows(ledger_url):
+    engine = sa.create_engine(normalize_url(ledger_url))
+    step = schema.MIGRATIONS.index(schema._m10_cache_write)
+    with engine.begin() as conn:
+        schema.migrate(conn, upto=step)
+        before = sa.Table("ledger", sa.MetaData(), autoload_with=conn)
+        assert "cache_write_tokens" not in before.c
+        row = rows_for([Spec("small", 10, 0, 2)])[0].to_db()
+        conn.execute(before.insert().values({k: v for k, v in row.items() if k in before.c}))
+    engine.dispose()
+    with Ledger(ledger_url) as led:
+        [got] = led.query()
+        assert (got.cache_write_tokens, got.cost_cache_write_usd, got.price_cache_write) == (0, 0.0, None)
+        written = rows_for([Spec("small", 10, 0, 2)])[0]
+        written.request_id, written.cache_write_tokens, written.cost_cache_write_usd = "req_w", 4, 1e-6
+        led.write(written)
+        assert led.flush()
+        assert (led.get("req_w").cache_write_tokens, led.get("req_w").cost_cache_write_usd) == (4, 1e-6)
+
+
 def test_a_newer_schema_is_refused(ledger_url):
     Ledger(ledger_url).close()
     engine = sa.create_engine(normalize_url(ledger_url))

@@ -55,3 +55,27 @@ def test_bad_price_is_a_clear_error():
 
     with pytest.raises(ValueError, match="price.input"):
         cost(Bad(), 1, 0, 0)
+
+
+def test_cache_writes_are_priced_at_their_own_rate_and_default_to_input():
+    """Anthropic reports prompt tokens written to its prompt cache apart (cache_creation_input_tokens) and bills
+    them above the input price; they are part of prompt_tokens, like cached tokens."""
+    from tokenomy.generation import Usage
+    from tokenomy.meter.pricing import usage_cost
+
+    claude = Price(input=3.0, cached_input=0.3, cache_write=3.75, output=15.0)
+    c = cost(claude, prompt_tokens=1220, cached_tokens=1000, completion_tokens=6, cache_write_tokens=200)
+    assert (c.input_usd, c.cached_input_usd, c.cache_write_usd, c.output_usd) == pytest.approx(
+        (20 * 3.0 / 1e6, 1000 * 0.3 / 1e6, 200 * 3.75 / 1e6, 6 * 15.0 / 1e6))
+    assert c.total_usd == pytest.approx(c.input_usd + c.cached_input_usd + c.cache_write_usd + c.output_usd)
+    # no cache_write price: a write costs what input costs (and a price without the field, e.g. a replayed row's)
+    assert cost(PRICE, 1000, 0, 0, 400).total_usd == pytest.approx(cost(PRICE, 1000, 0, 0).total_usd)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        cost(claude, 100, 60, 0, 50)
+    # usage as a backend reports it, made consistent before pricing
+    assert usage_cost(claude, Usage(prompt_tokens=1220, cached_tokens=1000, cache_write_tokens=200,
+                                    completion_tokens=6)).total_usd == pytest.approx(c.total_usd)
+    assert usage_cost(claude, Usage(prompt_tokens=100, cached_tokens=80, cache_write_tokens=50)).cache_write_usd == \
+        pytest.approx(20 * 3.75 / 1e6)
+    batch = claude.for_batch()
+    assert batch.cache_write == pytest.approx(3.75 * 0.5) and PRICE.for_batch().cache_write is None

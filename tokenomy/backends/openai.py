@@ -55,13 +55,15 @@ class OpenAIBackend:
         body: dict[str, Any] = {"model": self.spec.model, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if req.kind == "chat":
-            body["messages"] = req.messages
+            body["messages"] = _unmarked(req.messages or [])
             if p.pop("logprobs", None):
                 body["logprobs"] = True
                 body["top_logprobs"] = p.pop("top_logprobs", 0)
             for k in ("tools", "tool_choice", "response_format"):
                 if getattr(req, k) is not None:
                     body[k] = getattr(req, k)
+            if req.tools is not None:
+                body["tools"] = _unmarked(req.tools)
             path = "/chat/completions"
         else:
             body["prompt"] = req.prompt
@@ -289,6 +291,14 @@ class OpenAIBackend:
     def _count_error(self, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(self.name, kind).inc()
+
+
+def _unmarked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages or tools without tokenomy's prompt-cache markers (`cache_control`, which a Messages client sets
+    and OpenAI's API does not know); the list itself when none has one."""
+    if not any("cache_control" in x for x in items):
+        return items
+    return [{k: v for k, v in x.items() if k != "cache_control"} for x in items]
 
 
 def _message(text: str) -> str:

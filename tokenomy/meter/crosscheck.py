@@ -8,8 +8,8 @@ and compares every leaf of the report's figures (total, each group, the timeline
 report has and this module does not recompute is a mismatch too, so a new figure cannot go unchecked.
 
 It also checks what each row must satisfy on its own, which a comparison of two sums over the same rows cannot
-see: cost_usd = input + cached input + output parts; saved_tokens and saved_usd are the sums of saved_by;
-a response-cache hit costs nothing; cached_tokens <= prompt_tokens.
+see: cost_usd = input + cached input + cache write + output parts; saved_tokens and saved_usd are the sums of
+saved_by; a response-cache hit costs nothing; cached_tokens + cache_write_tokens <= prompt_tokens.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     billed_each = [0 if h else r["prompt_tokens"] + r["completion_tokens"] for r, h in zip(rows, hit, strict=True)]
     billed, n_ok = sum(billed_each), sum(ok)
     delivered = sum(r["completion_tokens"] for r, o in zip(rows, ok, strict=True) if o)
-    cost = {k: sum(r[f"cost_{k}_usd"] if k != "total" else r["cost_usd"] for r in rows)
-            for k in ("input", "cached_input", "output", "total")}
+    cost = {k: sum((r[f"cost_{k}_usd"] or 0.0) if k != "total" else r["cost_usd"] for r in rows)
+            for k in ("input", "cached_input", "cache_write", "output", "total")}
     span = max(r["ts"] + (r["e2e_s"] or 0.0) for r in rows) - min(r["ts"] for r in rows) if rows else 0.0
     gen_completion = gen_prompt = gen_cached = gen_prefixed = n_gen = 0
     for r, h in zip(rows, hit, strict=True):
@@ -107,6 +107,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "requests": n, "ok": n_ok, "errors": n - n_ok, "success_rate": _div(n_ok, n),
         "tokens": {"prompt": sum(r["prompt_tokens"] for r in rows), "cached": sum(r["cached_tokens"] for r in rows),
+                   "cache_write": sum(r["cache_write_tokens"] or 0 for r in rows),
                    "completion": sum(r["completion_tokens"] for r in rows), "billed": billed,
                    "delivered": delivered},
         "span_s": span, "tokens_per_s": _div(billed, span), "completion_tokens_per_s": _div(gen_completion, span),
@@ -163,9 +164,11 @@ def row_problems(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     out = []
     for r in rows:
         rid = r["request_id"]
-        parts = r["cost_input_usd"] + r["cost_cached_input_usd"] + r["cost_output_usd"]
+        parts = r["cost_input_usd"] + r["cost_cached_input_usd"] + (r["cost_cache_write_usd"] or 0.0) \
+            + r["cost_output_usd"]
         if not _close(parts, r["cost_usd"]):
-            out.append(f"row {rid}: cost_usd {r['cost_usd']!r} != input + cached input + output {parts!r}")
+            out.append(f"row {rid}: cost_usd {r['cost_usd']!r} != input + cached input + cache write + output "
+                       f"{parts!r}")
         saved = _saved(r["saved_by"])
         tokens, usd = sum(int(s["tokens"]) for s in saved.values()), sum(float(s["usd"]) for s in saved.values())
         if tokens != r["saved_tokens"] or not _close(usd, r["saved_usd"]):
@@ -173,8 +176,9 @@ def row_problems(rows: Iterable[Mapping[str, Any]]) -> list[str]:
                        f"of saved_by ({tokens}, {usd!r})")
         if r["cache"] in HITS and r["cost_usd"] != 0:
             out.append(f"row {rid}: a {r['cache']} cache hit with cost_usd {r['cost_usd']!r} (hits cost nothing)")
-        if r["cached_tokens"] > r["prompt_tokens"]:
-            out.append(f"row {rid}: cached_tokens {r['cached_tokens']} > prompt_tokens {r['prompt_tokens']}")
+        if r["cached_tokens"] + (r["cache_write_tokens"] or 0) > r["prompt_tokens"]:
+            out.append(f"row {rid}: cached_tokens {r['cached_tokens']} + cache_write_tokens "
+                       f"{r['cache_write_tokens'] or 0} > prompt_tokens {r['prompt_tokens']}")
     return out
 
 

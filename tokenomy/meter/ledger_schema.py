@@ -111,9 +111,17 @@ def _response_columns() -> list[sa.Column]:
             sa.Column("input_items", sa.Text, nullable=False), sa.Column("response", sa.Text, nullable=False)]
 
 
+def _v10_columns() -> list[sa.Column]:
+    """An upstream's prompt-cache writes (Anthropic's cache_creation_input_tokens): the tokens written (part of
+    prompt_tokens, apart from cached_tokens), the rate they were priced at and their cost; NULL on rows written
+    before they were recorded, which had none."""
+    return [sa.Column("cache_write_tokens", sa.Integer), sa.Column("price_cache_write", DOUBLE),
+            sa.Column("cost_cache_write_usd", DOUBLE)]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
-                  *_v6_columns(), *_v7_columns(), *_v8_columns())
+                  *_v6_columns(), *_v7_columns(), *_v8_columns(), *_v10_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 responses = sa.Table("stored_responses", metadata, *_response_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
@@ -176,8 +184,14 @@ def _m9_responses(conn: Connection) -> None:
     sa.Index("ix_stored_responses_ts", table.c.ts).create(conn)
 
 
+def _m10_cache_write(conn: Connection) -> None:
+    for column in _v10_columns():
+        add_column(conn, "ledger", column)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
-                                                  _m5_replica, _m6_batch, _m7_inside, _m8_api, _m9_responses]
+                                                  _m5_replica, _m6_batch, _m7_inside, _m8_api, _m9_responses,
+                                                  _m10_cache_write]
 
 
 class LedgerSchemaError(RuntimeError):

@@ -223,7 +223,8 @@ class Metrics:
         self.e2e = Histogram("tokenomy_e2e_seconds", "End-to-end request time", ["model"],
                              buckets=LATENCY_BUCKETS, registry=r)
         # token
-        self.tokens = Counter("tokenomy_tokens_total", "Tokens by kind", ["kind", "model"], registry=r)
+        self.tokens = Counter("tokenomy_tokens_total", "Tokens by kind (prompt, cached, cache_write, "
+                              "completion, saved)", ["kind", "model"], registry=r)
         # communication
         self.upstream_latency = Histogram("tokenomy_upstream_request_seconds", "Upstream request latency",
                                           ["backend"], buckets=LATENCY_BUCKETS, registry=r)

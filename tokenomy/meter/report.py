@@ -106,7 +106,8 @@ def figures(rows: Sequence[LedgerRow]) -> dict[str, Any]:
     gen_completion = sum(r.completion_tokens for r in generated)
     span = (max(r.ts + (r.e2e_s or 0.0) for r in rows) - min(r.ts for r in rows)) if rows else 0.0
     cost = {"input": sum(r.cost_input_usd for r in rows), "cached_input": sum(r.cost_cached_input_usd for r in rows),
-            "output": sum(r.cost_output_usd for r in rows), "total": sum(r.cost_usd for r in rows)}
+            "cache_write": sum(r.cost_cache_write_usd for r in rows), "output": sum(r.cost_output_usd for r in rows),
+            "total": sum(r.cost_usd for r in rows)}
     metered = [r for r in rows if r.energy_j is not None and r.energy_source]
     joules = sum(r.energy_j or 0.0 for r in metered)
     sources = sorted({r.energy_source or "" for r in metered})
@@ -138,6 +139,7 @@ def figures(rows: Sequence[LedgerRow]) -> dict[str, Any]:
     return {
         "requests": n, "ok": ok, "errors": n - ok, "success_rate": _ratio(ok, n),
         "tokens": {"prompt": sum(r.prompt_tokens for r in rows), "cached": sum(r.cached_tokens for r in rows),
+                   "cache_write": sum(r.cache_write_tokens for r in rows),
                    "completion": sum(r.completion_tokens for r in rows), "billed": billed, "delivered": delivered},
         "span_s": span,
         "tokens_per_s": _ratio(billed, span),

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from tokenomy.errors import APIError
 from tokenomy.generation import Usage
 from tokenomy.meter.energy import Energy, label
-from tokenomy.meter.pricing import PriceLike, cache_saving, cost, prefix_saving
+from tokenomy.meter.pricing import PriceLike, cache_saving, cache_write_rate, cost, prefix_saving
 
 log = logging.getLogger("tokenomy.ledger")
 
@@ -144,6 +144,11 @@ class LedgerRow:
     parts: list[dict[str, Any]] | None = None   # an answer several models wrote: each one's usage and cost
     api: str | None = None              # the API called: chat.completions | completions | messages | responses
     #                                     | embeddings (NULL on rows from before it was recorded)
+    # prompt tokens the upstream wrote to its prompt cache (part of prompt_tokens, apart from cached_tokens), the
+    # rate they were priced at (NULL on rows from before it was recorded: the input price) and their cost
+    cache_write_tokens: int = 0
+    price_cache_write: float | None = None
+    cost_cache_write_usd: float = 0.0
 
     @property
     def cache_hit(self) -> bool:
@@ -191,6 +196,8 @@ class LedgerRow:
         d["lint_breaks"] = json.loads(raw) if isinstance(raw, str) and raw else None
         raw = d.get("parts")
         d["parts"] = json.loads(raw) if isinstance(raw, str) and raw else None
+        d["cache_write_tokens"] = d.get("cache_write_tokens") or 0        # NULL on rows from before step 10
+        d["cost_cache_write_usd"] = d.get("cost_cache_write_usd") or 0.0
         return cls(**d)
 
 
@@ -235,6 +242,10 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
     if cached != u.cached_tokens:
         log.warning("request %s: cached_tokens %s outside [0, prompt_tokens=%s]; priced as %s",
                     ctx.request_id, u.cached_tokens, prompt, cached)
+    written = min(max(int(u.cache_write_tokens), 0), prompt - cached)
+    if written != u.cache_write_tokens:
+        log.warning("request %s: cache_write_tokens %s outside [0, prompt_tokens - cached_tokens=%s]; priced as %s",
+                    ctx.request_id, u.cache_write_tokens, prompt - cached, written)
     saved: dict[str, dict[str, float]] = {}
     for layer, value in _stage_savings(ctx, savings).items():
         try:
@@ -245,7 +256,7 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
         saved[str(layer)] = {"tokens": tokens, "usd": usd}
     row = LedgerRow(
         request_id=ctx.request_id, ts=now - elapsed, tenant=ctx.tenant, key_id=ctx.key_id, route=ctx.route,
-        model=ctx.model, backend=backend, prompt_tokens=prompt, cached_tokens=cached,
+        model=ctx.model, backend=backend, prompt_tokens=prompt, cached_tokens=cached, cache_write_tokens=written,
         cache="bypass" if ctx.cache == "miss" and ctx.cache_bypass else ctx.cache,
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
         over_budget=bool(ctx.over_budget), batch=ctx.batch_id, replica=u.replica,
@@ -260,18 +271,20 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
     if price is not None:
         row.price_input, row.price_cached_input = price.input, price.cached_input
         row.price_output, row.price_notional = price.output, bool(price.notional)
+        row.price_cache_write = cache_write_rate(price)
     if hit:
         if ctx.cache not in saved and price is not None:
             saved[ctx.cache] = {"tokens": prompt + completion,
-                                "usd": cache_saving(price, prompt, cached, completion)}
+                                "usd": cache_saving(price, prompt, cached, completion, written)}
     else:
         row.queue_s, row.ttft_s = _finite(u.queue_s) if ctx.usage else None, _finite(u.ttft_s)
         if u.ttft_s is not None and completion > 1:
             row.tpot_s = _finite((u.e2e_s - u.ttft_s) / (completion - 1))
         if price is not None:
-            c = cost(price, prompt, cached, completion)
+            c = cost(price, prompt, cached, completion, written)
             row.cost_input_usd, row.cost_cached_input_usd, row.cost_output_usd = (
                 c.input_usd, c.cached_input_usd, c.output_usd)
+            row.cost_cache_write_usd = c.cache_write_usd
             row.cost_usd = c.total_usd
             if cached and "prefix" not in saved:
                 saved["prefix"] = {"tokens": cached, "usd": prefix_saving(price, cached)}

@@ -13,7 +13,7 @@ from typing import Any, cast
 from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount
 from tokenomy.meter.ledger import Ledger
-from tokenomy.meter.pricing import PriceLike, cost, price_of, route_saving
+from tokenomy.meter.pricing import PriceLike, price_of, route_saving, usage_cost, usage_counts
 from tokenomy.meter.prompts import Asked, prompt_from_context
 from tokenomy.meter.row import CACHE_HITS, Finished, LedgerRow, Saving, row_from_context
 
@@ -26,7 +26,7 @@ class MeterSink:
                  backends: Mapping[str, str] | None = None,
                  on_row: list[Callable[[LedgerRow], None]] | None = None,
                  store_prompts: Callable[[str], bool] | None = None) -> None:
-        """`prices` and `backends` (embedded | openai) are by model name; `energy` holds per-request joules
+        """`prices` and `backends` (embedded | openai | anthropic) are by model name; `energy` holds per-request joules
         keyed by request id; `on_row` gets every row after it is queued; `store_prompts(tenant)` says whether
         the request's body and answer are stored beside its row (None: never)."""
         self.ledger = ledger
@@ -69,9 +69,7 @@ class MeterSink:
         served = self.rate(ctx.model, ctx) if top is not None and ctx.model is not None else None
         if top is None or served is None or ctx.usage is None:
             return {}
-        u = ctx.usage
-        cached = min(max(u.cached_tokens, 0), max(u.prompt_tokens, 0))
-        usd = route_saving(top, served, max(u.prompt_tokens, 0), cached, max(u.completion_tokens, 0))
+        usd = route_saving(top, served, *usage_counts(ctx.usage))
         return {"route": Saving(0, usd)} if usd > 0 else {}
 
     def price_parts(self, ctx: Finished, row: LedgerRow) -> None:
@@ -81,12 +79,11 @@ class MeterSink:
         u = ctx.usage
         if u is None or not u.parts or ctx.cache in CACHE_HITS:
             return
-        row.cost_input_usd = row.cost_cached_input_usd = row.cost_output_usd = 0.0
+        row.cost_input_usd = row.cost_cached_input_usd = row.cost_cache_write_usd = row.cost_output_usd = 0.0
         row.parts = []
         for model, part in u.parts:
             price = self.rate(model, ctx)
-            c = cost(price, part.prompt_tokens, min(part.cached_tokens, part.prompt_tokens),
-                     part.completion_tokens) if price is not None else None
+            c = usage_cost(price, part) if price is not None else None
             row.parts.append({"model": model, "prompt_tokens": part.prompt_tokens,
                               "cached_tokens": part.cached_tokens, "completion_tokens": part.completion_tokens,
                               "cost_usd": c.total_usd if c is not None else 0.0})
@@ -94,12 +91,12 @@ class MeterSink:
                 continue
             row.cost_input_usd += c.input_usd
             row.cost_cached_input_usd += c.cached_input_usd
+            row.cost_cache_write_usd += c.cache_write_usd
             row.cost_output_usd += c.output_usd
-        row.cost_usd = row.cost_input_usd + row.cost_cached_input_usd + row.cost_output_usd
+        row.cost_usd = row.cost_input_usd + row.cost_cached_input_usd + row.cost_cache_write_usd + row.cost_output_usd
         top = self.top_price(ctx)
         if top is not None:
-            cached = min(max(u.cached_tokens, 0), max(u.prompt_tokens, 0))
-            usd = cost(top, max(u.prompt_tokens, 0), cached, max(u.completion_tokens, 0)).total_usd - row.cost_usd
+            usd = usage_cost(top, u).total_usd - row.cost_usd
             if usd > 0:
                 row.saved_by["route"] = {"tokens": 0, "usd": usd}
                 row.saved_usd += usd
@@ -111,10 +108,10 @@ class MeterSink:
             price = self.rate(model, ctx)
             if price is None or usage is None:
                 continue
-            c = cost(price, usage.prompt_tokens, min(usage.cached_tokens, usage.prompt_tokens),
-                     usage.completion_tokens)
+            c = usage_cost(price, usage)
             row.cost_input_usd += c.input_usd
             row.cost_cached_input_usd += c.cached_input_usd
+            row.cost_cache_write_usd += c.cache_write_usd
             row.cost_output_usd += c.output_usd
             row.cost_usd += c.total_usd
 

@@ -93,6 +93,8 @@ class Record:
                 by = model if name is None else m.label(name)
                 m.tokens.labels("prompt", by).inc(part.prompt_tokens)
                 m.tokens.labels("cached", by).inc(part.cached_tokens)
+                if part.cache_write_tokens:     # only upstreams with a prompt cache of their own report writes
+                    m.tokens.labels("cache_write", by).inc(part.cache_write_tokens)
                 m.tokens.labels("completion", by).inc(part.completion_tokens)
             m.e2e.labels(model).observe(u.e2e_s)
             m.queue_wait.labels(model).observe(max(u.queue_s, 0.0))

@@ -6,7 +6,7 @@
     candidate prices   = the same usage at the candidate config's price for the model that served it
     all on model X     = every generated row's usage at X's price (X's own tokenizer and answer lengths would
                          differ: an estimate)
-    no prompt caching  = cached prompt tokens charged at the full input price
+    no prompt caching  = cached prompt tokens, and those written to a prompt cache, charged at the full input price
     no response cache  = the recorded cost plus what each cache hit's answer cost to generate
 """
 
@@ -34,7 +34,7 @@ def price_policies(trace: Trace, prices: Mapping[str, Any] | None) -> list[dict[
         out.append({"name": f"all on {model}", "cost_usd": sum(q.usage_cost(price) for q in generated)})
 
     def uncached(p: RowPrice) -> RowPrice:
-        return RowPrice(p.input, p.input, p.output, p.notional)
+        return RowPrice(p.input, p.input, p.output, p.notional, cache_write=p.input)
 
     out.append({"name": "no prompt caching (cached input at full price)",
                 "cost_usd": sum(q.usage_cost(uncached(RowPrice.of(q.row))) for q in generated)})

@@ -26,10 +26,12 @@ class RowPrice:
     cached_input: float
     output: float
     notional: bool = False
+    cache_write: float | None = None     # None: the input price (rows from before cache writes were recorded)
 
     @classmethod
     def of(cls, row: LedgerRow) -> RowPrice:
-        return cls(row.price_input, row.price_cached_input, row.price_output, row.price_notional)
+        return cls(row.price_input, row.price_cached_input, row.price_output, row.price_notional,
+                   row.price_cache_write)
 
 
 @dataclass
@@ -50,7 +52,9 @@ class Recorded:
 
     def usage_cost(self, price: Any) -> float:
         r = self.row
-        return cost(price, r.prompt_tokens, min(r.cached_tokens, r.prompt_tokens), r.completion_tokens).total_usd
+        cached = min(r.cached_tokens, r.prompt_tokens)
+        return cost(price, r.prompt_tokens, cached, r.completion_tokens,
+                    min(r.cache_write_tokens, r.prompt_tokens - cached)).total_usd
 
     @property
     def generation_cost(self) -> float:
