@@ -99,6 +99,8 @@ class EmbeddedBackend:
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
+        """The prompt as the engine is fed it: a chat's template rendered with the tools' system text when the
+        model may call a tool (so a count of it counts the tools too)."""
         if req.token_routing is not None and req.token_routing.prompt_ids is not None:
             return list(req.token_routing.prompt_ids)
         memo = req.counted
@@ -107,6 +109,11 @@ class EmbeddedBackend:
             return list(memo[5])
         tok = self.engine.tokenizer
         if req.kind == "chat":
+            fmt = self.output_format(req)
+            if fmt is not None and fmt.may_call:
+                from tokenomy.structured import tools_prompt
+
+                req = _with_system(req, tools_prompt(req.tools or []))
             try:
                 return tok.encode_chat(req.messages or [], req.tools)
             except TemplateError as e:
@@ -141,10 +148,6 @@ class EmbeddedBackend:
     async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         fmt = self.output_format(req)
-        if fmt is not None and fmt.may_call:
-            from tokenomy.structured import tools_prompt
-
-            req = _with_system(req, tools_prompt(req.tools or []))
         calls = None
         if fmt is not None and fmt.may_call:
             from tokenomy.structured import ToolCallStream
@@ -203,7 +206,7 @@ class EmbeddedBackend:
                         finish = "tool_calls"
                 yield Delta(text=text, logprobs=self._wire(ev.logprobs), finish_reason=finish, usage=usage,
                             confidence=ev.token_logprobs, tool_calls=tool_deltas or None, token_ids=ev.token_ids,
-                            signals=ev.signals)
+                            signals=ev.signals, stop_sequence=ev.stop_sequence)
                 return
         finally:
             if not finished:       # the consumer went away (client disconnect): free the sequence
