@@ -52,13 +52,15 @@ class OpenAIBackend:
         body: dict[str, Any] = {"model": self.spec.model, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if req.kind == "chat":
-            body["messages"] = req.messages
+            body["messages"] = _unmarked(req.messages or [])
             if p.pop("logprobs", None):
                 body["logprobs"] = True
                 body["top_logprobs"] = p.pop("top_logprobs", 0)
-            for k in ("tools", "tool_choice", "response_format"):
+            for k in ("tool_choice", "response_format"):
                 if getattr(req, k) is not None:
                     body[k] = getattr(req, k)
+            if req.tools is not None:
+                body["tools"] = _unmarked(req.tools)
             path = "/chat/completions"
         else:
             body["prompt"] = req.prompt
@@ -128,6 +130,7 @@ class OpenAIBackend:
             return
         usage: Usage | None = None
         finish: str | None = None
+        stop_sequence: str | None = None
         ttft: float | None = None
         text_parts: list[str] = []
         n_chunks = 0
@@ -166,6 +169,7 @@ class OpenAIBackend:
                             sum_lp, min_lp, n_lp = sum_lp + lp, min(min_lp, lp), n_lp + 1
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
+                        stop_sequence = _stop_string(choice)
                     if text or tool_calls or lps:
                         if ttft is None:
                             ttft = time.perf_counter() - t0
@@ -188,7 +192,7 @@ class OpenAIBackend:
         usage.ttft_s = ttft
         if n_lp:
             usage.mean_logprob, usage.min_logprob = sum_lp / n_lp, min_lp
-        yield Delta(finish_reason=finish, usage=usage)
+        yield Delta(finish_reason=finish, usage=usage, stop_sequence=stop_sequence)
 
     async def _whole(self, resp: httpx.Response, req: GenRequest, t0: float) -> AsyncIterator[Delta]:
         """A complete (non-streamed) completion body, as one delta and the final one."""
@@ -214,7 +218,7 @@ class OpenAIBackend:
         calls = message.get("tool_calls")
         if text or calls:
             yield Delta(text=text, tool_calls=[dict(c, index=i) for i, c in enumerate(calls)] if calls else None)
-        yield Delta(finish_reason=choice["finish_reason"], usage=usage)
+        yield Delta(finish_reason=choice["finish_reason"], usage=usage, stop_sequence=_stop_string(choice))
 
     def expected_wait_s(self) -> float:
         """Unknown for an upstream (it queues on its side); treated as no wait."""
@@ -237,6 +241,18 @@ class OpenAIBackend:
     def _count_error(self, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(self.name, kind).inc()
+
+
+def _unmarked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages or tools without tokenomy's prompt-cache markers (`cache_control`, which the Messages dialect
+    keeps on them): an OpenAI-compatible server does not know the key, and a strict one refuses it."""
+    return [{k: v for k, v in m.items() if k != "cache_control"} if "cache_control" in m else m for m in items]
+
+
+def _stop_string(choice: dict[str, Any]) -> str | None:
+    """The stop string that ended a choice, where the server says (vLLM's `stop_reason`; OpenAI does not say)."""
+    reason = choice.get("stop_reason")
+    return reason if choice.get("finish_reason") == "stop" and isinstance(reason, str) else None
 
 
 def _message(text: str) -> str:
