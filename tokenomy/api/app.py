@@ -1,12 +1,11 @@
 """The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back.
 
 Each endpoint is a module-level function that finds the Gateway as `app.state.gateway`; create_app assembles the
-routes (ROUTES, and the dashboard's and the Files and Batches' when the gateway has them), the error handlers and the
-lifespan."""
+routes (ROUTES, the Anthropic Messages routes of messages.py, and the dashboard's and the Files and Batches' when
+the gateway has them), the error handlers and the lifespan."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,9 +18,9 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, openapi, serve
+from tokenomy.api import batches, dashboard, messages, openapi, serve
 from tokenomy.api.batches import BatchAPI
-from tokenomy.api.body import read_body
+from tokenomy.api.body import read_json
 from tokenomy.api.dashboard import Dashboard
 from tokenomy.api.errors import (
     api_error_handler,
@@ -58,12 +57,16 @@ async def _generate(request: Request, cls: type[ChatCompletionRequest] | type[Co
 
 
 async def models(request: Request) -> dict[str, Any]:
+    if "anthropic-version" in request.headers:      # Anthropic's SDK: its own list shape
+        return messages.models(request)
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy"}
         for name in _gateway(request).models_for(request.headers.get("authorization"))]}
 
 
 async def model(model_id: str, request: Request) -> dict[str, Any]:
+    if "anthropic-version" in request.headers:
+        return messages.model(model_id, request)
     if model_id not in _gateway(request).models_for(request.headers.get("authorization")):
         raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy"}
@@ -136,7 +139,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger and the Files and Batches
     routes when batches are enabled. Every endpoint reads what it needs from `app.state`."""
-    routes = [*ROUTES, *(dashboard.ROUTES if gateway.ledger is not None else ()),
+    routes = [*ROUTES, *messages.ROUTES, *(dashboard.ROUTES if gateway.ledger is not None else ()),
               *(batches.ROUTES if gateway.batches is not None else ())]
     app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -204,55 +207,8 @@ async def _parse_recorded(gateway: Gateway, request: Request, model: type[BaseMo
         raise
 
 
-MAX_JSON_DEPTH = 128
-
-
-def check_json(data: Any) -> None:
-    """Refuse what parses as JSON but cannot be served: text with a lone UTF-16 surrogate ("\\ud800"), which no
-    response, log line, ledger row or metric can encode, and nesting deeper than MAX_JSON_DEPTH. The error names
-    the field."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep (at {path}).",
-                           param=path or None, code="invalid_json")
-        if isinstance(value, str):
-            _encodable(value, path)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                _encodable(k, path)
-                stack.append((v, f"{path}.{k}" if path else k, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
-
-
-def _encodable(text: str, path: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        field = path or "the body"
-        raise APIError(400, f"{field} contains a lone UTF-16 surrogate, which is not valid Unicode text.",
-                       param=path or None, code="invalid_encoding") from None
-
-
 async def _parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
-    raw = await read_body(request, limit)
-    try:
-        text = raw.decode("utf-8-sig")      # a leading byte-order mark is not part of the JSON
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
-                       f"column {e.colno}.", code="invalid_json") from e
-    except RecursionError:
-        raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
-                       code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
-    check_json(data)
+    data = await read_json(request, limit)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -1,11 +1,17 @@
-"""Reading a request body without trusting its size: a declared Content-Length over the limit is refused before a
-byte is read, and a chunked body is read only up to the limit."""
+"""Reading a request body without trusting it: a declared Content-Length over the limit is refused before a byte is
+read, a chunked body is read only up to the limit, and JSON that parses but cannot be served (a lone surrogate,
+nesting past MAX_JSON_DEPTH) is a 400 naming the field. Every dialect reads its body here."""
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from starlette.requests import Request
 
 from tokenomy.errors import APIError
+
+MAX_JSON_DEPTH = 128
 
 
 def too_large(size: int | str, limit: int) -> APIError:
@@ -25,3 +31,53 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise too_large(f"more than {limit}", limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object (read_body's limit), or a 400 that says what is wrong with it."""
+    raw = await read_body(request, limit)
+    try:
+        text = raw.decode("utf-8-sig")      # a leading byte-order mark is not part of the JSON
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
+                       f"column {e.colno}.", code="invalid_json") from e
+    except RecursionError:
+        raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
+                       code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
+    check_json(data)
+    return data
+
+
+def check_json(data: Any) -> None:
+    """Refuse what parses as JSON but cannot be served: text with a lone UTF-16 surrogate ("\\ud800"), which no
+    response, log line, ledger row or metric can encode, and nesting deeper than MAX_JSON_DEPTH. The error names
+    the field."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep (at {path}).",
+                           param=path or None, code="invalid_json")
+        if isinstance(value, str):
+            _encodable(value, path)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                _encodable(k, path)
+                stack.append((v, f"{path}.{k}" if path else k, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+
+
+def _encodable(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        field = path or "the body"
+        raise APIError(400, f"{field} contains a lone UTF-16 surrogate, which is not valid Unicode text.",
+                       param=path or None, code="invalid_encoding") from None
