@@ -346,10 +346,10 @@ def test_a_slow_first_token_starts_the_stream_with_pings_and_a_late_failure_is_a
             assert "".join(stream.text_stream) == "Hello from the stub."    # the SDK skips the pings
         r = httpx.post(gw.root + "/v1/messages", json={**body, "model": "nope"})     # still known at once: a 404
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    with StubServer(Stub(delay=2.0)) as slow, \
+    with StubServer(Stub(delay=5.0)) as slow, \
             live_server(upstream_config(slow.port, slow.port) | {"models": [
                 {"name": "remote", "backend": "openai", "base_url": f"http://127.0.0.1:{slow.port}/v1",
-                 "model": "stub", "tokenizer": MODEL, "max_retries": 0, "timeout_s": 0.5}], "routes": {}}) as gw:
+                 "model": "stub", "tokenizer": MODEL, "max_retries": 0, "timeout_s": 1.0}], "routes": {}}) as gw:
         with httpx.stream("POST", gw.root + "/v1/messages", json=body, timeout=60) as r:
             assert r.status_code == 200
             events = sse_events(r)

@@ -147,14 +147,7 @@ async def _stream(request: Request, gateway: Gateway, ctx: RequestContext) -> Re
         run.cancel()
         raise
     writer = EventWriter(ctx)
-    opened = [False]
-
-    def chunks(d: Any) -> list[bytes]:
-        head = [] if opened[0] else [writer.start()]
-        opened[0] = True
-        return head + writer.chunks(d)
-
-    response = serve.stream_response(ctx, chunks, writer.end)
+    response = serve.stream_response(ctx, writer.chunks, writer.end)
     response.headers["request-id"] = ctx.request_id
     return response
 

@@ -298,7 +298,7 @@ def body_error(errors: list[Any]) -> APIError:
     "<path>: <message>", the path without the names of union members ("messages.0.content.0.input")."""
     first = errors[0] if errors else {}
     loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-    if first.get("type") == "model_attributes_type" or (not loc and first.get("type") == "dict_type"):
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type", "model_type"):
         return APIError(400, "The request body must be a JSON object.", code="invalid_body")
     # a discriminated union names the member after the list index: messages.0.content.0.tool_use.input
     path = ".".join(x for i, x in enumerate(loc) if not (x in _BLOCK_TYPES and i and loc[i - 1].isdigit()))

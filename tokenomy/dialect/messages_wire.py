@@ -107,17 +107,20 @@ def error_event(err: APIError) -> bytes:
 
 
 class EventWriter:
-    """Turns deltas into Messages stream events: content blocks open and close in order (a text block, then one
-    tool_use block per call, its input streamed as input_json_delta fragments)."""
+    """Turns deltas into Messages stream events: message_start (before the first delta, unless `start` sent it
+    already), then content blocks that open and close in order (a text block, then one tool_use block per call,
+    its input streamed as input_json_delta fragments), then message_delta; `end` adds message_stop."""
 
     def __init__(self, ctx: RequestContext) -> None:
         self.ctx = ctx
+        self.started = False
         self.index = -1                 # the content block now open (-1: none yet)
         self.open = False
         self.kind: str | None = None    # text | tool_use
         self.calls: dict[int, int] = {}  # an OpenAI tool-call index -> its content block
 
     def start(self) -> bytes:
+        self.started = True
         ctx = self.ctx
         message = {"id": message_id(ctx), "type": "message", "role": "assistant",
                    "model": ctx.model or ctx.serving or ctx.gen.model, "content": [], "stop_reason": None,
@@ -125,9 +128,9 @@ class EventWriter:
         return event("message_start", {"type": "message_start", "message": message})
 
     def chunks(self, delta: Delta) -> list[bytes]:
+        out: list[bytes] = [] if self.started else [self.start()]
         if delta.error:
-            return [error_event(APIError(502, delta.error))]
-        out: list[bytes] = []
+            return [*out, error_event(APIError(502, delta.error))]
         if delta.text:
             if self.kind != "text" or not self.open:
                 out += self._begin("text", {"type": "text", "text": ""})
