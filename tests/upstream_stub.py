@@ -29,6 +29,25 @@ def stub_vector(item: str | list[int], dimensions: int = STUB_DIMENSIONS) -> np.
     return (v / np.linalg.norm(v)).astype(np.float32)
 
 
+def answer(stop: str | list[str] | None) -> tuple[list[str], str | None]:
+    """The stub's answer in pieces, cut before the first of the request's stop strings it contains, and that stop
+    string (reported as vLLM reports it, in the choice's `stop_reason`)."""
+    text = "".join(WORDS)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    if not hits:
+        return list(WORDS), None
+    cut, matched = min(hits)
+    words, at = [], 0
+    for w in WORDS:
+        if at + len(w) > cut:
+            words.append(w[:cut - at])
+            break
+        words.append(w)
+        at += len(w)
+    return [w for w in words if w], matched
+
+
 async def read_body(receive: Any) -> bytes:
     """An ASGI request's whole body."""
     body = b""
@@ -41,10 +60,13 @@ async def read_body(receive: Any) -> bytes:
 
 class Stub:
     def __init__(self, delay: float = 0.0, fail_status: int | None = None, fail_times: int = 0,
-                 no_usage: bool = False, stall_after: int | None = None, json_for_stream: bool = False) -> None:
+                 no_usage: bool = False, stall_after: int | None = None, json_for_stream: bool = False,
+                 tool_arguments: str | None = None) -> None:
         self.delay, self.fail_status, self.fail_times = delay, fail_status, fail_times
         self.no_usage, self.stall_after = no_usage, stall_after
         self.json_for_stream = json_for_stream   # answer a streamed request with one JSON body, as some servers do
+        # a chat request with tools is answered with a call of its first tool with these arguments (a JSON text)
+        self.tool_arguments = tool_arguments
         self.hits = 0
         self.bodies: list[dict[str, Any]] = []       # every request body, in order
         self.peers: set[tuple[str, int]] = set()   # client (host, port) of each connection that sent a request
@@ -78,13 +100,17 @@ class Stub:
             await self._embeddings(send, req)
             return
         chat = path.endswith("/chat/completions")
-        usage = {"prompt_tokens": 7, "completion_tokens": len(WORDS), "total_tokens": 7 + len(WORDS)}
+        if chat and self.tool_arguments is not None and req.get("tools"):
+            await self._tool_call(send, req, bool(req.get("stream")) and not self.json_for_stream)
+            return
+        words, matched = answer(req.get("stop"))
+        usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
         if not req.get("stream") or self.json_for_stream:
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None, "stop_reason": matched}
             if chat:
-                choice["message"] = {"role": "assistant", "content": "".join(WORDS)}
+                choice["message"] = {"role": "assistant", "content": "".join(words)}
             else:
-                choice["text"] = "".join(WORDS)
+                choice["text"] = "".join(words)
             out = {"id": "stub-1", "object": "chat.completion" if chat else "text_completion",
                    "created": int(time.time()), "model": req.get("model", "stub"), "choices": [choice]}
             if not self.no_usage:
@@ -93,15 +119,15 @@ class Stub:
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
-        for i, w in enumerate(WORDS):
+        for i, w in enumerate(words):
             if self.stall_after is not None and i >= self.stall_after:
                 await asyncio.sleep(3600)
             delta = {"content": w} if chat else None
             choice = {"index": 0, "delta": delta, "finish_reason": None} if chat else \
                 {"index": 0, "text": w, "finish_reason": None}
             await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [choice]})
-        last = {"index": 0, "delta": {}, "finish_reason": "stop"} if chat else \
-            {"index": 0, "text": "", "finish_reason": "stop"}
+        last = {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": matched} if chat else \
+            {"index": 0, "text": "", "finish_reason": "stop", "stop_reason": matched}
         await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [last]})
         if not self.no_usage and (req.get("stream_options") or {}).get("include_usage"):
             await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [],
@@ -129,6 +155,32 @@ class Stub:
         if not self.no_usage:
             out["usage"] = {"prompt_tokens": tokens, "total_tokens": tokens}
         await self._json(send, 200, out)
+
+    async def _tool_call(self, send: Any, req: dict[str, Any], stream: bool) -> None:
+        """A call of the request's first tool, whole or streamed as OpenAI streams one: id and name first, then
+        the arguments in two fragments, then finish_reason tool_calls."""
+        name, args = req["tools"][0]["function"]["name"], self.tool_arguments or "{}"
+        call = {"id": "call_stub1", "type": "function", "function": {"name": name, "arguments": args}}
+        usage = {"prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16}
+        if not stream:
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            await self._json(send, 200, {"id": "stub-1", "object": "chat.completion", "created": int(time.time()),
+                                         "model": req.get("model", "stub"), "usage": usage,
+                                         "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        half = len(args) // 2
+        pieces = [{"index": 0, "id": "call_stub1", "type": "function", "function": {"name": name, "arguments": ""}},
+                  {"index": 0, "function": {"arguments": args[:half]}},
+                  {"index": 0, "function": {"arguments": args[half:]}}]
+        for piece in pieces:
+            choice = {"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}
+            await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [choice]})
+        await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk",
+                                 "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
     @staticmethod
     async def _event(send: Any, obj: dict[str, Any]) -> None:

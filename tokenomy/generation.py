@@ -63,6 +63,7 @@ class Delta:
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    stop_sequence: str | None = None    # on the last delta: the client's stop string that ended the answer, if known
     confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when the backend knows them
     token_ids: list[int] = field(default_factory=list)      # the tokens of `text`, from an embedded backend
     signals: list[float] = field(default_factory=list)      # each token's confidence, when TokenRouting.signal asked

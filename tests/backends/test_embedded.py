@@ -70,6 +70,19 @@ def test_changed_messages_are_tokenized_again(backend, monkeypatch) -> None:
     assert backend.prompt_tokens(other) and calls[0] == 3  # another backend's ids are never trusted
 
 
+def test_a_count_with_tools_counts_the_tools_text_the_engine_is_fed(backend, monkeypatch) -> None:
+    calls = counting(backend, monkeypatch)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    req = GenRequest(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                     params={"max_tokens": 64, "temperature": 0}, tools=tools, tool_choice="required")
+    bare = backend.count_tokens(dataclasses.replace(req, tools=None, tool_choice=None)).tokens
+    count = backend.count_tokens(req).tokens
+    _, prompt_tokens = asyncio.run(answer(backend, dataclasses.replace(req, request_id="r2")))
+    assert prompt_tokens == count > bare + 20      # the tools' system text is counted, as it is fed
+    assert calls[0] == 2                           # and the count's ids are the ones generated from
+
+
 def structured_backend(**settings) -> EmbeddedBackend:
     return EmbeddedBackend("smollm2-135m-instruct", str(resolve_gguf("smollm2-135m-instruct")),
                            EngineConfig(**SMALL_ENGINE), structured=StructuredSettings(**settings))

@@ -19,8 +19,10 @@ def test_stop_strings_match_across_pieces_and_hold_back_a_possible_start():
 
 def test_the_first_stop_string_in_the_text_cuts_it_whichever_is_listed_first():
     scan = StopScan(["world", "lo"])
+    assert scan.matched is None
     assert scan.feed("hello world") == ("hel", True)
     assert scan.text == "hel" and scan.sent == 3
+    assert scan.matched == "lo"                            # which one cut it: a Messages answer's stop_sequence
 
 
 def test_a_held_back_start_is_released_once_the_next_piece_rules_it_out():

@@ -1,8 +1,8 @@
 """The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back.
 
 Each endpoint is a module-level function that finds the Gateway as `app.state.gateway`; create_app assembles the
-routes (ROUTES, the Responses API's, the embeddings', and the dashboard's and the Files and Batches' when the
-gateway has them), the error handlers and the lifespan."""
+routes (ROUTES, the Responses API's, the Anthropic Messages routes, the embeddings', and the dashboard's and the
+Files and Batches' when the gateway has them), the error handlers and the lifespan."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, embeddings, openapi, responses, serve
+from tokenomy.api import batches, dashboard, embeddings, messages, openapi, responses, serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import parse_recorded
 from tokenomy.api.dashboard import Dashboard
@@ -56,12 +56,16 @@ async def _generate(request: Request, cls: type[ChatCompletionRequest] | type[Co
 
 
 async def models(request: Request) -> dict[str, Any]:
+    if "anthropic-version" in request.headers:      # Anthropic's SDK: its own list shape
+        return messages.models(request)
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy"}
         for name in _gateway(request).models_for(request.headers.get("authorization"))]}
 
 
 async def model(model_id: str, request: Request) -> dict[str, Any]:
+    if "anthropic-version" in request.headers:
+        return messages.model(model_id, request)
     if model_id not in _gateway(request).models_for(request.headers.get("authorization")):
         raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy"}
@@ -135,7 +139,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
-    routes = [*ROUTES, *embeddings.ROUTES, *responses.ROUTES,
+    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES,
               *(responses.ROUTES_STORED if gateway.responses is not None else ()),
               *(dashboard.ROUTES if gateway.ledger is not None else ()),
               *(batches.ROUTES if gateway.batches is not None else ())]

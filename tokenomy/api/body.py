@@ -1,6 +1,6 @@
-"""Reading a request body without trusting its size (a declared Content-Length over the limit is refused before a
-byte is read, and a chunked body is read only up to the limit) and parsing it into a dialect's body model, with a
-ledger row for a request refused on the way."""
+"""Reading a request body without trusting it: a declared Content-Length over the limit is refused before a byte is
+read, a chunked body is read only up to the limit, and JSON that parses but cannot be served (a lone surrogate,
+nesting past MAX_JSON_DEPTH) is a 400 naming the field. Every dialect reads its body here."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from tokenomy.errors import APIError
+
+MAX_JSON_DEPTH = 128
 
 
 def too_large(size: int | str, limit: int) -> APIError:
@@ -33,6 +35,27 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object (read_body's limit), or a 400 that says what is wrong with it."""
+    raw = await read_body(request, limit)
+    try:
+        text = raw.decode("utf-8-sig")      # a leading byte-order mark is not part of the JSON
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
+                       f"column {e.colno}.", code="invalid_json") from e
+    except RecursionError:
+        raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
+                       code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
+    check_json(data)
+    return data
+
+
 async def parse_recorded(gateway: Any, request: Request, model: type[BaseModel], api: str) -> BaseModel:
     """Authenticate, then parse the body of a call to `api` as `model` (no byte of it is read for a caller
     without a valid key); a refused request still gets its ledger row (status 4xx, no model), through
@@ -46,8 +69,6 @@ async def parse_recorded(gateway: Any, request: Request, model: type[BaseModel],
         gateway.refused(api, err, {k.lower(): v for k, v in request.headers.items()})
         raise
 
-
-MAX_JSON_DEPTH = 128
 
 
 def check_json(data: Any) -> None:
@@ -81,23 +102,8 @@ def _encodable(text: str, path: str) -> None:
 
 async def parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:
     """The body as `model`: APIError 400 for bytes that are not a UTF-8 JSON object, RequestValidationError for
-    one `model` refuses (the app's handler turns it into OpenAI's 400)."""
-    raw = await read_body(request, limit)
-    try:
-        text = raw.decode("utf-8-sig")      # a leading byte-order mark is not part of the JSON
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
-                       f"column {e.colno}.", code="invalid_json") from e
-    except RecursionError:
-        raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
-                       code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
-    check_json(data)
+    one `model` refuses (the app's handler turns it into the dialect's 400)."""
+    data = await read_json(request, limit)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -1,5 +1,6 @@
 """The served OpenAPI document: the request bodies the handlers parse by hand (so FastAPI cannot see them) and
-OpenAI's error body for every error status, so schema-driven clients and fuzzers can use it."""
+the error body for every error status (OpenAI's; Anthropic's under /v1/messages), so schema-driven clients and
+fuzzers can use it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from tokenomy.dialect.embeddings import EmbeddingRequest
+from tokenomy.dialect.messages import CountTokensRequest, MessagesRequest
 from tokenomy.dialect.responses import ResponsesRequest
 from tokenomy.dialect.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -20,6 +22,12 @@ ERROR_BODY = {
     "properties": {"error": {"type": "object", "required": ["message", "type"], "properties": {
         "message": {"type": "string"}, "type": {"type": "string"},
         "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+}
+ANTHROPIC_ERROR_BODY = {
+    "type": "object", "required": ["type", "error"],
+    "properties": {"type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"],
+                                                         "properties": {"type": {"type": "string"},
+                                                                        "message": {"type": "string"}}}},
 }
 ERRORS = {"400": "Bad input", "401": "Missing or wrong API key", "403": "Not allowed for this key",
           "404": "Unknown model", "405": "Wrong method", "413": "Body too large",
@@ -41,9 +49,11 @@ def documented(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _errors(doc: dict[str, Any]) -> None:
-    """Every operation answers errors in OpenAI's body, never FastAPI's 422."""
-    error = {"application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}
+    """Every operation answers errors in its dialect's body, never FastAPI's 422."""
+    openai = {"application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}
+    anthropic = {"application/json": {"schema": {"$ref": REF.format(model="AnthropicErrorResponse")}}}
     for path, ops in doc.get("paths", {}).items():
+        error = anthropic if path.startswith("/v1/messages") else openai
         for op in ops.values():
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
@@ -63,11 +73,13 @@ def install(app: FastAPI) -> None:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-            for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest):
+            for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest, MessagesRequest,
+                          CountTokensRequest):
                 js = model.model_json_schema(ref_template=REF)
                 schemas.update(js.pop("$defs", {}))
                 schemas[model.__name__] = js
             schemas["ErrorResponse"] = ERROR_BODY
+            schemas["AnthropicErrorResponse"] = ANTHROPIC_ERROR_BODY
             _errors(doc)
             app.openapi_schema = doc
         return app.openapi_schema

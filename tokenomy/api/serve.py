@@ -28,14 +28,27 @@ def headers_of(request: Request) -> dict[str, str]:
     return {k.lower(): v for k, v in request.headers.items()}
 
 
-async def run(request: Request, gateway: object, gen: GenRequest, stream: bool) -> RequestContext:
+async def run(request: Request, gateway: object, gen: GenRequest, stream: bool,
+              headers: dict[str, str] | None = None) -> RequestContext:
     """Run `gen` through the gateway's pipeline. Returns the context (with `result`, or `deltas` when streamed);
     raises ClientLeft when the client disconnects first (the work is cancelled), and APIError with the tokenomy
-    headers merged into its own."""
-    ctx = RequestContext(gen=gen, stream=stream, headers=headers_of(request))
+    headers merged into its own. `headers`: the request's as the pipeline should see them (lower-cased; a
+    dialect may map its own key header into `authorization`), else the request's own."""
+    ctx = RequestContext(gen=gen, stream=stream, headers=headers if headers is not None else headers_of(request))
+    return await run_context(request, gateway, ctx)
+
+
+async def run_context(request: Request, gateway: object, ctx: RequestContext) -> RequestContext:
+    """`run` for a context the caller made, which it may watch while the pipeline runs (a stream that must
+    start before its first token, api/messages.py)."""
     task = asyncio.ensure_future(gateway.handle(ctx))  # type: ignore[attr-defined]
     watcher = asyncio.ensure_future(disconnected(request))
-    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the caller gave up on the answer (a stream that already started): so do we
+        watcher.cancel()
+        task.cancel()
+        raise
     if task not in done:            # the client left before the answer was ready: stop generating
         task.cancel()
         try:

@@ -99,6 +99,8 @@ class EmbeddedBackend:
 
     # ---- prompt ----------------------------------------------------------------------------------------
     def prompt_tokens(self, req: GenRequest) -> list[int]:
+        """The prompt as the engine is fed it: a chat's template rendered with the tools' system text when the
+        model may call a tool (so a count of it counts the tools too)."""
         if req.token_routing is not None and req.token_routing.prompt_ids is not None:
             return list(req.token_routing.prompt_ids)
         memo = req.counted
@@ -212,7 +214,7 @@ class EmbeddedBackend:
                         finish = "tool_calls"
                 yield Delta(text=text, logprobs=self._wire(ev.logprobs), finish_reason=finish, usage=usage,
                             confidence=ev.token_logprobs, tool_calls=tool_deltas or None, token_ids=ev.token_ids,
-                            signals=ev.signals)
+                            signals=ev.signals, stop_sequence=ev.stop_sequence)
                 return
         finally:
             if not finished:       # the consumer went away (client disconnect): free the sequence

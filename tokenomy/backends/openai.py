@@ -59,7 +59,7 @@ class OpenAIBackend:
             if p.pop("logprobs", None):
                 body["logprobs"] = True
                 body["top_logprobs"] = p.pop("top_logprobs", 0)
-            for k in ("tools", "tool_choice", "response_format"):
+            for k in ("tool_choice", "response_format"):
                 if getattr(req, k) is not None:
                     body[k] = getattr(req, k)
             if req.tools is not None:
@@ -133,6 +133,7 @@ class OpenAIBackend:
             return
         usage: Usage | None = None
         finish: str | None = None
+        stop_sequence: str | None = None
         ttft: float | None = None
         text_parts: list[str] = []
         n_chunks = 0
@@ -171,6 +172,7 @@ class OpenAIBackend:
                             sum_lp, min_lp, n_lp = sum_lp + lp, min(min_lp, lp), n_lp + 1
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
+                        stop_sequence = _stop_string(choice)
                     if text or tool_calls or lps:
                         if ttft is None:
                             ttft = time.perf_counter() - t0
@@ -193,7 +195,7 @@ class OpenAIBackend:
         usage.ttft_s = ttft
         if n_lp:
             usage.mean_logprob, usage.min_logprob = sum_lp / n_lp, min_lp
-        yield Delta(finish_reason=finish, usage=usage)
+        yield Delta(finish_reason=finish, usage=usage, stop_sequence=stop_sequence)
 
     async def _whole(self, resp: httpx.Response, req: GenRequest, t0: float) -> AsyncIterator[Delta]:
         """A complete (non-streamed) completion body, as one delta and the final one."""
@@ -219,7 +221,7 @@ class OpenAIBackend:
         calls = message.get("tool_calls")
         if text or calls:
             yield Delta(text=text, tool_calls=[dict(c, index=i) for i, c in enumerate(calls)] if calls else None)
-        yield Delta(finish_reason=choice["finish_reason"], usage=usage)
+        yield Delta(finish_reason=choice["finish_reason"], usage=usage, stop_sequence=_stop_string(choice))
 
     async def embed(self, req: GenRequest) -> Embeddings:
         """The upstream's /embeddings for `req.inputs`, asked in the client's encoding_format (so a server that
@@ -299,6 +301,12 @@ def _unmarked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if not any("cache_control" in x for x in items):
         return items
     return [{k: v for k, v in x.items() if k != "cache_control"} for x in items]
+
+
+def _stop_string(choice: dict[str, Any]) -> str | None:
+    """The stop string that ended a choice, where the server says (vLLM's `stop_reason`; OpenAI does not say)."""
+    reason = choice.get("stop_reason")
+    return reason if choice.get("finish_reason") == "stop" and isinstance(reason, str) else None
 
 
 def _message(text: str) -> str:

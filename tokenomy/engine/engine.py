@@ -320,6 +320,7 @@ class Engine:
         ev.scheduled_at, ev.first_token_at = seq.first_scheduled, seq.first_token
         ev.mean_logprob = out.mean_logprob if out else 0.0
         ev.min_logprob = out.min_logprob if out else 0.0
+        ev.stop_sequence = out.stops.matched if out and reason == "stop" else None
         seq.on_event(ev)
 
 

@@ -33,6 +33,7 @@ class TokenEvent:
     signals: list[float] = field(default_factory=list)   # each token's confidence, when params.signal asked
     error_code: str | None = None           # with finish_reason "error": queue_full | invalid_request | ...
     error_param: str | None = None
+    stop_sequence: str | None = None        # on the final event: the stop string that ended the answer, if one did
     # on the final event only: counts, and times on the monotonic perf_counter clock (shared by processes)
     prompt_tokens: int = 0
     cached_tokens: int = 0

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 
 class StopScan:
-    """`text` is everything fed so far (cut before a matched stop string); `text[:sent]` has been released."""
+    """`text` is everything fed so far (cut before a matched stop string); `text[:sent]` has been released;
+    `matched` is the stop string that cut it (None until one does)."""
 
     def __init__(self, stop: list[str]) -> None:
         self.stop = [s for s in stop if s]
         self.text = ""
         self.sent = 0
+        self.matched: str | None = None
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
         """Append `piece`; the text that may be sent now and whether a stop string matched (the text is cut
@@ -26,9 +28,9 @@ class StopScan:
             return self.release_all(), False
         # a stop string that ends in the new text starts at most len(stop) - 1 characters before it
         start = max(0, self.sent - max(len(s) for s in self.stop) + 1)
-        hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
         if hits:
-            cut = min(hits)
+            cut, self.matched = min(hits, key=lambda h: h[0])
             out, self.text = self.text[self.sent:cut], self.text[:cut]
             self.sent = cut
             return out, True

@@ -70,7 +70,8 @@ class Cache:
         if ctx.deltas is not None:
             ctx.deltas = self._capture(ctx, ctx.deltas, msgs, params, use_semantic)
         elif ctx.result is not None:
-            self._store(ctx, msgs, params, use_semantic, ctx.result.text, None, ctx.result)
+            self._store(ctx, msgs, params, use_semantic, ctx.result.text, None, ctx.result,
+                        ctx.result.stop_sequence)
 
     def _lookup(self, ctx: RequestContext, msgs: list[dict[str, Any]], params: dict[str, Any],
                 use_semantic: bool) -> CacheHit | None:
@@ -99,7 +100,7 @@ class Cache:
         ctx.cache_saving = CacheSaving(by=hit.kind, tokens=hit.saved_tokens, usd=hit.saved_usd,
                                        similarity=hit.similarity, entry_id=hit.entry_id)
         result = Result(text=ctx.text, finish_reason=ctx.finish_reason, usage=usage,
-                        tool_calls=r.get("tool_calls"))
+                        tool_calls=r.get("tool_calls"), stop_sequence=r.get("stop_sequence"))
         if ctx.stream:
             pieces = e.chunks or [{"text": ctx.text}]
             ctx.deltas = _replay(pieces, result)
@@ -107,7 +108,8 @@ class Cache:
             ctx.result = result
 
     def _store(self, ctx: RequestContext, msgs: list[dict[str, Any]], params: dict[str, Any], use_semantic: bool,
-               text: str, chunks: list[dict[str, Any]] | None, result: Result | None) -> None:
+               text: str, chunks: list[dict[str, Any]] | None, result: Result | None,
+               stop_sequence: str | None = None) -> None:
         if ctx.error is not None or ctx.finish_reason not in ("stop", "length", "tool_calls") or ctx.usage is None:
             return
         if ctx.cache in ("exact", "semantic"):
@@ -115,7 +117,8 @@ class Cache:
         u = ctx.usage
         entry = CacheEntry(
             response={"text": text, "finish_reason": ctx.finish_reason, "cached_tokens": u.cached_tokens,
-                      "tool_calls": result.tool_calls if result is not None else None},
+                      "tool_calls": result.tool_calls if result is not None else None,
+                      "stop_sequence": stop_sequence},
             chunks=chunks, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
             cost_usd=self.cost(ctx.model or ctx.gen.model, u, ctx.batch_id is not None), model=ctx.model or "")
         try:
@@ -130,21 +133,22 @@ class Cache:
                        params: dict[str, Any], use_semantic: bool) -> AsyncIterator[Delta]:
         pieces: list[dict[str, Any]] = []
         complete = False
+        stop_sequence = None
         try:
             async for d in deltas:
                 if d.text or d.tool_calls:
                     pieces.append({"text": d.text, **({"tool_calls": d.tool_calls} if d.tool_calls else {})})
                 if d.finish_reason is not None and d.error is None:
-                    complete = True
+                    complete, stop_sequence = True, d.stop_sequence
                 yield d
         finally:
             await deltas.aclose()
         if complete:
             text = "".join(p["text"] for p in pieces)
-            await asyncio.to_thread(self._store, ctx, msgs, params, use_semantic, text, pieces, None)
+            await asyncio.to_thread(self._store, ctx, msgs, params, use_semantic, text, pieces, None, stop_sequence)
 
 
 async def _replay(pieces: list[dict[str, Any]], result: Result) -> AsyncIterator[Delta]:
     for p in pieces:
         yield Delta(text=p.get("text", ""), tool_calls=p.get("tool_calls"))
-    yield Delta(finish_reason=result.finish_reason, usage=result.usage)
+    yield Delta(finish_reason=result.finish_reason, usage=result.usage, stop_sequence=result.stop_sequence)

@@ -150,7 +150,8 @@ async def _collect(stream: AsyncIterator[Delta]) -> Result:
         last = d
     assert last.usage is not None and last.finish_reason is not None, "a backend stream ended without usage"
     return Result(text="".join(parts), finish_reason=last.finish_reason, usage=last.usage, logprobs=lps,
-                  tool_calls=merge_tool_calls(tool_calls) if tool_calls else None, confidence=conf)
+                  tool_calls=merge_tool_calls(tool_calls) if tool_calls else None, confidence=conf,
+                  stop_sequence=last.stop_sequence)
 
 
 def merge_tool_calls(deltas: list[dict]) -> list[dict]:

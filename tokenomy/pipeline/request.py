@@ -27,6 +27,7 @@ class Result:
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] | None = None
     confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when known
+    stop_sequence: str | None = None          # the stop string that ended the answer, when the backend says
 
 
 @dataclass

@@ -129,6 +129,7 @@ class TokenRouter:
         queue_s = 0.0
         t0 = time.perf_counter()
         finish = "length"
+        stopped_by: str | None = None       # a stop string the small model's engine matched within its part
         try:
             while True:
                 left = budget - tally.small_tokens - tally.large_tokens
@@ -158,7 +159,7 @@ class TokenRouter:
                         end = "stop"
                         break
                     if d.finish_reason is not None:
-                        end = d.finish_reason
+                        end, stopped_by = d.finish_reason, d.stop_sequence
                         if d.usage is not None:
                             tally.add(small.name, d.usage)
                             if tally.handovers == 0:
@@ -203,7 +204,8 @@ class TokenRouter:
                       e2e_s=time.perf_counter() - t0, parts=parts, handovers=tally.handovers)
         if self.on_done is not None:
             self.on_done(tally, finish)
-        yield Delta(text=rest, finish_reason=finish, usage=total)
+        yield Delta(text=rest, finish_reason=finish, usage=total,
+                    stop_sequence=(scan.matched or stopped_by) if finish == "stop" else None)
 
     async def _segment(self, req: GenRequest, prefix: list[int] | str, answer: str, left: int,
                        tally: Tally) -> tuple[str | None, str | None]:
