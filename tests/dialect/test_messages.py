@@ -139,3 +139,17 @@ def test_stream_events_open_and_close_blocks_in_order():
                                      "cache_creation_input_tokens": 0}
     failed = EventWriter(ctx).chunks(Delta(error="boom", finish_reason="error"))
     assert failed[-1].startswith(b"event: error\n") and b'"type":"api_error"' in failed[-1]
+
+
+def test_a_system_message_inside_the_conversation_stays_in_its_place():
+    """Claude Code 2.1.3xx sends the session's environment as a `system` message after the user's turn."""
+    body = MessagesRequest.model_validate({
+        "model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "You are terse."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello"}]},
+                     {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /tmp"}]}]})
+    roles = [(m["role"], m["content"]) for m in body.gen_request().messages]
+    assert roles == [("system", "You are terse."), ("user", "Say hello"), ("system", "# Environment\ncwd: /tmp")]
+    with pytest.raises(ValidationError):
+        MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "x", "input": {}}]}]})

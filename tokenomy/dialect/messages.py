@@ -85,12 +85,16 @@ Block = Annotated[TextBlock | MediaBlock | ToolUseBlock | ToolResultBlock | Thin
 
 
 class Message(_Body):
-    role: Literal["user", "assistant"]
+    # "system": a system message inside the conversation, as Claude Code (2.1.3xx) sends one after the user's
+    # turn with the session's environment; text blocks only, kept in its place as a system message
+    role: Literal["user", "assistant", "system"]
     content: Annotated[list[Block], BeforeValidator(_text_blocks)]
 
     @model_validator(mode="after")
     def _blocks(self) -> Message:
         for block in self.content:
+            if self.role == "system" and not isinstance(block, TextBlock):
+                raise ValueError("a system message holds text blocks only")
             if self.role == "user" and isinstance(block, ToolUseBlock):
                 raise ValueError("tool_use blocks belong in assistant messages")
             if self.role == "assistant" and isinstance(block, ToolResultBlock):
