@@ -85,9 +85,12 @@ async def count_tokens(request: Request) -> JSONResponse:
 
 
 def models(request: Request) -> dict[str, Any]:
-    """Anthropic's model list (asked with an `anthropic-version` header): one page, every name the key may use."""
+    """Anthropic's model list (asked with an `anthropic-version` header): one page, every name the key may use
+    for messages (the packaged embedding model is no Messages model)."""
+    gateway = _gateway(request)
     data = [{"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
-            for name in _gateway(request).models_for(key_headers(request).get("authorization"))]
+            for name in gateway.models_for(key_headers(request).get("authorization"))
+            if name not in gateway.packaged_embedders]
     return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None}
 
