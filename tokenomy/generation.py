@@ -31,7 +31,9 @@ class GenRequest:
     api: str = "chat.completions"
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)   # OpenAI sampling fields, normalised
+    # OpenAI sampling fields, normalised; also `n` and `best_of` when they ask for more than one choice, and
+    # `prediction` ({"type": "content", "content": text}) when the client predicted the answer
+    params: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None

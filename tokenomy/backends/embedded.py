@@ -197,11 +197,13 @@ class EmbeddedBackend:
                     yield d
             usage = self._usage([finals[i] for i in range(best_of)], handles[0].submitted_at, t0,
                                 predicted is not None)
-            order = sorted(range(best_of), key=lambda i: -(finals[i].mean_logprob or 0.0))[:n] if ranked \
-                else [i for i in range(best_of) if held[i]]
-            out = [dataclasses.replace(d, index=k if ranked else d.index) for k, i in enumerate(order) for d in held[i]]
-            out[-1].usage = usage
-            for d in out:
+            if ranked:      # the n likeliest, best first
+                best = sorted(range(best_of), key=lambda i: -(finals[i].mean_logprob or 0.0))[:n]
+                rest = [dataclasses.replace(d, index=k) for k, i in enumerate(best) for d in held[i]]
+            else:           # the piece that ended the last choice to finish
+                rest = [d for i in range(best_of) for d in held[i]]
+            rest[-1].usage = usage
+            for d in rest:
                 yield d
         finally:
             for i, h in enumerate(handles):

@@ -195,7 +195,7 @@ async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContex
 
 
 def _seen(d: Delta, ctx: RequestContext) -> Delta:
-    if d.index == 0:                # the first choice's text: what the answer's checks read (n > 1: the others too)
+    if d.index == 0:      # the text the answer's checks read: the first choice's (n > 1 streams the others past it)
         ctx.text += d.text
     # tokens delivered so far, for billing a stream the client cuts short: exact where the backend reports each
     # token's logprob, else one per chunk with text (upstreams send about one token a chunk)
