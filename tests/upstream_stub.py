@@ -104,15 +104,23 @@ class Stub:
             await self._tool_call(send, req, bool(req.get("stream")) and not self.json_for_stream)
             return
         words, matched = answer(req.get("stop"))
-        usage = {"prompt_tokens": 7, "completion_tokens": len(words), "total_tokens": 7 + len(words)}
+        n = int(req.get("n") or 1)                        # every choice says the same words
+        usage: dict[str, Any] = {"prompt_tokens": 7, "completion_tokens": n * len(words),
+                                 "total_tokens": 7 + n * len(words)}
+        if req.get("prediction"):                         # as OpenAI reports a prediction's tokens
+            usage["completion_tokens_details"] = {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 1}
         if not req.get("stream") or self.json_for_stream:
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None, "stop_reason": matched}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": "".join(words)}
-            else:
-                choice["text"] = "".join(words)
+            choices = []
+            for i in range(n):
+                choice: dict[str, Any] = {"index": i, "finish_reason": "stop", "logprobs": None,
+                                          "stop_reason": matched}
+                if chat:
+                    choice["message"] = {"role": "assistant", "content": "".join(words)}
+                else:
+                    choice["text"] = "".join(words)
+                choices.append(choice)
             out = {"id": "stub-1", "object": "chat.completion" if chat else "text_completion",
-                   "created": int(time.time()), "model": req.get("model", "stub"), "choices": [choice]}
+                   "created": int(time.time()), "model": req.get("model", "stub"), "choices": choices}
             if not self.no_usage:
                 out["usage"] = usage
             await self._json(send, 200, out)
@@ -122,13 +130,15 @@ class Stub:
         for i, w in enumerate(words):
             if self.stall_after is not None and i >= self.stall_after:
                 await asyncio.sleep(3600)
-            delta = {"content": w} if chat else None
-            choice = {"index": 0, "delta": delta, "finish_reason": None} if chat else \
-                {"index": 0, "text": w, "finish_reason": None}
-            await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [choice]})
-        last = {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": matched} if chat else \
-            {"index": 0, "text": "", "finish_reason": "stop", "stop_reason": matched}
-        await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [last]})
+            for index in range(n):
+                delta = {"content": w} if chat else None
+                choice = {"index": index, "delta": delta, "finish_reason": None} if chat else \
+                    {"index": index, "text": w, "finish_reason": None}
+                await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [choice]})
+        for index in range(n):
+            last = {"index": index, "delta": {}, "finish_reason": "stop", "stop_reason": matched} if chat else \
+                {"index": index, "text": "", "finish_reason": "stop", "stop_reason": matched}
+            await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [last]})
         if not self.no_usage and (req.get("stream_options") or {}).get("include_usage"):
             await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [],
                                      "usage": usage})

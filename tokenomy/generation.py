@@ -35,7 +35,9 @@ class GenRequest:
     prompt: str | None = None
     # embedding: the texts, or the token-id lists, to embed, in order (params: encoding_format, dimensions)
     inputs: list[str] | list[list[int]] | None = None
-    params: dict[str, Any] = field(default_factory=dict)   # OpenAI sampling fields, normalised
+    # OpenAI sampling fields, normalised; also `n` and `best_of` when they ask for more than one choice, and
+    # `prediction` ({"type": "content", "content": text}) when the client predicted the answer
+    params: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -55,7 +57,9 @@ class GenRequest:
 
 @dataclass
 class Delta:
-    """A piece of a streamed answer. The last one carries finish_reason and usage."""
+    """A piece of a streamed answer. The last one carries finish_reason and usage. An answer of several choices
+    (`n` > 1) says each piece's choice (`index`); each choice's last piece carries its finish_reason, and the stream's
+    last delta (one of those) the usage of them all."""
 
     text: str = ""
     logprobs: list[dict[str, Any]] = field(default_factory=list)
@@ -67,12 +71,18 @@ class Delta:
     confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when the backend knows them
     token_ids: list[int] = field(default_factory=list)      # the tokens of `text`, from an embedded backend
     signals: list[float] = field(default_factory=list)      # each token's confidence, when TokenRouting.signal asked
+    index: int = 0                                          # the choice this piece belongs to (n > 1)
+
+    @property
+    def last(self) -> bool:
+        """Whether this delta ends the stream: it carries the usage (every choice has finished) or an error."""
+        return self.usage is not None or self.error is not None
 
 
 @dataclass
 class Usage:
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0          # with several choices (n, best_of), over every one generated
     cached_tokens: int = 0       # prompt tokens read from a prompt (prefix) cache; part of prompt_tokens
     cache_write_tokens: int = 0  # prompt tokens written to an upstream's prompt cache (Anthropic's
     #                              cache_creation_input_tokens); part of prompt_tokens, apart from cached_tokens
@@ -85,6 +95,9 @@ class Usage:
     replica: str | None = None   # which replica of a pooled model served (backends/pool.py); None: not pooled
     draft_tokens: int | None = None     # speculative draft tokens the engine fed for this answer (None: unknown)
     draft_accepted: int | None = None   # ... and how many of them it accepted
+    # Predicted Outputs: the prediction's tokens drafted and accepted, and drafted and rejected (None: no prediction)
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
     handovers: int | None = None        # token-level routing: times the large model took over (None: not routed)
     # an answer several models wrote (token-level routing): each model's own usage, in the order first used;
     # the fields above are their sums, and each part is priced at its own model's price

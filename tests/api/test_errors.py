@@ -27,7 +27,10 @@ def assert_error(r, status, fragment=None):
     ({**OK, "max_tokens": 0}, 400, "max_tokens"),
     ({**OK, "max_tokens": "ten"}, 400, "max_tokens"),
     ({**OK, "temperature": 5}, 400, "temperature"),
-    ({**OK, "n": 2}, 400, "n=1"),
+    ({**OK, "n": 17}, 400, "'n'"),
+    ({**OK, "n": 0}, 400, "'n'"),
+    ({**OK, "prediction": {"type": "text", "content": "x"}}, 400, "prediction"),
+    ({**OK, "prediction": {"type": "content", "content": [{"type": "image_url"}]}}, 400, "prediction"),
     ({**OK, "messages": []}, 400, "messages"),
     ({**OK, "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ({**OK, "messages": [{"role": "user"}]}, 400, "content"),
@@ -61,6 +64,10 @@ def test_completions_bad_inputs(server):
     assert_error(post(server, {"model": MODEL, "prompt": [1, 2]}, "/completions"), 400, "prompt")
     assert_error(post(server, {"model": MODEL}, "/completions"), 400, "prompt")
     assert_error(post(server, {"model": MODEL, "prompt": "x", "logprobs": 9}, "/completions"), 400, "logprobs")
+    for bad, says in (({"n": 3, "best_of": 2}, "at least n"), ({"best_of": 17}, "best_of"),
+                      ({"best_of": 3, "stream": True}, "cannot be streamed")):
+        err = assert_error(post(server, {"model": MODEL, "prompt": "x", **bad}, "/completions"), 400, says)
+        assert err["param"] == "best_of"
 
 
 def test_a_wrong_method_is_a_405_that_says_which_methods_are_allowed(server):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
 
 from tests.noise import assert_same_up_to_noise
 
@@ -120,3 +121,64 @@ def test_concurrent_requests_match_their_solo_answers(client):
     for i in range(len(prompts)):
         assert_same_up_to_noise(out[i], solo[i])
         assert out[i][0][0] == solo[i][0][0]
+
+
+def _steps(choice) -> list[tuple[str, float, float]]:
+    """A greedy chat choice as (token, logprob, margin to the runner-up) per step (top_logprobs=2)."""
+    return [(e.token, e.logprob, e.top_logprobs[0].logprob - e.top_logprobs[1].logprob)
+            for e in choice.logprobs.content]
+
+
+def test_n_choices_of_chat_and_completions_streamed_or_not_with_usage_over_all(client):
+    """n = 3: three choices, index 0..2, greedy ones alike; usage counts the prompt once and every choice's tokens;
+    a stream carries each choice's pieces under its index, a finish chunk per choice and the same usage last."""
+    full = client.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=8, temperature=0,
+                                          logprobs=True, top_logprobs=2)
+    one = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0, logprobs=True,
+                                         top_logprobs=2)
+    assert [c.index for c in full.choices] == [0, 1, 2]
+    for c in full.choices:                              # alike, up to the kernel noise of other batch shapes
+        assert_same_up_to_noise(_steps(c), _steps(one.choices[0]))
+    assert full.usage.prompt_tokens == one.usage.prompt_tokens
+    assert full.usage.completion_tokens == sum(len(c.logprobs.content) for c in full.choices) \
+        == 3 * one.usage.completion_tokens
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=8, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    for c in full.choices:
+        mine = [x.choices[0] for x in chunks if x.choices and x.choices[0].index == c.index]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(x.delta.content or "" for x in mine) == c.message.content
+        assert [x.finish_reason for x in mine if x.finish_reason] == [c.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    kw = dict(model=MODEL, prompt="The capital of France is", n=3, max_tokens=8, temperature=1.0, seed=5)
+    texts = [c.text for c in client.completions.create(**kw).choices]
+    assert len(set(texts)) > 1                          # each choice its own seed: they differ ...
+    streamed = list(client.completions.create(**kw, stream=True))
+    assert ["".join(x.choices[0].text for x in streamed if x.choices and x.choices[0].index == i)
+            for i in range(3)] == texts                  # ... the same each time
+
+
+def test_best_of_returns_the_n_likeliest_and_bills_every_candidate(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", n=2, best_of=4, max_tokens=6,
+                                  temperature=1.0, seed=3, logprobs=1, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == 4 * 6           # all four generated
+    means = [sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs) for c in r.choices]
+    assert means[0] >= means[1]                          # the best first
+    rest = client.completions.create(model=MODEL, prompt="The capital of France is", n=4, max_tokens=6,
+                                     temperature=1.0, seed=3, logprobs=1, extra_body={"ignore_eos": True})
+    candidates = sorted((sum(c.logprobs.token_logprobs) / 6 for c in rest.choices), reverse=True)
+    assert means == pytest.approx(candidates[:2], abs=0.4)   # the same four candidates, up to kernel noise
+
+
+def test_a_predicted_output_leaves_a_greedy_answer_as_it_is_and_is_reported_in_usage(client):
+    kw = dict(model=MODEL, messages=HELLO, max_tokens=24, temperature=0, logprobs=True, top_logprobs=2)
+
+    plain = client.chat.completions.create(**kw)
+    assert plain.usage.completion_tokens_details.accepted_prediction_tokens == 0
+    for text in (plain.choices[0].message.content, "Stock prices fell sharply on Monday after the report."):
+        r = client.chat.completions.create(**kw, prediction={"type": "content", "content": [{"type": "text",
+                                                                                            "text": text}]})
+        assert_same_up_to_noise(_steps(r.choices[0]), _steps(plain.choices[0]))
+        d = r.usage.completion_tokens_details
+        assert 0 <= d.accepted_prediction_tokens <= r.usage.completion_tokens and d.rejected_prediction_tokens >= 0

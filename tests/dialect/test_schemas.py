@@ -36,3 +36,20 @@ def test_a_body_that_does_not_validate_is_a_400_naming_the_field() -> None:
     with pytest.raises(APIError) as wrong:
         gen_request("/v1/chat/completions", {**CHAT, "temperature": "hot"})
     assert wrong.value.param == "temperature" and wrong.value.code == "invalid_value"
+
+
+def test_n_best_of_and_a_prediction_map_to_the_requests_params() -> None:
+    chat = gen_request("/v1/chat/completions", {**CHAT, "n": 3, "prediction": {
+        "type": "content", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there."}]}})
+    assert chat.params == {"max_tokens": 5, "n": 3, "prediction": {"type": "content", "content": "Hello there."}}
+    plain = gen_request("/v1/completions", {"model": "m", "prompt": "Once", "n": 1, "best_of": 1})
+    assert plain.params == {"max_tokens": 16}            # one choice: nothing to say
+    best = gen_request("/v1/completions", {"model": "m", "prompt": "Once", "n": 2, "best_of": 4})
+    assert (best.params["n"], best.params["best_of"]) == (2, 4)
+    for bad, param in (({"n": 17}, "n"), ({"n": 2, "best_of": 1}, "best_of"), ({"best_of": 17}, "best_of")):
+        with pytest.raises(APIError) as e:
+            gen_request("/v1/completions", {"model": "m", "prompt": "Once", **bad})
+        assert (e.value.status, e.value.param) == (400, param)
+    with pytest.raises(APIError) as e:
+        gen_request("/v1/chat/completions", {**CHAT, "prediction": {"type": "content", "content": 7}})
+    assert e.value.param.startswith("prediction")

@@ -19,6 +19,11 @@ def test_a_one_model_answer_has_only_openais_keys():
     assert set(usage_body(None)) == OPENAI_KEYS and usage_body(None)["total_tokens"] == 0
     # handovers alone (no parts: e.g. the small model finished without the large one writing) add nothing
     assert set(usage_body(Usage(prompt_tokens=1, handovers=0))) == OPENAI_KEYS
+    assert body["completion_tokens_details"] == {"reasoning_tokens": 0, "accepted_prediction_tokens": 0,
+                                                 "rejected_prediction_tokens": 0}
+    predicted = usage_body(Usage(completion_tokens=7, accepted_prediction_tokens=5, rejected_prediction_tokens=3))
+    assert predicted["completion_tokens_details"]["accepted_prediction_tokens"] == 5
+    assert predicted["completion_tokens_details"]["rejected_prediction_tokens"] == 3
 
 
 def test_an_answer_several_models_wrote_names_each_models_tokens_and_the_handovers():

@@ -1,6 +1,6 @@
 """The engine's bench scripts work as their docs say: the plain-client latency bench against a live server, the
 requantized draft pair that bench/engine_techniques.py builds, the stream placement bench's two rules and the KV tier
-save bench's two rules."""
+save bench's two rules, and the predicted outputs bench's three modes."""
 
 from __future__ import annotations
 
@@ -75,3 +75,19 @@ def test_tier_save_compares_saving_at_eviction_with_saving_after_finish(monkeypa
                                          r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)}
     assert set(rows) == {"at eviction", "after finish"}, out
     assert float(rows["at eviction"][3]) == 1.0 and all(float(r[2]) > 0 and float(r[4]) > 0 for r in rows.values())
+
+
+def test_predicted_outputs_compares_no_right_and_wrong_prediction_in_one_run(monkeypatch, capsys):
+    bench = load_bench("predicted_outputs.py")
+    path = shared_data("grounded/dev.jsonl", "TOKENOMY_GROUNDED")
+    monkeypatch.setattr(sys, "argv", ["predicted_outputs.py", "--quick", "--threads", "1", "--grounded", str(path)])
+    bench.main()
+    out = capsys.readouterr().out
+    rows = {(m[1], m[2]): m for m in re.finditer(r"^\s*(1|2)\s+(none|right|wrong)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+"
+                                                r"(\S+)\s+(\d+)/(\d+)$", out, re.M)}
+    assert set(rows) == {(c, m) for c in ("1", "2") for m in ("none", "right", "wrong")}, out
+    assert all(float(r[3]) > 0 and r[8] == "2" for r in rows.values())
+    assert all(float(rows[(c, "none")][4]) == 1.0 and rows[(c, "none")][5] == "0" for c in ("1", "2"))
+    # whether drafting pays is the measured step cost's call (tests/engine/test_speculate.py fixes it); what was
+    # drafted from the right prediction was mostly accepted
+    assert all(r[6] == "-" or float(r[6]) > 0.5 for r in (rows[("1", "right")], rows[("2", "right")]))

@@ -292,3 +292,54 @@ def test_a_max_model_len_that_cannot_be_granted_stops_the_engine_at_start_naming
         Engine(path, EngineConfig(**cfg))
     for part in says:
         assert part in str(err.value)
+
+
+def choices(engine: Engine, ids: list[int], params: list[SamplingParams]) -> tuple[list[list[int]], list]:
+    """The tokens of each of one request's sequences (Engine.submit_n), and their final events."""
+    done = threading.Event()
+    out: list[list[int]] = [[] for _ in params]
+    finals: dict[int, object] = {}
+
+    def cb(i):
+        def on(ev):
+            out[i] += ev.token_ids
+            if ev.finish_reason:
+                finals[i] = ev
+                if len(finals) == len(params):
+                    done.set()
+        return on
+
+    engine.submit_n(ids, params, [cb(i) for i in range(len(params))])
+    assert done.wait(120)
+    return out, [finals[i] for i in range(len(params))]
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["unified", "streams"])
+def test_the_choices_of_one_request_share_one_prefill(path, kv_unified):
+    """n = 3 greedy choices: the prompt's tokens are fed to the model once (the engine's count of prompt tokens
+    fed), the other two start from a copy of its KV, and all three answer alike; seeded sampled choices differ from
+    each other, the same each time. With running places for only two, the third waits and shares the prompt
+    through the prefix cache (its last token computed again, as any cache hit)."""
+    engine = Engine(path, EngineConfig(n_ctx=8192, max_running=4, max_retired=4, max_batch_tokens=256,
+                                       kv_unified=kv_unified)).start()
+    try:
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": "Name three colors."}])
+        greedy, finals = choices(engine, ids, [SamplingParams(max_tokens=10, temperature=0)] * 3)
+        assert engine.stats.prompt_tokens == len(ids)
+        assert greedy[0] == greedy[1] == greedy[2] and len(greedy[0]) > 3
+        assert [f.cached_tokens for f in finals] == [0, len(ids), len(ids)]
+        assert all(f.prompt_tokens == len(ids) for f in finals)
+        seeded = SamplingParams(max_tokens=10, temperature=1.0, seed=11)
+        sampled, _ = choices(engine, ids, [seeded.for_choice(i) for i in range(3)])
+        again, _ = choices(engine, ids, [seeded.for_choice(i) for i in range(3)])
+        assert sampled == again and len({tuple(x) for x in sampled}) > 1
+    finally:
+        engine.stop()
+    tight = Engine(path, EngineConfig(n_ctx=8192, max_running=2, max_retired=4, max_batch_tokens=256,
+                                      kv_unified=kv_unified)).start()
+    try:
+        out, finals = choices(tight, ids, [SamplingParams(max_tokens=10, temperature=0)] * 3)
+        assert out == greedy
+        assert tight.stats.prompt_tokens == len(ids) + 1 and finals[2].cached_tokens == len(ids) - 1
+    finally:
+        tight.stop()

@@ -1,7 +1,10 @@
 """The scheduler's plan: chunked prefill within the token budget, the interactive and batch lanes, and
 preemption when cells or running places run out (on the unified buffer, whose cells can run out)."""
 
-from tests.engine.layout_fakes import KVLog, bseq, run_plan, seq, unified
+import pytest
+
+from tests.engine.layout_fakes import KVLog, KVShadow, bseq, check_kv, run_plan, seq, unified
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.scheduler import Scheduler
 from tokenomy.engine.sequence import Status
 
@@ -117,3 +120,43 @@ def test_kv_pressure_preempts_batch_before_interactive():
     i.output += [11]
     plan = s.schedule()                            # i needs a cell: the older batch sequence goes, not i
     assert plan == [(i, 1)] and b.status is Status.WAITING and b.preemptions == 1
+
+
+def forked(prompt, n):
+    """The n sequences of one request, as Engine.submit_n makes them."""
+    seqs = [seq(prompt) for _ in range(n)]
+    for q in seqs[1:]:
+        q.fork_of = seqs[0]
+    seqs[0].forks = seqs[1:]
+    return seqs
+
+
+@pytest.mark.parametrize("kv_unified", [True, False], ids=["unified", "streams"])
+def test_the_choices_of_one_request_wait_for_its_prefill_and_are_forked_from_it(kv_unified):
+    """n > 1: the other choices are not admitted while the first prefills its prompt (in chunks); then each is
+    forked onto a slot holding a copy of that prompt's KV (the unified buffer shares the cells: no cell more is
+    used), and where no running place is left the last waits, to be admitted as usual with the prompt from the
+    prefix cache."""
+    kv = KVShadow()
+    s = Scheduler(EngineConfig(max_running=3, max_retired=2, max_batch_tokens=8, kv_unified=kv_unified), kv,
+                  n_ctx=1000)
+    first, b, c, d = forked(list(range(20)), 4)
+    s.waiting.extend([first, b, c, d])
+    for _ in range(2):                                 # 8 + 8 of its 20 tokens: the others wait
+        plan = s.schedule()
+        assert [q for q, _ in plan] == [first]
+        run_plan(s, plan, kv)
+    plan = s.schedule()
+    assert plan == [(first, 4)]
+    run_plan(s, plan, kv)
+    used = s.used_cells
+    assert s.fork(first, b) and s.fork(first, c)
+    assert not s.fork(first, d) and d.status is Status.WAITING      # max_running 3
+    for q in (b, c):
+        assert q.status is Status.RUNNING and q.n_kv == 20 and q.cached_tokens == 20 and q not in s.waiting
+        assert kv.content[q.slot] == list(range(20))
+    assert s.used_cells == (used if kv_unified else 3 * used)
+    check_kv(s, kv)
+    s.finish(b, keep_prefix=False)
+    plan = s.schedule()                                # a place: d is admitted, its prompt from the cache
+    assert (d, 1) in plan and d.cached_tokens == 19

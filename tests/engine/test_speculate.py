@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 from tests.engine.test_engine import run
 from tests.noise import assert_same_up_to_noise
-from tokenomy.engine import speculate
+from tokenomy.engine import speculate, tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampler import Sampler
@@ -23,6 +25,23 @@ def test_propose_continues_the_latest_earlier_occurrence_of_the_longest_suffix()
     assert speculate.propose([5, 6, 7], 3) == []          # nothing repeats
     assert speculate.propose(toks, 0) == []
     assert speculate.propose([1, 2, 9, 1, 2], 1, ngram_max=2) == [9]
+
+
+def test_a_prediction_drafts_from_where_the_answer_stands_in_it_and_realigns_after_a_divergence():
+    p = speculate.Prediction([10, 11, 12, 13, 14, 15, 16, 17])
+    assert p.propose([], 3) == [10, 11, 12]                 # before the first token: its start
+    assert p.propose([10, 11], 3) == [12, 13, 14]
+    followed = p.agreement
+    assert followed > tuning.PRIOR_ACCEPTANCE
+    assert p.propose([10, 11, 99], 3) == [] and p.cursor is None     # the answer left it
+    assert p.agreement < followed
+    assert p.propose([10, 11, 99, 14], 3) == [15, 16, 17]  # ... and rejoined it
+    assert p.propose([10, 11, 99, 14, 15, 16, 17], 3) == []          # past its end
+    q = speculate.Prediction([1, 2, 3, 1, 2, 4])
+    assert q.propose([7, 1, 2], 2) == [3, 1]                # the first occurrence ahead of where it stood
+    wrong = speculate.Prediction([50, 51, 52, 53] * 4)
+    wrong.propose(list(range(100, 112)), 4)
+    assert wrong.agreement < 0.01                           # every token missed: its drafts are priced as worthless
 
 
 def test_step_cost_interpolates_and_extrapolates_what_it_measured():
@@ -102,6 +121,14 @@ def test_a_step_drafts_only_for_sequences_that_decode_one_token_and_may_speculat
     assert speculate.Speculator(EngineConfig(speculative=False), 4096).drafts(plan, 10_000, cheap) == {}
     tight = speculate.Speculator(EngineConfig(kv_unified=True), max_model_len=len(loop) + 4)
     assert len(tight.drafts([(free, 1)], 10_000, cheap)[free]) == 2      # the window leaves room for two
+    # a sequence with a predicted output drafts from the prediction, never by prompt lookup
+    predicted, lost = decoding(loop), decoding(loop)
+    predicted.prediction = speculate.Prediction([predicted.output[0], 40, 41, 42])
+    lost.prediction = speculate.Prediction([40, 41, 42])
+    for q in (predicted, lost):
+        q.prediction.agreement = 0.95
+    drafts = spec.drafts([(predicted, 1), (lost, 1)], 10_000, cheap)
+    assert drafts == {predicted: [40, 41, 42]}
 
 
 def test_a_draft_keeps_the_sampled_distribution():
@@ -158,3 +185,43 @@ def test_a_request_can_opt_out_and_seeded_sampling_is_never_speculated(path):
     assert not SamplingParams(temperature=0.7, seed=1).may_speculate
     assert SamplingParams(temperature=0.7).may_speculate and SamplingParams(temperature=0).may_speculate
     assert not SamplingParams(temperature=0, speculative=False).may_speculate
+
+
+def _predicted(engine: Engine, ids: list[int], prediction: list[int] | None) -> tuple[list[tuple], object]:
+    """A greedy answer of 24 tokens as (token, logprob, margin) per step, and its final event."""
+    steps, final, done = [], [], threading.Event()
+
+    def on(ev):
+        steps.extend((e.token, e.logprob, e.top[0][1] - e.top[1][1]) for e in ev.logprobs)
+        if ev.finish_reason:
+            final.append(ev)
+            done.set()
+
+    engine.submit(ids, SamplingParams(max_tokens=24, temperature=0, logprobs=True, top_logprobs=2,
+                                      ignore_eos=True, prediction=prediction), on)
+    assert done.wait(120)
+    return steps, final[0]
+
+
+def test_a_predicted_output_is_drafted_from_and_never_changes_a_greedy_answer(path):
+    """Its own earlier answer as the prediction: drafted from once the answer has followed it a few tokens, and
+    mostly accepted; an unrelated text: drafted from hardly at all (its agreement falls at once), under step costs
+    like this CPU's (verifying 8 tokens costs 5.6 steps of one). Either way the answer is the one without a
+    prediction (up to the kernel noise of verifying several tokens in one step)."""
+    engine = Engine(path, EngineConfig(n_ctx=4096, max_running=2, max_retired=2, max_batch_tokens=256)).start()
+    try:
+        engine.step_cost = _cost(per_token=0.0058, fixed=0.0042)
+        engine.step_cost.observe = lambda n, dt: None
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about the sea."}])
+        plain, none = _predicted(engine, ids, None)
+        right, hit = _predicted(engine, ids, [t for t, _, _ in plain])
+        unrelated = engine.tokenizer.encode(" ".join(COPY) * 2, add_special=False)
+        wrong, miss = _predicted(engine, ids, unrelated)
+        for got in (right, wrong):
+            assert len(got) == len(plain)
+            assert_same_up_to_noise(got, plain)
+        assert none.draft_tokens == 0                       # prompt lookup found nothing worth it here
+        assert hit.draft_accepted >= len(plain) // 2 and hit.draft_accepted >= 0.9 * hit.draft_tokens
+        assert miss.draft_tokens <= 2
+    finally:
+        engine.stop()

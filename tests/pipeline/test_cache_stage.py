@@ -71,6 +71,16 @@ def test_cache_control_and_randomness(gw):
     assert chat(gw, "Name an orange fruit.", "sk-a", temperature=1.0, seed=3).headers["x-tokenomy-cache"] == "exact"
 
 
+def test_several_choices_are_never_cached_and_a_prediction_is_not_part_of_the_key(gw):
+    for _ in range(2):
+        r = chat(gw, "Name a yellow fruit.", "sk-a", n=2)
+        assert r.headers["x-tokenomy-cache"] == "miss" and len(r.json()["choices"]) == 2     # the second too
+    first = chat(gw, "Name an orange fruit.", "sk-a")
+    predicted = chat(gw, "Name an orange fruit.", "sk-a",
+                     prediction={"type": "content", "content": first.json()["choices"][0]["message"]["content"]})
+    assert predicted.headers["x-tokenomy-cache"] == "exact"     # the same greedy answer, whatever was predicted
+
+
 def test_semantic_hit_on_a_paraphrase_but_not_on_a_different_question(gw):
     first = chat(gw, "What is the capital city of France?", "sk-a")
     para = chat(gw, "what's the capital city of france?", "sk-a")

@@ -199,3 +199,26 @@ def test_an_upstream_that_answers_a_stream_with_one_json_body_is_read_as_the_ans
         assert "stub" in text
         plain = httpx.post(gw.base_url + "/chat/completions", json={"model": "remote", "messages": MSG}, timeout=30)
         assert plain.json()["choices"][0]["message"]["content"] == text
+
+
+def test_n_best_of_and_a_prediction_pass_through_to_the_upstream_and_come_back_per_choice():
+    with StubServer(Stub()) as s, live_server(gateway_config(s.port)) as gw:
+        client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+        pred = {"type": "content", "content": "Hello from the stub."}
+        r = client.chat.completions.create(model="remote", messages=MSG, n=2, prediction=pred)
+        assert s.stub.bodies[-1]["n"] == 2 and s.stub.bodies[-1]["prediction"] == pred
+        assert [c.index for c in r.choices] == [0, 1] and all("stub" in c.message.content for c in r.choices)
+        assert r.usage.completion_tokens == 10            # the upstream's count, both choices
+        details = r.usage.completion_tokens_details
+        assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (3, 1)
+        chunks = list(client.chat.completions.create(model="remote", messages=MSG, n=2, stream=True,
+                                                     stream_options={"include_usage": True}))
+        for i in (0, 1):
+            mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+            assert "".join(c.delta.content or "" for c in mine) == r.choices[i].message.content
+            assert [c.finish_reason for c in mine if c.finish_reason] == ["stop"]
+        assert chunks[-1].usage.completion_tokens == 10
+        best = client.completions.create(model="remote", prompt="Hi", n=2, best_of=3)
+        sent = s.stub.bodies[-1]
+        assert (sent["best_of"], sent["n"], sent["stream"]) == (3, 2, False)   # OpenAI streams no best_of
+        assert [c.index for c in best.choices] == [0, 1]

@@ -97,6 +97,17 @@ def test_cascade_on_streams_judges_a_buffer_before_the_first_byte(gw):
         assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
 
+def test_a_cascade_judges_the_first_of_several_choices_and_streams_them_all(gw):
+    for route, expect in (("always_escalate", "big"), ("never_escalate", "small")):
+        body = {"model": route, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8,
+                "temperature": 0, "stream": True, "n": 2}
+        with httpx.stream("POST", gw.base_url + "/chat/completions", json=body, timeout=120) as r:
+            chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+        assert {c["model"] for c in chunks} == {expect}
+        finishes = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        assert sorted(finishes) == [0, 1]
+
+
 def test_load_sheds_to_the_cheaper_model_when_the_preferred_queue_is_long(gw):
     assert ask(gw, "shed").json()["model"] == "big"           # idle: the capable model
     big, slo = gw.gateway.registry.get("big"), ROUTES["shed"]["load"]["slo_queue_s"]
@@ -176,6 +187,12 @@ def test_token_route_sends_structured_output_to_the_large_model_whole(gw):
     r = ask(gw, "token_always", "A JSON object with a name.", max_tokens=24, response_format={"type": "json_object"})
     assert r.json()["model"] == "big" and "structured output" in r.headers["x-tokenomy-route"]
     assert "models" not in r.json()["usage"]
+
+
+def test_token_route_sends_several_choices_to_the_large_model_whole(gw):
+    r = ask(gw, "token_always", n=2)
+    assert r.json()["model"] == "big" and "several choices" in r.headers["x-tokenomy-route"]
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1] and "models" not in r.json()["usage"]
 
 
 def test_a_token_route_keeps_one_router_until_a_reload_gives_the_route_new_settings(gw):

@@ -154,13 +154,11 @@ class EmbeddedBackend:
 
     # ---- generation ------------------------------------------------------------------------------------
     async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
+        """The answer's deltas. With `n` > 1 the n choices run as n sequences sharing one prefill, each piece
+        saying its choice; with `best_of` > n all best_of run, unstreamed, and the n with the highest mean logprob
+        per token are sent, best first. A predicted output (`prediction`) is tokenized once and drafted from."""
         t0 = time.perf_counter()
         fmt = self.output_format(req)
-        calls = None
-        if fmt is not None and fmt.may_call:
-            from tokenomy.structured import ToolCallStream
-
-            calls = ToolCallStream()
         prompt = self.prompt_tokens(req)
         room = self.check_length(prompt, req.params)
         try:
@@ -170,55 +168,80 @@ class EmbeddedBackend:
             param = next((f for f in ("logit_bias", "repetition_penalty", "temperature", "top_p", "max_tokens")
                           if f in str(e)), None)
             raise InvalidRequest(str(e), param=param) from e
+        predicted = prediction_text(req.params)
+        if predicted is not None:
+            sp.prediction = self.engine.tokenizer.encode(predicted, add_special=False)[:self.engine.max_model_len]
+        n = int(req.params.get("n") or 1)
+        best_of = max(int(req.params.get("best_of") or n), n)
         spec = None if fmt is None else ConstraintSpec(fmt, self.structured.break_loops, self.structured.wrap_up)
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
 
-        def on_event(ev: TokenEvent) -> None:   # called on the engine thread
-            loop.call_soon_threadsafe(queue.put_nowait, ev)
+        def on_event_of(i: int) -> Any:
+            def on_event(ev: TokenEvent) -> None:   # called on the engine client's reader thread
+                loop.call_soon_threadsafe(queue.put_nowait, (i, ev))
+            return on_event
 
+        ranked = best_of > n           # every candidate must finish before any is sent
         try:
-            handle = self.engine.submit(prompt, sp, on_event, constraint=spec, request_id=req.request_id,
-                                        stream=req.stream)
+            handles = self.engine.submit_n(prompt, [sp.for_choice(i) for i in range(best_of)],
+                                           [on_event_of(i) for i in range(best_of)], constraint=spec,
+                                           request_id=req.request_id, stream=req.stream and not ranked)
         except EngineUnavailable as e:
             raise BackendError(str(e), status=503, retryable=True, retry_after=1.0) from e
-        finished = False
+        calls = [_tool_calls(fmt) for _ in range(best_of)]
+        finals: dict[int, TokenEvent] = {}
+        held: dict[int, list[Delta]] = {i: [] for i in range(best_of)}
         try:
-            while True:
-                ev = await queue.get()
-                text, tool_deltas = calls.feed(ev.text) if calls is not None else (ev.text, [])
-                if ev.finish_reason is None:
-                    if text or tool_deltas or ev.logprobs or ev.token_ids:
-                        yield Delta(text=text, logprobs=self._wire(ev.logprobs), confidence=ev.token_logprobs,
-                                    tool_calls=tool_deltas or None, token_ids=ev.token_ids, signals=ev.signals)
-                    continue
-                finished = True
+            while len(finals) < best_of:
+                i, ev = await queue.get()
                 if ev.finish_reason == "error":
                     raise _error(ev)
-                arrival = handle.submitted_at
-                usage = Usage(
-                    prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
-                    cached_tokens=ev.cached_tokens,
-                    queue_s=max((ev.scheduled_at or arrival) - arrival, 0.0),
-                    ttft_s=(ev.first_token_at - arrival) if ev.first_token_at else None,
-                    e2e_s=time.perf_counter() - t0,
-                    mean_logprob=ev.mean_logprob, min_logprob=ev.min_logprob,
-                    draft_tokens=ev.draft_tokens, draft_accepted=ev.draft_accepted,
-                )
-                self._wait_ewma = 0.8 * self._wait_ewma + 0.2 * max(usage.queue_s, 0.0)
-                finish = ev.finish_reason
-                if calls is not None:
-                    rest, _ = calls.close()
-                    text += rest
-                    if calls.calls and finish == "stop":
-                        finish = "tool_calls"
-                yield Delta(text=text, logprobs=self._wire(ev.logprobs), finish_reason=finish, usage=usage,
-                            confidence=ev.token_logprobs, tool_calls=tool_deltas or None, token_ids=ev.token_ids,
-                            signals=ev.signals, stop_sequence=ev.stop_sequence)
-                return
+                d = _piece(i, ev, calls[i], self._wire(ev.logprobs))
+                if ev.finish_reason is not None:
+                    finals[i] = ev
+                if d is None:
+                    continue
+                if ranked or len(finals) == best_of:
+                    held[i].append(d)      # ranked: sent once all have finished; else the last piece, with usage
+                else:
+                    yield d
+            usage = self._usage([finals[i] for i in range(best_of)], handles[0].submitted_at, t0,
+                                predicted is not None)
+            if ranked:      # the n likeliest, best first
+                best = sorted(range(best_of), key=lambda i: -(finals[i].mean_logprob or 0.0))[:n]
+                rest = [dataclasses.replace(d, index=k) for k, i in enumerate(best) for d in held[i]]
+            else:           # the piece that ended the last choice to finish
+                rest = [d for i in range(best_of) for d in held[i]]
+            rest[-1].usage = usage
+            for d in rest:
+                yield d
         finally:
-            if not finished:       # the consumer went away (client disconnect): free the sequence
-                self.engine.cancel(handle)
+            for i, h in enumerate(handles):
+                if i not in finals:      # the consumer went away (client disconnect), or a choice failed
+                    self.engine.cancel(h)
+
+    def _usage(self, finals: list[TokenEvent], arrival: float, t0: float, predicted: bool) -> Usage:
+        """One usage for the request's sequences' final events: the prompt once (the first sequence computed it),
+        the completion tokens of them all."""
+        first = finals[0]
+        completion = sum(ev.completion_tokens for ev in finals)
+        starts = [ev.first_token_at for ev in finals if ev.first_token_at]
+        drafted, accepted = sum(ev.draft_tokens for ev in finals), sum(ev.draft_accepted for ev in finals)
+        usage = Usage(
+            prompt_tokens=first.prompt_tokens, completion_tokens=completion, cached_tokens=first.cached_tokens,
+            queue_s=max((first.scheduled_at or arrival) - arrival, 0.0),
+            ttft_s=(min(starts) - arrival) if starts else None,
+            e2e_s=time.perf_counter() - t0,
+            mean_logprob=(sum((ev.mean_logprob or 0.0) * ev.completion_tokens for ev in finals) / completion
+                          if completion else first.mean_logprob),
+            min_logprob=min(ev.min_logprob or 0.0 for ev in finals),
+            draft_tokens=drafted, draft_accepted=accepted,
+            accepted_prediction_tokens=accepted if predicted else None,
+            rejected_prediction_tokens=drafted - accepted if predicted else None,
+        )
+        self._wait_ewma = 0.8 * self._wait_ewma + 0.2 * max(usage.queue_s, 0.0)
+        return usage
 
     def _wire(self, logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
         """OpenAI's logprobs content entries: token text, logprob, bytes and top_logprobs."""
@@ -241,6 +264,40 @@ class EmbeddedBackend:
 
     async def close(self) -> None:
         await asyncio.to_thread(self.engine.stop)
+
+
+def prediction_text(params: dict[str, Any]) -> str | None:
+    """The text of a request's predicted output (the dialect's `prediction`: {"type": "content", "content": text}),
+    or None."""
+    pred = params.get("prediction")
+    text = pred.get("content") if isinstance(pred, dict) else None
+    return text if isinstance(text, str) and text else None
+
+
+def _tool_calls(fmt: Any) -> Any:
+    """A ToolCallStream for one choice when the answer may call tools, else None."""
+    if fmt is None or not fmt.may_call:
+        return None
+    from tokenomy.structured import ToolCallStream
+
+    return ToolCallStream()
+
+
+def _piece(i: int, ev: TokenEvent, calls: Any, logprobs: list[dict[str, Any]]) -> Delta | None:
+    """The delta of choice `i` for one of its events (its tool calls parsed out of the text by `calls`); None for an
+    event that carries nothing to send. A final event gives the choice's last piece, with its finish_reason."""
+    text, tool_deltas = calls.feed(ev.text) if calls is not None else (ev.text, [])
+    finish = ev.finish_reason
+    if finish is None and not (text or tool_deltas or ev.logprobs or ev.token_ids):
+        return None
+    if finish is not None and calls is not None:
+        rest, _ = calls.close()
+        text += rest
+        if calls.calls and finish == "stop":
+            finish = "tool_calls"
+    return Delta(text=text, logprobs=logprobs, finish_reason=finish, confidence=ev.token_logprobs,
+                 tool_calls=tool_deltas or None, token_ids=ev.token_ids, signals=ev.signals, index=i,
+                 stop_sequence=ev.stop_sequence if finish is not None else None)
 
 
 def _error(ev: TokenEvent) -> Exception:

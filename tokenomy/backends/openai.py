@@ -72,7 +72,10 @@ class OpenAIBackend:
             path = "/completions"
         p.pop("top_logprobs", None)
         p.pop("speculative", None)      # tokenomy's own engine setting: an upstream decides its own speculation
-        body.update(p)
+        body.update(p)                  # n, best_of and prediction pass through as the client sent them
+        if (p.get("best_of") or 0) > (p.get("n") or 1):
+            body["stream"] = False      # OpenAI streams no best_of: its whole answer comes back (_whole)
+            del body["stream_options"]
         return path, body
 
     async def _open(self, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -132,8 +135,8 @@ class OpenAIBackend:
                 yield d
             return
         usage: Usage | None = None
-        finish: str | None = None
-        stop_sequence: str | None = None
+        finishes: dict[int, str] = {}       # each choice's finish_reason, by index (sent at the end, with usage)
+        stops: dict[int, str | None] = {}   # ... and the stop string that ended it, where the server says
         ttft: float | None = None
         text_parts: list[str] = []
         n_chunks = 0
@@ -156,12 +159,9 @@ class OpenAIBackend:
                 if "error" in chunk:
                     raise BackendError(f"{self.name} stream error: {_message(json.dumps(chunk))}", status=502)
                 if chunk.get("usage"):
-                    u = chunk["usage"]
-                    details = u.get("prompt_tokens_details") or {}
-                    usage = Usage(prompt_tokens=u.get("prompt_tokens", 0),
-                                  completion_tokens=u.get("completion_tokens", 0),
-                                  cached_tokens=(details or {}).get("cached_tokens") or 0)
+                    usage = _usage(chunk["usage"])
                 for choice in chunk.get("choices") or []:
+                    index = int(choice.get("index") or 0)
                     delta = choice.get("delta") if req.kind == "chat" else None
                     text = (delta or {}).get("content") if delta is not None else choice.get("text")
                     tool_calls = (delta or {}).get("tool_calls")
@@ -171,21 +171,22 @@ class OpenAIBackend:
                         if isinstance(lp, (int, float)):
                             sum_lp, min_lp, n_lp = sum_lp + lp, min(min_lp, lp), n_lp + 1
                     if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
-                        stop_sequence = _stop_string(choice)
+                        finishes[index] = choice["finish_reason"]
+                        stops[index] = _stop_string(choice)
                     if text or tool_calls or lps:
                         if ttft is None:
                             ttft = time.perf_counter() - t0
                         text_parts.append(text or "")
                         n_chunks += 1
                         conf = [e["logprob"] for e in lps if isinstance(e.get("logprob"), (int, float))]
-                        yield Delta(text=text or "", logprobs=lps, tool_calls=tool_calls, confidence=conf)
+                        yield Delta(text=text or "", logprobs=lps, tool_calls=tool_calls, confidence=conf,
+                                    index=index)
         except httpx.HTTPError as e:
             self._count_error(type(e).__name__)
             raise BackendError(f"{self.name} connection lost mid-answer: {type(e).__name__}") from e
         finally:
             await resp.aclose()
-        if finish is None:
+        if not finishes:
             raise BackendError(f"{self.name} ended the stream without a finish_reason", status=502)
         if usage is None:
             completion = self.counter.count_text("".join(text_parts)).tokens if text_parts else 0
@@ -195,33 +196,39 @@ class OpenAIBackend:
         usage.ttft_s = ttft
         if n_lp:
             usage.mean_logprob, usage.min_logprob = sum_lp / n_lp, min_lp
-        yield Delta(finish_reason=finish, usage=usage, stop_sequence=stop_sequence)
+        *rest, last = sorted(finishes)
+        for index in rest:
+            yield Delta(finish_reason=finishes[index], index=index, stop_sequence=stops.get(index))
+        yield Delta(finish_reason=finishes[last], usage=usage, index=last, stop_sequence=stops.get(last))
 
     async def _whole(self, resp: httpx.Response, req: GenRequest, t0: float) -> AsyncIterator[Delta]:
-        """A complete (non-streamed) completion body, as one delta and the final one."""
+        """A complete (non-streamed) completion body: each choice as one delta and its final one."""
         try:
             data = json.loads(await resp.aread())
         except (json.JSONDecodeError, httpx.HTTPError) as e:
             raise BackendError(f"{self.name} sent an unreadable answer: {e}") from e
         finally:
             await resp.aclose()
-        choice = (data.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        text = (message.get("content") if req.kind == "chat" else choice.get("text")) or ""
-        if not choice.get("finish_reason"):
+        choices = sorted(data.get("choices") or [{}], key=lambda c: int(c.get("index") or 0))
+        if not all(c.get("finish_reason") for c in choices):
             raise BackendError(f"{self.name} answered without a finish_reason", status=502)
+        texts = [((c.get("message") or {}).get("content") if req.kind == "chat" else c.get("text")) or ""
+                 for c in choices]
         u = data.get("usage")
         if u:
-            usage = Usage(prompt_tokens=u.get("prompt_tokens", 0), completion_tokens=u.get("completion_tokens", 0),
-                          cached_tokens=(u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+            usage = _usage(u)
         else:
+            text = "".join(texts)
             usage = Usage(prompt_tokens=self.count_tokens(req).tokens,
                           completion_tokens=self.counter.count_text(text).tokens if text else 0, counted=True)
         usage.e2e_s = usage.ttft_s = time.perf_counter() - t0
-        calls = message.get("tool_calls")
-        if text or calls:
-            yield Delta(text=text, tool_calls=[dict(c, index=i) for i, c in enumerate(calls)] if calls else None)
-        yield Delta(finish_reason=choice["finish_reason"], usage=usage, stop_sequence=_stop_string(choice))
+        for k, (choice, text) in enumerate(zip(choices, texts, strict=True)):
+            calls = (choice.get("message") or {}).get("tool_calls")
+            if text or calls:
+                yield Delta(text=text, tool_calls=[dict(c, index=i) for i, c in enumerate(calls)] if calls else None,
+                            index=k)
+            yield Delta(finish_reason=choice["finish_reason"], usage=usage if k == len(choices) - 1 else None,
+                        index=k, stop_sequence=_stop_string(choice))
 
     async def embed(self, req: GenRequest) -> Embeddings:
         """The upstream's /embeddings for `req.inputs`, asked in the client's encoding_format (so a server that
@@ -316,6 +323,15 @@ def _message(text: str) -> str:
         return str(err.get("message", err)) if isinstance(err, dict) else str(err)
     except (json.JSONDecodeError, AttributeError):
         return text.strip()[:300]
+
+
+def _usage(u: dict[str, Any]) -> Usage:
+    """An upstream's usage object: tokens, cached prompt tokens, and a prediction's accepted and rejected tokens."""
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    details = u.get("completion_tokens_details") or {}
+    return Usage(prompt_tokens=u.get("prompt_tokens", 0), completion_tokens=u.get("completion_tokens", 0),
+                 cached_tokens=cached, accepted_prediction_tokens=details.get("accepted_prediction_tokens"),
+                 rejected_prediction_tokens=details.get("rejected_prediction_tokens"))
 
 
 def _logprobs(lp: Any, kind: str) -> list[dict[str, Any]]:

@@ -151,7 +151,7 @@ class Pool:
                 self.index.insert(hashes, r.name)
             try:
                 yield self._mark(first, r)
-                if first.finish_reason is None:
+                if not first.last:
                     async for d in inner:
                         yield self._mark(d, r)
             finally:

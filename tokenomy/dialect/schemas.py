@@ -8,10 +8,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest
+
+MAX_CHOICES = 16       # n and best_of at most: each choice is a sequence of its own on the engine
 
 
 class _Body(BaseModel):
@@ -62,7 +72,7 @@ class _Sampling(_Body):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -77,13 +87,6 @@ class _Sampling(_Body):
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
     speculative: bool | None = None          # false: no speculative drafts for this request
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError("only n=1 is supported")
-        return v
 
     @field_validator("stop")
     @classmethod
@@ -109,7 +112,28 @@ class _Sampling(_Body):
         keys = ("max_tokens", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty",
                 "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos",
                 "speculative")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        d = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        if self.n > 1:
+            d["n"] = self.n
+        return d
+
+
+class Prediction(_Body):
+    """OpenAI's Predicted Outputs: the text the answer is expected to be (a string, or text parts)."""
+
+    type: Literal["content"]
+    content: str | list[dict[str, Any]]
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, v: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if isinstance(v, list):
+            for part in v:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part of type {part.get('type')!r} is not supported; only text parts "
+                                     "are")
+            return "".join(part["text"] for part in v)
+        return v
 
 
 class ChatCompletionRequest(_Sampling):
@@ -121,6 +145,7 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    prediction: Prediction | None = None     # drafted from by the embedded engine; passed on to an upstream
 
     @model_validator(mode="after")
     def _chat(self) -> ChatCompletionRequest:
@@ -144,6 +169,8 @@ class ChatCompletionRequest(_Sampling):
         if self.logprobs:
             d["logprobs"] = True
             d["top_logprobs"] = self.top_logprobs or 0
+        if self.prediction is not None:
+            d["prediction"] = {"type": "content", "content": self.prediction.content}
         return d
 
 
@@ -152,6 +179,18 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
     suffix: str | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if v is not None and v < n:
+            raise ValueError(f"best_of ({v}) must be at least n ({n})")
+        if v is not None and v > n and info.data.get("stream"):
+            raise ValueError("best_of greater than n cannot be streamed: every candidate must finish before the "
+                             "best are chosen")
+        return v
 
     @field_validator("prompt")
     @classmethod
@@ -180,6 +219,8 @@ class CompletionRequest(_Sampling):
         if self.logprobs is not None:
             d["logprobs"] = True
             d["top_logprobs"] = self.logprobs
+        if self.best_of is not None and self.best_of > self.n:
+            d["best_of"] = self.best_of
         return d
 
 

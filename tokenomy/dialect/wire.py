@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from tokenomy.generation import Delta, Usage
-from tokenomy.pipeline.request import RequestContext
+from tokenomy.pipeline.request import RequestContext, Result
 
 
 def usage_body(u: Usage | None) -> dict[str, Any]:
@@ -18,7 +18,9 @@ def usage_body(u: Usage | None) -> dict[str, Any]:
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0,
+                                      "accepted_prediction_tokens": u.accepted_prediction_tokens or 0,
+                                      "rejected_prediction_tokens": u.rejected_prediction_tokens or 0},
     }
     if u.parts:
         body["models"] = {name: {"prompt_tokens": p.prompt_tokens, "completion_tokens": p.completion_tokens,
@@ -54,18 +56,21 @@ def completion_logprobs(lps: list[dict[str, Any]], offset: int = 0) -> dict[str,
 def chat_body(ctx: RequestContext) -> dict[str, Any]:
     r = ctx.result
     assert r is not None
-    message: dict[str, Any] = {"role": "assistant", "content": r.text, "refusal": None}
-    finish = r.finish_reason
-    if r.tool_calls:
-        message["content"] = None
-        message["tool_calls"] = r.tool_calls
-        finish = "tool_calls" if finish == "stop" else finish
-    logprobs = chat_logprobs(r.logprobs)
     return {
         "id": response_id(ctx), "object": "chat.completion", "created": ctx.created, "model": ctx.model,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
+        "choices": [chat_choice(i, c) for i, c in enumerate(r.all_choices)],
         "usage": usage_body(r.usage), "system_fingerprint": None,
     }
+
+
+def chat_choice(index: int, c: Result) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None}
+    finish = c.finish_reason
+    if c.tool_calls:
+        message["content"] = None
+        message["tool_calls"] = c.tool_calls
+        finish = "tool_calls" if finish == "stop" else finish
+    return {"index": index, "message": message, "logprobs": chat_logprobs(c.logprobs), "finish_reason": finish}
 
 
 def completion_body(ctx: RequestContext, echo_prefix: str = "") -> dict[str, Any]:
@@ -73,8 +78,8 @@ def completion_body(ctx: RequestContext, echo_prefix: str = "") -> dict[str, Any
     assert r is not None
     return {
         "id": response_id(ctx), "object": "text_completion", "created": ctx.created, "model": ctx.model,
-        "choices": [{"index": 0, "text": echo_prefix + r.text, "logprobs": completion_logprobs(r.logprobs),
-                     "finish_reason": r.finish_reason}],
+        "choices": [{"index": i, "text": echo_prefix + c.text, "logprobs": completion_logprobs(c.logprobs),
+                     "finish_reason": c.finish_reason} for i, c in enumerate(r.all_choices)],
         "usage": usage_body(r.usage), "system_fingerprint": None,
     }
 
@@ -85,14 +90,14 @@ def sse(obj: dict[str, Any] | str) -> bytes:
 
 
 class ChunkWriter:
-    """Turns deltas into OpenAI stream chunks (chat or completion), with include_usage semantics."""
+    """Turns deltas into OpenAI stream chunks (chat or completion), with include_usage semantics; each chunk carries
+    one choice, by its index (n > 1: the choices' chunks interleave, each choice opening and finishing its own)."""
 
     def __init__(self, ctx: RequestContext, include_usage: bool, echo_prefix: str = "") -> None:
         self.ctx = ctx
         self.include_usage = include_usage
         self.echo = echo_prefix
-        self.started = False
-        self.tool_index = 0
+        self.started: set[int] = set()       # the choices whose first chunk went out
 
     def _base(self) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.ctx.gen.kind == "chat" else "text_completion"
@@ -109,36 +114,36 @@ class ChunkWriter:
                                       "code": "upstream_error"}}))
             return out
         chat = self.ctx.gen.kind == "chat"
-        if chat and not self.started:
-            self.started = True
-            out.append(sse(self._choice({"role": "assistant", "content": ""}, None, None)))
+        i = delta.index
+        first = i not in self.started
+        self.started.add(i)
         if chat:
+            if first:
+                out.append(sse(self._choice(i, {"role": "assistant", "content": ""}, None, None)))
             if delta.text or delta.logprobs:
-                out.append(sse(self._choice({"content": delta.text}, chat_logprobs(delta.logprobs), None)))
+                out.append(sse(self._choice(i, {"content": delta.text}, chat_logprobs(delta.logprobs), None)))
             if delta.tool_calls:
-                out.append(sse(self._choice({"tool_calls": delta.tool_calls}, None, None)))
+                out.append(sse(self._choice(i, {"tool_calls": delta.tool_calls}, None, None)))
         else:
-            text = delta.text
-            if not self.started:
-                self.started, text = True, self.echo + text
+            text = self.echo + delta.text if first else delta.text
             if text or delta.logprobs:
-                out.append(sse(self._choice(text, completion_logprobs(delta.logprobs), None)))
+                out.append(sse(self._choice(i, text, completion_logprobs(delta.logprobs), None)))
         if delta.finish_reason is not None:
-            out.append(sse(self._choice({} if chat else "", None, delta.finish_reason)))
-            if self.include_usage:
-                last = self._base()
-                last["choices"] = []
-                last["usage"] = usage_body(delta.usage)
-                out.append(sse(last))
+            out.append(sse(self._choice(i, {} if chat else "", None, delta.finish_reason)))
+        if self.include_usage and delta.usage is not None:     # the last delta: every choice has finished
+            last = self._base()
+            last["choices"] = []
+            last["usage"] = usage_body(delta.usage)
+            out.append(sse(last))
         return out
 
-    def _choice(self, delta: dict[str, Any] | str, logprobs: dict[str, Any] | None, finish: str | None
-                ) -> dict[str, Any]:
+    def _choice(self, index: int, delta: dict[str, Any] | str, logprobs: dict[str, Any] | None,
+                finish: str | None) -> dict[str, Any]:
         d = self._base()
         if isinstance(delta, str):
-            d["choices"] = [{"index": 0, "text": delta, "logprobs": logprobs, "finish_reason": finish}]
+            d["choices"] = [{"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish}]
         else:
-            d["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+            d["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
         return d
 
     @staticmethod

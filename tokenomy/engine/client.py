@@ -237,6 +237,13 @@ class EngineClient:
         """Queue a sequence; events arrive on the reader thread (with stream=False, one final event carrying the
         whole answer). Errors the engine finds later (queue full, a bad schema, a crash) arrive as a final event
         with finish_reason "error" and an error_code."""
+        return self.submit_n(prompt, [params], [on_event], constraint, request_id, stream)[0]
+
+    def submit_n(self, prompt: list[int], params: list[SamplingParams], on_events: list[Callable[[TokenEvent], None]],
+                 constraint: ConstraintSpec | None = None, request_id: str | None = None,
+                 stream: bool = True) -> list[Handle]:
+        """Queue one sequence per choice of one prompt (`params[i]` and `on_events[i]` are choice i's), sharing one
+        prefill (Engine.submit_n); each has its own handle and events, as `submit` gives one."""
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) >= self.max_model_len:
@@ -247,14 +254,18 @@ class EngineClient:
                                         f"(last exit: {self.last_exit}). Retry shortly.")
             if not self._pending:
                 self._last_progress = time.monotonic()   # the watchdog times progress from here
-            h = Handle(next(self._ids), on_event, time.perf_counter())
-            self._pending[h.rid] = h
+            now = time.perf_counter()
+            handles = [Handle(next(self._ids), on_event, now) for on_event in on_events]
+            for h in handles:
+                self._pending[h.rid] = h
         try:
-            self._send(("submit", h.rid, list(prompt), params, constraint, request_id, stream))
+            self._send(("submit", [h.rid for h in handles], list(prompt), list(params), constraint, request_id,
+                        stream))
         except EngineUnavailable:
-            self._pending.pop(h.rid, None)
+            for h in handles:
+                self._pending.pop(h.rid, None)
             raise
-        return h
+        return handles
 
     def cancel(self, h: Handle) -> None:
         if h.rid in self._pending:

@@ -3,7 +3,8 @@
 The loop itself (engine.py) is unchanged; this module only moves requests and results across the boundary.
 Messages are tuples:
 
-    in:   ("submit", rid, prompt, SamplingParams, ConstraintSpec | None, request_id, stream)
+    in:   ("submit", [rid, ...], prompt, [SamplingParams, ...], ConstraintSpec | None, request_id, stream)
+          (one rid and SamplingParams per sequence: n > 1 choices of one prompt share one prefill)
           ("cancel", rid)    ("call", cid, name, *args)    ("stop",)
     out:  ("ready", info)    ("failed", message)    ("step", StepReport, [(rid, TokenEvent), ...])
           ("reply", cid, value, error)     (error: None, or why the call failed)
@@ -168,65 +169,71 @@ class Core:
             elif kind == "stop":
                 return
 
-    def _submit(self, rid: int, prompt: list[int], params: SamplingParams, spec: ConstraintSpec | None,
+    def _submit(self, rids: list[int], prompt: list[int], params: list[SamplingParams], spec: ConstraintSpec | None,
                 request_id: str | None, stream: bool) -> None:
         if spec is None:
-            self._start(rid, prompt, params, None, request_id, stream)
+            self._start(rids, prompt, params, None, request_id, stream)
         else:
-            self._compiling.add(rid)
-            self._compile_pool.submit(self._start_constrained, rid, prompt, params, spec, request_id, stream)
+            self._compiling.update(rids)
+            self._compile_pool.submit(self._start_constrained, rids, prompt, params, spec, request_id, stream)
 
-    def _start_constrained(self, rid: int, prompt: list[int], params: SamplingParams, spec: ConstraintSpec,
-                           request_id: str | None, stream: bool) -> None:
+    def _start_constrained(self, rids: list[int], prompt: list[int], params: list[SamplingParams],
+                           spec: ConstraintSpec, request_id: str | None, stream: bool) -> None:
         from tokenomy.structured import ConstraintError, NoRoom, SchemaError, start_constraint
 
         try:
             grammar = self.compiler().compile(spec.fmt)
-            constraint = start_constraint(grammar, params.max_tokens, spec.break_loops, spec.wrap_up)
+            constraints = [start_constraint(grammar, p.max_tokens, spec.break_loops, spec.wrap_up) for p in params]
         except NoRoom as e:
-            self._compiling.discard(rid)
-            self._reject(rid, "invalid_request", str(e), param="max_tokens")
+            self._reject_all(rids, "invalid_request", str(e), param="max_tokens")
             return
         except ConstraintError as e:   # no answer can end: _error reports it as an unsatisfiable schema
-            self._compiling.discard(rid)
-            self._reject(rid, "invalid_schema", str(e), param="response_format")
+            self._reject_all(rids, "invalid_schema", str(e), param="response_format")
             return
         except SchemaError as e:
-            self._compiling.discard(rid)
-            self._reject(rid, "invalid_schema", f"Invalid schema: {e.reason}", param=e.param)
+            self._reject_all(rids, "invalid_schema", f"Invalid schema: {e.reason}", param=e.param)
             return
         except Exception as e:
-            self._compiling.discard(rid)
-            self._reject(rid, "invalid_schema", f"the schema could not be prepared: {e}")
+            self._reject_all(rids, "invalid_schema", f"the schema could not be prepared: {e}")
             return
-        self._start(rid, prompt, params, constraint, request_id, stream)
-        self._compiling.discard(rid)
+        self._start(rids, prompt, params, constraints, request_id, stream)
+        self._compiling.difference_update(rids)
 
-    def _start(self, rid: int, prompt: list[int], params: SamplingParams, constraint: Any,
+    def _start(self, rids: list[int], prompt: list[int], params: list[SamplingParams], constraints: list[Any] | None,
                request_id: str | None, stream: bool) -> None:
-        if rid in self._cancelled_early:
-            self._cancelled_early.discard(rid)
-            self._reject(rid, "cancelled", "cancelled before it started")
+        if any(rid in self._cancelled_early for rid in rids):
+            self._cancelled_early.difference_update(rids)
+            self._reject_all(rids, "cancelled", "cancelled before it started")
             return
-        held: list[TokenEvent] = []
 
-        def on_event(ev: TokenEvent) -> None:     # engine thread, inside a step: flushed after it
-            if stream:
-                self._outbox.append((rid, ev))
-            elif ev.finish_reason is None:
-                held.append(ev)
-            else:
-                self._outbox.append((rid, merged(held, ev)))
+        def on_event_of(rid: int) -> Any:
+            held: list[TokenEvent] = []
+
+            def on_event(ev: TokenEvent) -> None:     # engine thread, inside a step: flushed after it
+                if stream:
+                    self._outbox.append((rid, ev))
+                elif ev.finish_reason is None:
+                    held.append(ev)
+                else:
+                    self._outbox.append((rid, merged(held, ev)))
+            return on_event
 
         try:
-            seq = self._seqs[rid] = self.engine.submit(prompt, params, on_event, constraint=constraint,
-                                                       request_id=request_id)
-            if seq.is_finished:          # it ended before it was filed here: _flush found nothing to drop
-                self._seqs.pop(rid, None)
+            seqs = self.engine.submit_n(prompt, params, [on_event_of(rid) for rid in rids], constraints,
+                                        request_id=request_id)
+            for rid, seq in zip(rids, seqs, strict=True):
+                self._seqs[rid] = seq
+                if seq.is_finished:          # it ended before it was filed here: _flush found nothing to drop
+                    self._seqs.pop(rid, None)
         except QueueFull as e:
-            self._reject(rid, "queue_full", str(e))
+            self._reject_all(rids, "queue_full", str(e))
         except ValueError as e:
-            self._reject(rid, "invalid_request", str(e))
+            self._reject_all(rids, "invalid_request", str(e))
+
+    def _reject_all(self, rids: list[int], code: str, message: str, param: str | None = None) -> None:
+        self._compiling.difference_update(rids)
+        for rid in rids:
+            self._reject(rid, code, message, param)
 
     def _reject(self, rid: int, code: str, message: str, param: str | None = None) -> None:
         ev = TokenEvent(text="", token_ids=[], logprobs=[], finish_reason="error", error=message, error_code=code,

@@ -30,7 +30,7 @@ __all__ = ["Engine", "EngineConfig", "QueueFull", "StepStats"]
 class StepStats:
     steps: int = 0
     tokens: int = 0                  # tokens fed to llama_decode
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0           # prompt tokens computed (fed), not those a cached prefix or a fork gave
     generated_tokens: int = 0
     busy_s: float = 0.0
     last_batch_tokens: int = 0
@@ -91,20 +91,34 @@ class Engine:
 
     def submit(self, prompt: list[int], params: SamplingParams, on_event: Callable[[TokenEvent], None],
                constraint: Any = None, request_id: str | None = None) -> Sequence:
+        return self.submit_n(prompt, [params], [on_event], [constraint], request_id)[0]
+
+    def submit_n(self, prompt: list[int], params: list[SamplingParams], on_events: list[Callable[[TokenEvent], None]],
+                 constraints: list[Any] | None = None, request_id: str | None = None) -> list[Sequence]:
+        """Queue the sequences of one request: one per choice (n > 1: `params[i]`, `on_events[i]` and
+        `constraints[i]` are choice i's). They share one prefill: the first computes the prompt's KV and the others
+        are forked from it when it has (Scheduler.fork). Raises QueueFull when the queue has no room for them all."""
         if not prompt:
             raise ValueError("empty prompt")
         if len(prompt) >= self.max_model_len:
             raise ValueError(f"prompt is {len(prompt)} tokens; the limit is {self.max_model_len - 1}")
-        seq = Sequence(prompt=list(prompt), params=params, on_event=on_event, constraint=constraint,
-                       request_id=request_id)
         limit = self.max_model_len if self.cfg.context_overflow == "error" else sys.maxsize
-        seq.out = SequenceOutput(params, seq.prompt, seq.output, self.runner, limit)
+        seqs: list[Sequence] = []
+        for i, (p, on_event) in enumerate(zip(params, on_events, strict=True)):
+            seq = Sequence(prompt=list(prompt), params=p, on_event=on_event,
+                           constraint=constraints[i] if constraints else None, request_id=request_id,
+                           fork_of=seqs[0] if seqs else None)
+            seq.out = SequenceOutput(p, seq.prompt, seq.output, self.runner, limit)
+            if p.prediction is not None:
+                seq.prediction = speculate.Prediction(p.prediction)
+            seqs.append(seq)
+        seqs[0].forks = seqs[1:]
         with self._cv:
-            if len(self._inbox) + len(self.scheduler.waiting) >= self.cfg.max_waiting:
+            if len(self._inbox) + len(self.scheduler.waiting) + len(seqs) > self.cfg.max_waiting:
                 raise QueueFull(f"the waiting queue is full ({self.cfg.max_waiting} requests)")
-            self._inbox.append(seq)
+            self._inbox.extend(seqs)
             self._cv.notify()
-        return seq
+        return seqs
 
     def cancel(self, seq: Sequence) -> None:
         seq.cancelled = True
@@ -220,14 +234,16 @@ class Engine:
         logits = self._decode(plan, chunks)
         if logits is None:
             return
-        for (seq, _), chunk in zip(plan, chunks, strict=True):
+        for (seq, n), chunk in zip(plan, chunks, strict=True):
+            self.stats.prompt_tokens += max(0, min(len(seq.prompt), seq.n_kv + n) - seq.n_kv)   # not its draft
             self.scheduler.committed(seq, chunk.tokens)
-            if seq.n_kv <= len(seq.prompt):
-                self.stats.prompt_tokens += len(chunk.tokens)
         row = 0
         for (seq, _), chunk in zip(plan, chunks, strict=True):
             if chunk.logits:
-                self._process_output(seq, logits[row:row + chunk.logits], drafts.get(seq, []))
+                rows = logits[row:row + chunk.logits]
+                if seq.forks and not seq.output:
+                    self._fork(seq, rows[:1])
+                self._process_output(seq, rows, drafts.get(seq, []))
                 row += chunk.logits
 
     def _decode(self, plan: list[tuple[Sequence, int]], chunks: list[Chunk]) -> Any:
@@ -259,6 +275,16 @@ class Engine:
             for cb2 in st.on_step_seqs:
                 cb2(dt, by_seq)
         return logits
+
+    def _fork(self, first: Sequence, row: Any) -> None:
+        """`first` has just computed its prompt's KV, and `row` is its last prompt token's logits: start the other
+        sequences of its request that still wait on a copy of that KV (Scheduler.fork), each sampling its first token
+        from the same row. One that finds no place now is admitted later as usual (the prompt from the prefix
+        cache)."""
+        for seq in first.forks:
+            if seq.status is Status.WAITING and not seq.cancelled and self.scheduler.fork(first, seq):
+                seq.first_scheduled = first.first_scheduled
+                self._process_output(seq, row, [])
 
     def _process_output(self, seq: Sequence, rows: Any, draft: list[int]) -> None:
         """Sample from the sequence's logits rows (one, or one per fed token when it carried a draft), drop
@@ -308,8 +334,10 @@ class Engine:
             return
         seq.finish_reason = reason
         seq.finished_at = time.perf_counter()
-        # a handover's answer goes on in a new sequence whose prompt is this one's tokens: keep them all
-        self.scheduler.finish(seq, keep_prefix=reason not in ("cancelled", "error"), keep_output=reason == "handover")
+        # a handover's answer goes on in a new sequence whose prompt is this one's tokens: keep them all; a forked
+        # sequence's prompt is its request's first sequence's, which keeps it
+        keep = reason not in ("cancelled", "error") and seq.fork_of is None
+        self.scheduler.finish(seq, keep_prefix=keep, keep_output=reason == "handover")
         if self.drafter is not None:
             self.drafter.release(seq.seq_id)
         ev = last or TokenEvent(text="", token_ids=[], logprobs=[])

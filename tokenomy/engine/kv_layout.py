@@ -80,6 +80,12 @@ class KVLayout(ABC):
         (slot, cached tokens, tokens to compute this step, at most `budget`), or None when there is no room.
         `running`: the sequences running now. With `bump`, the layout may preempt batch sequences for room."""
 
+    @abstractmethod
+    def fork(self, src: int, length: int, tokens: list[int], running: set[int]) -> int | None:
+        """A free slot holding a copy of the first `length` tokens of `src`'s KV (`tokens`: those tokens, at least),
+        for another sequence of the same prompt (Scheduler.fork); None when no slot can be had. `running`: the
+        running sequences' slots."""
+
     def step_order(self, plan: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
         """The plan in the order its chunks go into the batch."""
         return plan

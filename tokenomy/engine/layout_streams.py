@@ -101,6 +101,14 @@ class KVStreams(KVLayout):
                 length = 0                               # _place had to drop the holder too: recompute
         return slot, length, min(len(tokens) - length, budget)
 
+    def fork(self, src: int, length: int, tokens: list[int], running: set[int]) -> int | None:
+        """A stream next to the running ones (_place), with `src`'s stream copied into it and cut to `length`."""
+        slot = self._place(running, keep={src})
+        self.kv.copy_stream(src, slot)
+        self.prefix.clone(src, slot)
+        self.cut(slot, length)
+        return slot
+
     def _place(self, running: set[int], keep: set[int]) -> int:
         """A fresh stream next to the running ones, one in a gap of the block first (it joins two runs): an empty
         one (unless it is the last, kept spare for _compact) or, in a gap, one whose cached prefix a saved state

@@ -64,6 +64,15 @@ class UnifiedBuffer(KVLayout):
         self._reserved += n
         return slot, length, n
 
+    def fork(self, src: int, length: int, tokens: list[int], running: set[int]) -> int | None:
+        """The copy shares `src`'s cells: a slot is all it takes (a cached prefix evicted for one if need be)."""
+        if not self._evict_until(lambda: bool(self.free_slots), keep=src):
+            return None
+        slot = self.free_slots.pop()
+        self.kv.copy_prefix(src, slot, length)
+        self.prefix.attach(slot, tokens, length)
+        return slot
+
     def _admit_restored(self, seq: Sequence, entry: Entry, length: int, budget: int, holder: int | None,
                         bump: Bump | None) -> tuple[int, int, int] | None:
         """Start `seq` on a free slot with `entry` restored (its whole state first, then cut to `length`); None

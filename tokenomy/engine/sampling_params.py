@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,6 +36,9 @@ class SamplingParams:
     signal: str | None = None
     handover_below: float | None = None
     handover_after: int = 0             # no handover before this many output tokens
+    # the client's predicted output (OpenAI's Predicted Outputs), tokenized: the sequence drafts from it
+    # (speculate.Prediction) instead of from its own tokens
+    prediction: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -61,6 +65,11 @@ class SamplingParams:
             raise ValueError("handover_below needs a signal")
         if len(self.stop) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
+
+    def for_choice(self, i: int) -> SamplingParams:
+        """The settings of a request's choice `i` (n > 1): these, with the seed moved on by i as vLLM derives its
+        parallel samples' seeds, so seeded choices differ from each other and choice 0 is the answer n = 1 gives."""
+        return self if i == 0 or self.seed is None else dataclasses.replace(self, seed=self.seed + i)
 
     @property
     def may_speculate(self) -> bool:

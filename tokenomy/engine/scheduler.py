@@ -10,7 +10,12 @@ While any interactive sequence runs or waits, batch sequences sit out the step (
 admitted; otherwise at most `batch_max_running` of them run, with at most `batch_tokens` tokens a step (the engine
 sizes it from the measured step cost, `batch_step_ms`), the least recently served first, so an interactive arrival
 waits for one short step at most. When cells, slots or running places run out, batch sequences are preempted first
-(newest first), and a batch sequence never preempts an interactive one."""
+(newest first), and a batch sequence never preempts an interactive one.
+
+The n sequences of one request (n choices of one prompt) share one prefill: the later ones wait until the first
+has its prompt's KV; the engine then forks them from it (`fork`: the KV copied or shared by the layout, the first
+token sampled from the first sequence's logits), or, where no place or slot is free then, they are admitted as
+usual later and share the prompt through the prefix cache."""
 
 from __future__ import annotations
 
@@ -93,7 +98,7 @@ class Scheduler:
     def _next_waiting(self, interactive: bool, batch_budget: int) -> Sequence | None:
         """The next sequence to admit: the oldest interactive one (making a running place by preempting a batch
         sequence if need be), else, when no interactive work is about, the oldest batch one if the lane has room."""
-        first = next((s for s in self.waiting if not s.batch), None)
+        first = next((s for s in self.waiting if not s.batch and self._may_start(s)), None)
         if first is not None:
             if len(self.running) >= self.cfg.max_running:
                 victim = self._newest_batch()
@@ -105,7 +110,14 @@ class Scheduler:
             return None
         if sum(s.batch for s in self.running) >= self.cfg.batch_max_running:
             return None
-        return self.waiting[0]
+        return next((s for s in self.waiting if self._may_start(s)), None)
+
+    @staticmethod
+    def _may_start(seq: Sequence) -> bool:
+        """A forked sequence (n > 1) waits while the first of its request has no KV of their prompt yet."""
+        first = seq.fork_of
+        return (first is None or first.status is Status.FINISHED
+                or (first.status is Status.RUNNING and first.n_kv >= len(first.prompt)))
 
     def _newest_batch(self, exclude: Sequence | None = None) -> Sequence | None:
         return next((s for s in reversed(self.running) if s.batch and s is not exclude), None)
@@ -144,6 +156,23 @@ class Scheduler:
                 self.preempt(protect)
                 return False
             self.preempt(victim)
+        return True
+
+    def fork(self, first: Sequence, seq: Sequence) -> bool:
+        """Start the waiting `seq` (another choice of `first`'s request) on a slot holding a copy of `first`'s prompt
+        KV, just computed (KVLayout.fork): none of its prompt is computed again. False when there is no running place
+        or slot for it (it then waits, and is admitted as usual)."""
+        if seq not in self.waiting or len(self.running) >= self.cfg.max_running or first.slot is None:
+            return False
+        if seq.batch and sum(s.batch for s in self.running) >= self.cfg.batch_max_running:
+            return False
+        slot = self.layout.fork(first.slot, len(first.prompt), seq.kv_tokens(), {s.slot for s in self.running})
+        if slot is None:
+            return False
+        self.waiting.remove(seq)
+        seq.slot, seq.n_kv, seq.status = slot, len(seq.prompt), Status.RUNNING
+        seq.cached_tokens, seq.served = len(seq.prompt), self._steps
+        self.running.append(seq)
         return True
 
     # ---- sequence lifecycle --------------------------------------------------------------------------------

@@ -7,11 +7,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenomy.engine import tuning
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence_output import SequenceOutput, TokenLogprob
+
+if TYPE_CHECKING:
+    from tokenomy.engine.speculate import Prediction
 
 
 class Status(Enum):
@@ -77,6 +80,10 @@ class Sequence:
     spec_acceptance: float = tuning.PRIOR_ACCEPTANCE  # share of its drafted tokens accepted lately (speculate.py)
     spec_drafted: int = 0
     spec_accepted: int = 0
+    prediction: Prediction | None = field(default=None, repr=False)   # drafts from the client's predicted output
+    # n > 1: the request's first sequence computes the prompt's KV, the others are forked from it (Scheduler.fork)
+    fork_of: Sequence | None = field(default=None, repr=False)
+    forks: list[Sequence] = field(default_factory=list, repr=False)
 
     @property
     def tokens(self) -> list[int]:

@@ -1,8 +1,11 @@
-"""Speculative decoding from the sequence's own tokens (prompt lookup), sized by what a step measurably costs.
+"""Speculative decoding from the sequence's own tokens (prompt lookup) or from the output the client predicted,
+sized by what a step measurably costs.
 
-Drafts: the last ``n`` tokens (``NGRAM_MAX`` down to ``NGRAM_MIN``, tuning.py) are looked up in the sequence's earlier
-tokens, prompt and output; the tokens that followed their latest earlier occurrence are the draft. No second
-model is needed, and grounded tasks (summaries, answers from given passages, edits) copy long spans.
+Drafts: the last ``n`` tokens (``NGRAM_MAX`` down to ``NGRAM_MIN``, tuning.py) are looked up in the sequence's
+earlier tokens, prompt and output; the tokens that followed their latest earlier occurrence are the draft. No
+second model is needed, and grounded tasks (summaries, answers from given passages, edits) copy long spans. A
+request that sent a predicted output (OpenAI's Predicted Outputs) drafts from that instead (``Prediction``: the
+prediction from where the answer so far stands in it, priced by how well the answer has followed it).
 
 Sizing: a step that feeds ``n`` tokens costs ``t(n)`` seconds, measured from the engine's own steps
 (``StepCost``); a sequence's drafts are accepted at a rate ``a`` tracked per sequence. With ``k`` drafted
@@ -55,6 +58,60 @@ def propose(tokens: list[int], k: int, ngram_max: int = tuning.NGRAM_MAX,
                 if len(follow):
                     return follow.tolist()
     return []
+
+
+class Prediction:
+    """The client's predicted output (OpenAI's Predicted Outputs) as one sequence's source of drafts.
+
+    `cursor` is where the answer so far stands in the predicted tokens: the one expected next. Each output token is
+    compared with it: a match moves it on; a miss re-aligns it behind the first occurrence of the answer's last
+    NGRAM_MAX..NGRAM_MIN tokens in the prediction that ends where the cursor stood or later (else the latest before),
+    or loses it (None) until the answer meets the prediction again. The draft is the prediction from the cursor on.
+    `agreement`, the share of recent output tokens the prediction foresaw (a decaying average over every token,
+    drafted or not), is the acceptance rate `plan` prices the drafts by: a wrong prediction soon drafts nothing, and
+    one the answer rejoins after an edit drafts again once the answer has followed it for a few tokens."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.cursor: int | None = 0
+        self.mark = 0                    # where the cursor last stood (re-alignment looks forward from here first)
+        self.seen = 0                    # output tokens compared so far
+        self.agreement = tuning.PRIOR_ACCEPTANCE
+
+    def propose(self, output: list[int], k: int) -> list[int]:
+        """Up to `k` predicted tokens to follow `output` (the answer so far); [] when the answer is nowhere in the
+        prediction or has passed its end."""
+        self.follow(output)
+        if self.cursor is None or k <= 0:
+            return []
+        return self.tokens[self.cursor:self.cursor + k].tolist()
+
+    def follow(self, output: list[int]) -> None:
+        """Compare the output tokens not compared yet with the prediction, moving or re-aligning the cursor."""
+        decay = tuning.ACCEPTANCE_DECAY
+        for i in range(self.seen, len(output)):
+            c = self.cursor
+            hit = c is not None and c < len(self.tokens) and int(self.tokens[c]) == output[i]
+            self.agreement = decay * self.agreement + (1 - decay) * float(hit)
+            recent = output[max(0, i + 1 - tuning.NGRAM_MAX):i + 1]
+            self.cursor = c + 1 if c is not None and hit else self._align(recent)
+            if self.cursor is not None:
+                self.mark = self.cursor
+        self.seen = len(output)
+
+    def _align(self, recent: list[int]) -> int | None:
+        """The position after the first occurrence of the longest suffix of `recent` in the prediction that ends at
+        `mark` or later, else after its latest occurrence; None when no suffix of NGRAM_MIN tokens or more occurs."""
+        pred = self.tokens
+        for n in range(min(tuning.NGRAM_MAX, len(recent)), tuning.NGRAM_MIN - 1, -1):
+            if len(pred) < n:
+                continue
+            windows = np.lib.stride_tricks.sliding_window_view(pred, n)
+            ends = np.flatnonzero((windows == np.asarray(recent[-n:])).all(axis=1)) + n
+            if len(ends):
+                ahead = ends[ends >= self.mark]
+                return int(ahead[0] if len(ahead) else ends[-1])
+        return None
 
 
 @dataclass
@@ -181,9 +238,16 @@ def update_acceptance(old: float, drafted: int, accepted: int) -> float:
     return tuning.ACCEPTANCE_DECAY * old + (1 - tuning.ACCEPTANCE_DECAY) * (accepted / drafted)
 
 
+def acceptance(seq: Sequence) -> float:
+    """The rate a sequence's drafts are expected to be accepted at: its prediction's agreement with the answer when
+    it drafts from a predicted output, else its own recent record."""
+    return seq.prediction.agreement if seq.prediction is not None else seq.spec_acceptance
+
+
 class Speculator:
-    """The drafts of one engine's steps: which of a step's sequences draft, the tokens proposed (by prompt lookup,
-    or by the draft model when one is configured) and how many of them are worth verifying (plan)."""
+    """The drafts of one engine's steps: which of a step's sequences draft, the tokens proposed (from the request's
+    predicted output when it sent one, else by prompt lookup, or by the draft model when one is configured) and how
+    many of them are worth verifying (plan)."""
 
     def __init__(self, cfg: EngineConfig, max_model_len: int, drafter: DraftModel | None = None) -> None:
         self.cfg = cfg
@@ -208,27 +272,33 @@ class Speculator:
                 found.append((seq, room))
         if not found:
             return {}
-        proposals: dict[Sequence, list[int]] = {}
+        # a sequence with a predicted output drafts from it, and only from it (its drafts are its prediction's)
+        proposals = {seq: seq.prediction.propose(seq.output, room) for seq, room in found
+                     if seq.prediction is not None}
+        found = [(seq, len(proposals[seq])) if seq in proposals else (seq, room) for seq, room in found
+                 if seq not in proposals or proposals[seq]]
         draft_s, fixed_s = None, None
         if self.drafter is None:
-            proposals = {seq: p for seq, room in found if (p := propose(seq.tokens, room))}
+            proposals.update({seq: p for seq, room in found if seq not in proposals
+                              and (p := propose(seq.tokens, room))})
             found = [(seq, len(proposals[seq])) for seq, _ in found if seq in proposals]
             if not found:
                 return {}
-        else:
+        elif any(seq not in proposals for seq, _ in found):
+            # the plan charges the draft model's rounds to every candidate (an over-estimate for predicted ones)
             draft_s = functools.partial(self.drafter.seconds, width=len(found))
             # a sequence new to the draft model pays its prompt there once: spread over the tokens it has left
-            fixed_s = [self.drafter.catch_up_seconds(seq.seq_id, seq.tokens)
+            fixed_s = [0.0 if seq in proposals else self.drafter.catch_up_seconds(seq.seq_id, seq.tokens)
                        / max(1, min(tuning.CATCH_UP_HORIZON, seq.params.max_tokens - len(seq.output)))
                        for seq, _ in found]
         budget = min(self.cfg.max_batch_tokens - base, free_cells)
         sampling = sum(seq.n_kv + n == seq.num_kv_tokens for seq, n in step)
         drafting = {seq for seq, _ in found}
         others = None if self.cfg.kv_unified else [n for seq, n in step if seq not in drafting]
-        ks = plan(base, sampling, [(seq.spec_acceptance, room) for seq, room in found], cost, budget, draft_s,
+        ks = plan(base, sampling, [(acceptance(seq), room) for seq, room in found], cost, budget, draft_s,
                   fixed_s, apart=others)
         if self.drafter is not None:
             made = self.drafter.propose([(seq.seq_id, seq.tokens, k) for (seq, _), k in zip(found, ks, strict=True)
-                                         if k])
-            proposals = {seq: made.get(seq.seq_id, []) for seq, _ in found}
+                                         if k and seq not in proposals])
+            proposals.update({seq: made.get(seq.seq_id, []) for seq, _ in found if seq not in proposals})
         return {seq: proposals[seq][:k] for (seq, _), k in zip(found, ks, strict=True) if k and proposals[seq]}

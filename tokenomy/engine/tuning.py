@@ -33,8 +33,9 @@ NGRAM_MAX = 3               # prompt lookup: the longest suffix looked up
 NGRAM_MIN = 1               # ... and the shortest
 SEARCH_WINDOW = 4096        # prompt lookup: the most recent tokens searched for the suffix
 MAX_DRAFT = 8               # tokens drafted per sequence and step, at most
-PRIOR_ACCEPTANCE = 0.5      # a new sequence's acceptance rate before it has a record
-ACCEPTANCE_DECAY = 0.7      # weight of the past in a sequence's acceptance rate (per verified step)
+PRIOR_ACCEPTANCE = 0.5      # a new sequence's acceptance rate before it has a record (and a prediction's agreement)
+ACCEPTANCE_DECAY = 0.7      # weight of the past in a sequence's acceptance rate (per verified step) and in a
+                            # prediction's agreement with the answer (per output token)
 COST_DECAY = 0.9            # weight of the past in the measured time of a step of one size
 CALIBRATE_CHUNK = 64        # draft model: prompt tokens in the calibration's catch-up step (larger are extrapolated)
 CATCH_UP_HORIZON = 128      # draft model: output tokens its catch-up on a prompt is spread over, at most

@@ -31,7 +31,10 @@ def cache_messages(ctx: RequestContext) -> list[dict[str, Any]]:
 
 
 def cache_params(ctx: RequestContext) -> dict[str, Any]:
+    """The request's parameters as the caches key them: its sampling fields, kind and structured-output fields; a
+    predicted output is left out (it changes how fast an answer comes, never which)."""
     p = dict(ctx.gen.params)
+    p.pop("prediction", None)
     p["kind"] = ctx.gen.kind
     for k in ("tools", "tool_choice", "response_format"):
         v = getattr(ctx.gen, k)
@@ -54,11 +57,13 @@ class Cache:
         control = ctx.headers.get("cache-control", "").lower()
         lookup, store = "no-cache" not in control, "no-store" not in control
         msgs, params, model = cache_messages(ctx), cache_params(ctx), ctx.gen.model
-        eligible = self.exact is not None and self.exact.cacheable(params)
+        several = (params.get("n") or 1) > 1 or "best_of" in params     # an entry holds one answer
+        eligible = self.exact is not None and self.exact.cacheable(params) and not several
         use_semantic = self.semantic is not None and eligible and ctx.gen.kind == "chat" and \
             (self.semantic_routes is None or model in self.semantic_routes)
         if not eligible:
-            ctx.cache_bypass = "not deterministic" if self.exact is not None else "disabled"
+            ctx.cache_bypass = ("disabled" if self.exact is None else "several choices" if several
+                                else "not deterministic")
         elif lookup:
             hit = await asyncio.to_thread(self._lookup, ctx, msgs, params, use_semantic)
             if hit is not None:
@@ -138,7 +143,7 @@ class Cache:
             async for d in deltas:
                 if d.text or d.tool_calls:
                     pieces.append({"text": d.text, **({"tool_calls": d.tool_calls} if d.tool_calls else {})})
-                if d.finish_reason is not None and d.error is None:
+                if d.last and d.error is None:
                     complete, stop_sequence = True, d.stop_sequence
                 yield d
         finally:

@@ -14,7 +14,7 @@ from typing import Any
 from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
 from tokenomy.backends.registry import Registry
 from tokenomy.errors import APIError
-from tokenomy.generation import Delta
+from tokenomy.generation import Delta, Usage
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, Result
 
@@ -139,19 +139,26 @@ def schema_problem(req: Any, result: Result) -> str | None:
 
 
 async def _collect(stream: AsyncIterator[Delta]) -> Result:
-    parts, lps, tool_calls, conf = [], [], None, []
+    """The whole answer of a backend's deltas: one Result, with every choice in `choices` when there are several."""
+    parts: dict[int, Result] = {}
+    tool_calls: dict[int, list[dict]] = {}
     last = Delta()
     async for d in stream:
-        parts.append(d.text)
-        lps += d.logprobs
-        conf += d.confidence
+        r = parts.setdefault(d.index, Result(text="", finish_reason="", usage=Usage()))
+        r.text += d.text
+        r.logprobs += d.logprobs
+        r.confidence += d.confidence
         if d.tool_calls:
-            tool_calls = (tool_calls or []) + d.tool_calls
+            tool_calls.setdefault(d.index, []).extend(d.tool_calls)
+        if d.finish_reason is not None:
+            r.finish_reason, r.stop_sequence = d.finish_reason, d.stop_sequence
         last = d
     assert last.usage is not None and last.finish_reason is not None, "a backend stream ended without usage"
-    return Result(text="".join(parts), finish_reason=last.finish_reason, usage=last.usage, logprobs=lps,
-                  tool_calls=merge_tool_calls(tool_calls) if tool_calls else None, confidence=conf,
-                  stop_sequence=last.stop_sequence)
+    choices = [parts[i] for i in sorted(parts)]
+    for i, r in zip(sorted(parts), choices, strict=True):
+        r.usage, r.finish_reason = last.usage, r.finish_reason or last.finish_reason
+        r.tool_calls = merge_tool_calls(tool_calls[i]) if i in tool_calls else None
+    return dataclasses.replace(choices[0], choices=choices) if len(choices) > 1 else choices[0]
 
 
 def merge_tool_calls(deltas: list[dict]) -> list[dict]:
@@ -175,7 +182,7 @@ async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContex
     try:
         for d in (first,):
             yield _seen(d, ctx)
-        if first.finish_reason is not None:
+        if first.last:
             return
         async for d in rest:
             yield _seen(d, ctx)
@@ -188,7 +195,8 @@ async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContex
 
 
 def _seen(d: Delta, ctx: RequestContext) -> Delta:
-    ctx.text += d.text
+    if d.index == 0:      # the text the answer's checks read: the first choice's (n > 1 streams the others past it)
+        ctx.text += d.text
     # tokens delivered so far, for billing a stream the client cuts short: exact where the backend reports each
     # token's logprob, else one per chunk with text (upstreams send about one token a chunk)
     ctx.seen_tokens += len(d.confidence) or (1 if d.text else 0)

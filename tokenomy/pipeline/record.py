@@ -100,8 +100,10 @@ class Record:
             m.queue_wait.labels(model).observe(max(u.queue_s, 0.0))
             if u.ttft_s is not None:
                 m.ttft.labels(model).observe(u.ttft_s)
-                if u.completion_tokens > 1:
-                    m.tpot.labels(model).observe((u.e2e_s - u.ttft_s) / (u.completion_tokens - 1))
+                # several choices (n, best_of) decode side by side: a choice's tokens set the time per token
+                per_choice = u.completion_tokens / (ctx.gen.params.get("best_of") or ctx.gen.params.get("n") or 1)
+                if per_choice > 1:
+                    m.tpot.labels(model).observe((u.e2e_s - u.ttft_s) / (per_choice - 1))
         if ctx.error is not None and ctx.error.status == 429:
             m.rejections.labels(ctx.error.code or "rate_limit").inc()
         if ctx.finish_reason == "length" and cut_inside_json(ctx):

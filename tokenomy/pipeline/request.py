@@ -19,7 +19,8 @@ def new_request_id() -> str:
 
 @dataclass
 class Result:
-    """A finished, non-streamed answer."""
+    """A finished, non-streamed answer: its first choice, and with several choices (n > 1) every one of them in
+    `choices`, by index (the first equal to this one; `usage` is always the whole answer's)."""
 
     text: str
     finish_reason: str
@@ -28,6 +29,12 @@ class Result:
     tool_calls: list[dict[str, Any]] | None = None
     confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when known
     stop_sequence: str | None = None          # the stop string that ended the answer, when the backend says
+    choices: list[Result] = field(default_factory=list)
+
+    @property
+    def all_choices(self) -> list[Result]:
+        """Every choice, by index: `choices`, or this one alone."""
+        return self.choices or [self]
 
 
 @dataclass

@@ -148,6 +148,9 @@ class Route:
         if gen.tools or gen.response_format:
             ctx.candidates = [large]
             decision.chosen, decision.by = large, "token: structured output served by the large model"
+        elif (gen.params.get("n") or 1) > 1 or "best_of" in gen.params:
+            ctx.candidates = [large]          # a token route writes one answer: several choices go to the large model
+            decision.chosen, decision.by = large, "token: several choices served by the large model"
         else:
             ctx.token_router = self._token_router(ctx.route or "", spec)
             ctx.candidates = [small, large]     # the small model failing: the large serves whole
@@ -220,20 +223,25 @@ class Route:
         buffered: list[Delta] = []
         conf: list[float] = []
         finished = False
-        while len(conf) < spec.cascade.stream_buffer_tokens:
+        finish: str | None = None
+        while len(conf) < spec.cascade.stream_buffer_tokens:      # judged on the first choice (n > 1: one of them)
             try:
                 d = await anext(stream)
             except StopAsyncIteration:
                 finished = True
                 break
             buffered.append(d)
-            conf += d.confidence or [0.0] * (1 if d.text else 0)
-            if d.finish_reason is not None:
+            if d.index == 0:
+                conf += d.confidence or [0.0] * (1 if d.text else 0)
+                finish = d.finish_reason or finish
+            if d.last:
                 finished = True
                 break
-        text = "".join(d.text for d in buffered)
-        finish = buffered[-1].finish_reason if buffered else None
-        verdict = judge(text, conf, finish, ctx.gen.response_format, spec.cascade, complete=finished)
+            if finish is not None:
+                break           # the first choice is complete (n > 1): judged while the others go on
+        text = "".join(d.text for d in buffered if d.index == 0)
+        verdict = judge(text, conf, finish, ctx.gen.response_format, spec.cascade,
+                        complete=finished or finish is not None)
         if verdict.escalate:
             await stream.aclose()           # frees the cheap model's sequence at its next step
             return verdict, None
