@@ -75,8 +75,9 @@ def test_several_choices_are_never_cached_and_a_prediction_is_not_part_of_the_ke
     for _ in range(2):
         r = chat(gw, "Name a yellow fruit.", "sk-a", n=2)
         assert r.headers["x-tokenomy-cache"] == "miss" and len(r.json()["choices"]) == 2     # the second too
-    first = chat(gw, "Name an orange fruit.", "sk-a")
-    predicted = chat(gw, "Name an orange fruit.", "sk-a",
+    first = chat(gw, "Spell the word cat backwards.", "sk-a")       # asked by no other test of this module
+    assert first.headers["x-tokenomy-cache"] == "miss"
+    predicted = chat(gw, "Spell the word cat backwards.", "sk-a",
                      prediction={"type": "content", "content": first.json()["choices"][0]["message"]["content"]})
     assert predicted.headers["x-tokenomy-cache"] == "exact"     # the same greedy answer, whatever was predicted
 
