@@ -38,7 +38,7 @@ def test_brief_tools_drop_prose_but_keep_the_schema():
     assert not validate_tool_calls(bad, full).ok and not validate_tool_calls(bad, short).ok
 
 
-def test_cut_middle_cuts_the_longest_message_but_never_the_last_until_it_fits():
+def test_cut_middle_cuts_the_longest_message_but_never_the_question_until_it_fits():
     from tokenomy.context.fit import cut_middle
 
     def count(msgs):                          # four characters a token, as a tokenizer roughly counts
@@ -52,7 +52,11 @@ def test_cut_middle_cuts_the_longest_message_but_never_the_last_until_it_fits():
     assert out[-1] == msgs[-1] and msgs[0]["content"] == system          # the question and the input untouched
     assert out[0]["content"].startswith("Rules first.") and out[0]["content"].endswith("Closing rule.")
     assert "characters left out to fit the model's context window" in out[0]["content"]
-    # what cannot fit without touching the last message stays over, and says nothing was possible beyond it
+    # what cannot fit without touching the question stays over
     tiny = [{"role": "system", "content": "s" * 500}, {"role": "user", "content": "u" * 40000}]
     out, cut = cut_middle(tiny, 100, count)
     assert out[-1] == tiny[-1] and len(out[0]["content"]) >= 400
+    # a long system message after the question (Claude Code's environment) is cut, the question is not
+    after = [{"role": "user", "content": "Say hello"}, {"role": "system", "content": "env " * 5000}]
+    out, cut = cut_middle(after, 1000, count)
+    assert count(out) <= 1000 and out[0] == after[0] and cut > 0

@@ -8,8 +8,9 @@ of room:
     tools        each tool's description cut to its first sentence and the descriptions inside its parameter
                  schema dropped (names, types and constraints stay, so the grammar and validation are unchanged)
     turns        the oldest conversation turns dropped (compaction's drop_middle, the last turns kept)
-    cut          the middle of the longest message left out, with a note that says so (system prompts first:
-                 never the last message, which is the question), until the prompt fits
+    cut          the middle of the longest message left out, with a note that says so, until the prompt fits;
+                 never the last user message, which is the question (an agent may send a long system message
+                 after it, as Claude Code sends its environment)
     max_tokens   then an asked max_tokens past the window is lowered to the room left (the answer ends with
                  its length reason, as any answer cut by max_tokens)
 
@@ -88,9 +89,9 @@ async def fit_turns(messages: list[dict[str, Any]], limit: int, count: Count) ->
     return done.messages, done.turns_replaced
 
 
-def cut_middle(messages: list[dict[str, Any]], limit: int, count: Count, rounds: int = 8
+def cut_middle(messages: list[dict[str, Any]], limit: int, count: Count, rounds: int = 12
                ) -> tuple[list[dict[str, Any]], int]:
-    """`messages` with the middle of the longest text message (never the last message) left out, with CUT_NOTE in
+    """`messages` with the middle of the longest text message (never the last user message) left out, with CUT_NOTE in
     its place, until they count at most `limit` tokens or nothing is left to cut; (messages, characters cut). Each
     round cuts what the overshoot needs at the prompt's own characters per token, with a margin; two thirds of
     what is kept is the head (instructions tend to open a system prompt), one third the tail."""
@@ -101,7 +102,8 @@ def cut_middle(messages: list[dict[str, Any]], limit: int, count: Count, rounds:
         over = tokens - limit
         if over <= 0:
             break
-        texts = [j for j in range(len(msgs) - 1) if isinstance(msgs[j].get("content"), str)]
+        question = max((j for j, m in enumerate(msgs) if m.get("role") == "user"), default=len(msgs) - 1)
+        texts = [j for j, m in enumerate(msgs) if j != question and isinstance(m.get("content"), str)]
         if not texts:
             break
         i = max(texts, key=lambda j: len(msgs[j]["content"]))
