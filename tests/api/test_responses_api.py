@@ -306,3 +306,28 @@ def test_without_a_ledger_nothing_is_stored_and_continuation_is_refused():
             c.responses.create(model=MODEL, input="Hi", max_output_tokens=2, previous_response_id=r.id)
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve(r.id)
+
+
+def test_a_fallback_to_an_openai_upstream_answers_in_responses_shape():
+    """A route whose first model fails falls back to an OpenAI-compatible upstream, and the answer, streamed or
+    not, text or a function call, comes back as a Responses object."""
+    from tests.api.test_messages_api import upstream_config
+    from tests.pipeline.test_gateway_upstream import StubServer
+    from tests.upstream_stub import Stub
+
+    tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    with StubServer(Stub(tool_arguments='{"city": "Paris"}')) as stub, \
+            StubServer(Stub(fail_status=500, fail_times=1000)) as broken, \
+            live_server(upstream_config(stub.port, broken.port)) as gw:
+        client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+        r = client.responses.create(model="chat", input="Say hello.", store=False)
+        assert r.status == "completed" and r.model == "remote" and r.output_text == "Hello from the stub."
+        assert r.usage.input_tokens == 7 and r.usage.output_tokens == 5
+        events = list(client.responses.create(model="chat", input="Say hello.", store=False, stream=True))
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello from the stub."
+        assert events[-1].type == "response.completed"
+        call = client.responses.create(model="chat", input="Weather in Paris?", tools=[tool], store=False)
+        [item] = [o for o in call.output if o.type == "function_call"]
+        assert item.name == "get_weather" and json.loads(item.arguments) == {"city": "Paris"}
+        assert stub.stub.bodies[-1]["tools"][0]["function"]["name"] == "get_weather"
