@@ -37,6 +37,7 @@ import httpx
 
 from tokenomy.backends.anthropic_request import Asked, messages_request
 from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
+from tokenomy.backends.upstream import Upstream
 from tokenomy.config import AnthropicModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.engine.stops import StopScan
@@ -53,7 +54,9 @@ _CONNECTION_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeou
                       httpx.ReadError, httpx.WriteError, httpx.PoolTimeout)
 
 
-class AnthropicBackend:
+class AnthropicBackend(Upstream):
+    HEALTH_PATH = "/v1/models"
+
     def __init__(self, spec: AnthropicModelSpec, metrics: Metrics | None = None,
                  counter: TokenCounter | None = None) -> None:
         self.name = spec.name
@@ -194,28 +197,6 @@ class AnthropicBackend:
         if 400 <= status < 500:
             raise InvalidRequest(f"upstream {self.name} refused the request: {message}")
         raise BackendError(f"{self.name} answered {status}: {message}", status=502)
-
-    def expected_wait_s(self) -> float:
-        """Unknown for an upstream (it queues on its side); treated as no wait."""
-        return 0.0
-
-    async def health(self) -> bool:
-        try:
-            r = await self.client.get("/v1/models", timeout=2.0)
-            return r.status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-    def _observe(self, seconds: float) -> None:
-        if self.metrics is not None:
-            self.metrics.upstream_latency.labels(self.name).observe(seconds)
-
-    def _count_error(self, kind: str) -> None:
-        if self.metrics is not None:
-            self.metrics.upstream_errors.labels(self.name, kind).inc()
 
 
 @dataclass

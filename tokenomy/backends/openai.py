@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 
 from tokenomy.backends.base import BackendError, Embeddings, InvalidRequest
+from tokenomy.backends.upstream import Upstream
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.generation import Delta, GenRequest, Usage
@@ -28,7 +29,7 @@ from tokenomy.meter.metrics import Metrics
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
-class OpenAIBackend:
+class OpenAIBackend(Upstream):
     def __init__(self, spec: OpenAIModelSpec, metrics: Metrics | None = None,
                  counter: TokenCounter | None = None) -> None:
         self.name = spec.name
@@ -278,28 +279,6 @@ class OpenAIBackend:
             raise BackendError(f"{self.name} answered embeddings that are not {n} vectors of one length",
                                status=502) from None
         return out
-
-    def expected_wait_s(self) -> float:
-        """Unknown for an upstream (it queues on its side); treated as no wait."""
-        return 0.0
-
-    async def health(self) -> bool:
-        try:
-            r = await self.client.get("/models", timeout=2.0)
-            return r.status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-    def _observe(self, seconds: float) -> None:
-        if self.metrics is not None:
-            self.metrics.upstream_latency.labels(self.name).observe(seconds)
-
-    def _count_error(self, kind: str) -> None:
-        if self.metrics is not None:
-            self.metrics.upstream_errors.labels(self.name, kind).inc()
 
 
 def _unmarked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
