@@ -24,7 +24,8 @@ class _Strict(BaseModel):
 
 class BudgetLimits(_Strict):
     """Spend limits for one key or tenant, over UTC days and calendar months; any left out is unlimited. A request
-    is refused (429) once a limit is spent; one admitted under it may finish above it (meter/budget.py)."""
+    is refused (429) unless its worst case (prompt + output bound, priced) fits beside what is spent and held by
+    requests in flight, so concurrent requests never spend past a limit together (meter/budget.py)."""
 
     usd_per_day: float | None = Field(None, gt=0, description="USD a day (response-cache hits cost nothing); "
                                       "null: no daily USD limit")
@@ -542,8 +543,10 @@ class CacheSettings(_Strict):
 
 
 class LimitsSettings(_Strict):
-    """Where rate limits and budget spend are counted: `local` (this process) or a Redis that every gateway
-    replica shares. What happens while Redis does not answer: `open` admits unchecked, `closed` refuses (503)."""
+    """Where rate limits, budget spend and the holds of requests in flight are counted: `local` (this process) or
+    a Redis that every gateway replica shares. What happens while Redis does not answer: `open` admits unchecked,
+    `closed` refuses (503). Before a request reaches a backend its worst case is held against every budget and
+    tpm limit that applies (pipeline/reserve.py); the record replaces the hold by what it used."""
 
     store: str = Field("local", description="local (this process) or redis://host:port/db (all replicas)")
     rates_on_store_down: Literal["open", "closed"] = Field("open", description="rate limits while Redis does not "
@@ -551,6 +554,15 @@ class LimitsSettings(_Strict):
     budgets_on_store_down: Literal["open", "closed"] = Field("closed", description="budgets while Redis does not "
                                                              "answer: open admits unchecked, closed refuses (503)")
     timeout_s: float = Field(0.25, gt=0, description="Redis socket timeout, in seconds")
+    lease_s: float = Field(300.0, ge=3, description="seconds a request's budget and tpm hold outlives its last "
+                           "renewal (a live gateway renews every lease_s/3): what a gateway killed while serving "
+                           "holds is freed after this")
+    reserve_output_tokens: int = Field(4096, gt=0, description="output bound reserved for a request with no "
+                                       "max_tokens on a model whose window tokenomy does not know (an upstream), "
+                                       "then sent as its max_tokens so the bound holds")
+    shrink_to_fit: bool = Field(False, description="a request whose output bound does not fit a token or USD "
+                                "budget is served with the largest max_tokens that fits (header "
+                                "x-tokenomy-max-tokens) instead of a 429")
 
     @model_validator(mode="after")
     def _store(self) -> LimitsSettings:

@@ -31,6 +31,7 @@ from tokenomy.pipeline.embed import Embed
 from tokenomy.pipeline.generate import Generate
 from tokenomy.pipeline.record import Record
 from tokenomy.pipeline.request import RequestContext
+from tokenomy.pipeline.reserve import Reserve
 from tokenomy.pipeline.route import Route
 
 log = logging.getLogger("tokenomy")
@@ -106,13 +107,17 @@ class Gateway:
         if self.shared is not None:
             self.metrics.watch_limits(self.shared)
             self.shared.on_recover.append(lambda: self.budgets.reseed())   # the budgets of the latest reload
-        admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open")
+        admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open",
+                      lease_s=lim.lease_s)
         self.prices = config.prices()     # models change only with a restart
         self.meter = MeterSink(self.ledger, self.prices, self.metrics,
                                self.budgets, self.energy, {m.name: m.backend for m in config.models},
                                store_prompts=led.stores_prompts if led is not None and led.store_prompts else None)
         durable = self._commit_ledger if self.ledger is not None and config.ledger_durable else None
-        self.record = Record(self.metrics, sinks=[admit.on_record, self.meter], durable=durable)
+        # budgets and tpm: the worst case held before a backend sees the request; the record's sinks settle it
+        self.reserve = Reserve(self.budgets, admit, self.price, self.window, lim)
+        self.record = Record(self.metrics, sinks=[admit.on_record, self.meter, self.reserve.on_record],
+                             durable=durable)
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
         self.exact_cache, self.semantic_cache = self._caches(config)
         self.metrics.watch_caches(self.cache_stores)
@@ -128,12 +133,13 @@ class Gateway:
             Route([m.name for m in config.models], self.routes,
                   expected_wait=lambda name: self.registry.get(name).expected_wait_s(),
                   metrics=self.metrics, backends=self.registry, embedding_models=self.packaged_embedders),
+            self.reserve,
             Generate(self.registry, {m.name: m.schema_policy for m in config.models if m.backend != "embedded"},
                      self.metrics),
         ])
         # Embeddings: keys, limits, budgets and the ledger as for a generation; nothing of context, cache or route
         self.embedders = self._embedders(config)
-        self.embed_pipeline = Pipeline([self.record, admit, Embed(self.embedders, self.registry,
+        self.embed_pipeline = Pipeline([self.record, admit, self.reserve, Embed(self.embedders, self.registry,
                                                                   [m.name for m in config.models], self.routes)])
 
         self.batches, self.batch_runner = self._batch(config)
@@ -194,7 +200,8 @@ class Gateway:
                 for k in config.keys if k.budget}
         b = Budgets(keys=keys, tenants={t: s.budget for t, s in config.tenants.items() if s.budget},
                     key_names={i.key_id: i.name for i in self.keyring.by_hash.values()}, metrics=self.metrics,
-                    shared=self.shared, fail_open=config.limits.budgets_on_store_down == "open")
+                    shared=self.shared, fail_open=config.limits.budgets_on_store_down == "open",
+                    lease_s=config.limits.lease_s)
         if self.ledger is not None:
             b.seed(self.ledger)
         return b
@@ -338,6 +345,7 @@ class Gateway:
             raise APIError(400, "models changed: restart tokenomy to load them.", code="restart_needed")
         self.keyring.__init__(new.keys, new.tenants)  # type: ignore[misc]
         fresh = self._budgets(new)
+        fresh.holding, fresh._held = self.budgets.holding, self.budgets._held   # requests in flight keep theirs
         self.budgets.__dict__.update(fresh.__dict__)
         self.routes.clear()
         self.routes.update(new.routes)
@@ -373,6 +381,7 @@ class Gateway:
             self.batch_runner.start()
 
     async def close(self) -> None:
+        await self.reserve.close()
         if self.batch_runner is not None:
             await self.batch_runner.stop()
         await self.registry.close()

@@ -291,7 +291,10 @@ def test_keys_allow_lists_rate_limits_and_budgets_apply(keyed):
         rpm.embeddings.create(model=MINILM, input="hi")
     assert e.value.body["code"] == "rate_limit_exceeded" and int(e.value.response.headers["retry-after"]) >= 1
     budget = sdk(srv, "sk-budget")
-    budget.embeddings.create(model=MINILM, input="a longer text than five tokens")   # admitted, then over
+    with pytest.raises(openai.RateLimitError) as e:       # may be more than 5 tokens: refused before it runs
+        budget.embeddings.create(model=MINILM, input="a longer text than five tokens")
+    assert "budget" in e.value.body["message"].lower()
+    budget.embeddings.create(model=MINILM, input="hi")    # at most 4 tokens (its bytes + 2): admitted, spends 3
     with pytest.raises(openai.RateLimitError) as e:
         budget.embeddings.create(model=MINILM, input="hi")
     assert "budget" in e.value.body["message"].lower()

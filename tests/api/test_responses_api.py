@@ -292,9 +292,9 @@ def test_rate_limits_and_budgets_apply(keyed):
         rpm.responses.create(model=MODEL, input="Hi", max_output_tokens=1)
     assert e.value.response.headers.get("retry-after")
     budget = client_for(keyed, "sk-resp-budget")
-    budget.responses.create(model=MODEL, input="Hi", max_output_tokens=2)      # spends more than 10 tokens
-    with pytest.raises(openai.RateLimitError, match="budget"):
+    with pytest.raises(openai.RateLimitError, match="budget") as e:   # its prompt alone is more than 10 tokens
         budget.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    assert "more than the whole budget" in e.value.message
 
 
 def test_without_a_ledger_nothing_is_stored_and_continuation_is_refused():

@@ -64,7 +64,8 @@ def test_tenant_token_budget_counts_billed_tokens_only():
     b.record(spend("small", 200, 100, key="c", tenant="other")[0])
     b.check("x", "acme")
     b.record(spend("small", 350, 50, key="b")[0])
-    with pytest.raises(BudgetExceeded, match=r"monthly tokens budget of tenant 'acme' is 1,000 tokens \(1,000 used\)"):
+    with pytest.raises(BudgetExceeded, match=r"monthly tokens budget of tenant 'acme' is 1,000 tokens "
+                       r"\(1,000 tokens used, 0 tokens left\)"):
         b.check(None, "acme")
     b.check(None, "other")
 

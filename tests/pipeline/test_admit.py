@@ -16,7 +16,7 @@ BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content
 def gw():
     cfg = {"engine": SMALL_ENGINE, "cache": NO_CACHE, "keys": [
         {"key": "sk-alice", "name": "alice", "tenant": "acme", "rpm": 2},
-        {"key_sha256": hashlib.sha256(b"sk-bob").hexdigest(), "name": "bob", "tenant": "globex", "tpm": 10},
+        {"key_sha256": hashlib.sha256(b"sk-bob").hexdigest(), "name": "bob", "tenant": "globex", "tpm": 40},
         {"key": "sk-admin", "name": "ops", "tenant": "ops", "admin": True},
     ]}
     with live_server(cfg) as s:

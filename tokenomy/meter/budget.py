@@ -4,16 +4,25 @@ Spend is a running total in memory, seeded from the ledger at start (`seed`) and
 row (`record`), so checking costs no database query. What counts, as in the ledger's conventions:
     usd    = sum(cost_usd)                          (response-cache hits cost nothing)
     tokens = sum(prompt + completion) of rows a model generated (billed tokens)
-`check(key_id, tenant)` refuses a request once any budget that applies is spent (used >= limit), with a 429
-that names the budget and when it resets. A request admitted under its budget may finish above it: its cost
-is only known at the end. Crossing `warn_at` x limit logs a warning and counts tokenomy_budget_warnings_total,
-once per budget and period.
 
-With several gateway processes, `shared` (meter/shared.py) keeps the totals in Redis instead of in memory, so all
-of them count one spend; each raises Redis's totals to at least the ledger's at start and after an outage. When
-Redis does not answer, `check` refuses with a 503 (`fail_open` False, the default) or admits unchecked; spend
-recorded meanwhile is in the ledger and comes back with the next seed. A budget holds to within the cost of the
-requests admitted while it still had room: one at a time, at most one request's cost over.
+Reserve, then settle. Before a request reaches a backend, `reserve` holds the most it can cost (its prompt plus
+its output bound, priced at the model that serves it: pipeline/reserve.py works that out) against every budget
+that applies, and refuses it with a 429 (`BudgetExceeded`: which budget, what is used, held and left, when it
+resets) unless spent + held + its maximum fits each. When its row is recorded, `record` replaces the hold by the
+row's actual spend. So concurrent requests can never together spend past a budget: each was admitted only if
+its worst case fitted beside everything already spent or held. `check` is the cheap early refusal at admit, once
+a budget is spent outright.
+
+Holds are leases of `lease_s`: this process renews its own (`renew`) while their requests run; a hold whose lease
+ends (its gateway was killed) is dropped by the next reservation, which also raises the shared totals to the
+ledger's again (`reseed`), so a crash neither leaves a tenant blocked for good nor loses spend its rows recorded.
+
+With several gateway processes, `shared` (meter/shared.py) keeps totals and holds in Redis instead of in memory,
+each reserve and settle one atomic script, so all of them count one spend; each raises Redis's totals to at least
+the ledger's at start and after an outage. When Redis does not answer, `check` and `reserve` refuse with a 503
+(`fail_open` False, the default) or admit unchecked; spend recorded meanwhile is in the ledger and comes back with
+the next seed. Crossing `warn_at` x limit logs a warning and counts tokenomy_budget_warnings_total, once per
+budget and period.
 """
 
 from __future__ import annotations
@@ -56,20 +65,48 @@ def iso(t: dt.datetime) -> str:
 
 
 class BudgetExceeded(APIError):
-    """429 with an OpenAI-style body: which budget is spent and when it resets (ISO 8601, UTC)."""
+    """429 with an OpenAI-style body: which budget, what is used, held by requests in flight and left, what this
+    request may cost at most (when it was refused for that), and when the budget resets (ISO 8601, UTC).
+    Retry-After is the reset, or 1 s when the request would fit once the requests in flight settle."""
 
     def __init__(self, scope: str, ident: str, name: str, unit: str, period: str, limit: float, used: float,
-                 resets_at: dt.datetime, now: float) -> None:
+                 resets_at: dt.datetime, now: float, held: float = 0.0, need: float | None = None) -> None:
         self.scope, self.ident, self.unit, self.period = scope, ident, unit, period
-        self.limit, self.used, self.resets_at = limit, used, resets_at
-        amount = (f"${limit:,.2f} (${used:,.4f} used)" if unit == "usd"
-                  else f"{int(limit):,} tokens ({int(used):,} used)")
+        self.limit, self.used, self.held, self.need, self.resets_at = limit, used, held, need, resets_at
+        left = self.left
+
+        def amount(x: float) -> str:
+            return f"${x:,.4f}" if unit == "usd" else f"{math.ceil(x):,} tokens"
+
+        head = (f"${limit:,.2f}" if unit == "usd" else f"{int(limit):,} tokens")
+        parts = [f"{amount(used)} used"] + ([f"{amount(held)} held by requests in flight"] if held > 0 else []) \
+            + [f"{amount(left)} left"]
         every = "daily" if period == "day" else "monthly"
-        retry = max(1, math.ceil(resets_at.timestamp() - now))
-        super().__init__(429, f"Budget exceeded: the {every} {unit.upper() if unit == 'usd' else unit} budget of "
-                         f"{scope} '{name}' is {amount}. It resets at {iso(resets_at)}.",
-                         code="budget_exceeded", type_="insufficient_quota",
-                         headers={"retry-after": str(retry)})
+        msg = (f"Budget exceeded: the {every} {unit.upper() if unit == 'usd' else unit} budget of {scope} '{name}' "
+               f"is {head} ({', '.join(parts)}).")
+        if need is not None:
+            msg += (f" This request may cost up to {amount(need)} (its prompt and output bound)"
+                    + (", more than the whole budget." if need > limit else "."))
+        fits_later = need is not None and held > 0 and used + need <= limit
+        retry = 1 if fits_later else max(1, math.ceil(resets_at.timestamp() - now))
+        super().__init__(429, msg + f" It resets at {iso(resets_at)}.", code="budget_exceeded",
+                         type_="insufficient_quota", headers={"retry-after": str(retry)})
+
+    @property
+    def left(self) -> float:
+        return max(0.0, self.limit - self.used - self.held)
+
+
+Slot = tuple[str, str, str, float]      # (scope, ident, period, period start as UNIX time)
+
+
+@dataclass
+class Hold:
+    """What one request holds: the slots it reserved in and how much, in total over its reservations."""
+
+    slots: list[Slot]
+    usd: float = 0.0
+    tokens: float = 0.0
 
 
 @dataclass
@@ -84,10 +121,12 @@ class Budgets:
     def __init__(self, keys: dict[str, BudgetLimits] | None = None, tenants: dict[str, BudgetLimits] | None = None,
                  key_names: dict[str, str] | None = None, metrics: Any = None,
                  clock: Callable[[], float] = time.time, shared: SharedCounters | None = None,
-                 fail_open: bool = False) -> None:
+                 fail_open: bool = False, lease_s: float = 300.0,
+                 lease_clock: Callable[[], float] = time.monotonic) -> None:
         """`keys`: key_id -> limits; `tenants`: tenant -> limits; `key_names`: key_id -> name for messages;
         `metrics`: a Metrics (budget_used_ratio, budget_warnings); `shared`: totals in Redis, shared by gateways;
-        `fail_open`: admit (True) or refuse (False) while `shared` does not answer."""
+        `fail_open`: admit (True) or refuse (False) while `shared` does not answer; `lease_s`: how long a hold
+        outlives its last renewal (`lease_clock` measures it in this process)."""
         names = key_names or {}
         self.subjects: dict[tuple[str, str], _Subject] = {}
         for kid, lim in (keys or {}).items():
@@ -99,6 +138,10 @@ class Budgets:
         # (scope, ident, period, period start) -> [usd, tokens]
         self._used: dict[tuple[str, str, str, float], list[float]] = {}
         self._warned: set[tuple[str, str, str, str, float]] = set()
+        # in this process (store local): slot -> request id -> [usd, tokens, lease end on lease_clock]
+        self._held: dict[Slot, dict[str, list[float]]] = {}
+        self.holding: dict[str, Hold] = {}       # request id -> what it holds: this process's requests in flight
+        self.lease_s, self.lease_clock = lease_s, lease_clock
         self._lock = threading.Lock()
         self.shared, self.fail_open = shared, fail_open
         self._ledger: Any = None
@@ -147,39 +190,144 @@ class Budgets:
         return usd, int(tokens)
 
     def record(self, row: LedgerRow) -> None:
-        """Add a finished request's spend (a record sink calls this with its ledger row)."""
+        """Settle a finished request (a record sink calls this with its ledger row): its hold, if it has one,
+        is replaced by the row's spend."""
+        hold = self.holding.pop(row.request_id, None)
         if not self.enabled:
             return
         usd, tokens = row.cost_usd, row.billed_tokens
-        if usd == 0 and tokens == 0:
+        if hold is None and usd == 0 and tokens == 0:
             return
         now = self.clock()
+        spent = [(s, period, *period_bounds(period, now)) for s in self._applicable(row.key_id, row.tenant)
+                 for period in PERIODS] if usd or tokens else []
         if self.shared is not None:
-            self._record_shared(row, usd, tokens, now)
+            self._record_shared(row, hold, spent, usd, tokens)
             return
         with self._lock:
-            for s in self._applicable(row.key_id, row.tenant):
-                for period in PERIODS:
-                    start, end = period_bounds(period, now)
-                    slot = self._used.setdefault((s.scope, s.ident, period, start.timestamp()), [0.0, 0.0])
-                    slot[0] += usd
-                    slot[1] += tokens
-                    self._observe(s, period, start, slot)
+            for slot in hold.slots if hold is not None else []:
+                self._held.get(slot, {}).pop(row.request_id, None)
+            for s, period, start, _ in spent:
+                total = self._used.setdefault((s.scope, s.ident, period, start.timestamp()), [0.0, 0.0])
+                total[0] += usd
+                total[1] += tokens
+                self._observe(s, period, start, total)
             self._prune(now)
 
-    def _record_shared(self, row: LedgerRow, usd: float, tokens: float, now: float) -> None:
+    def _record_shared(self, row: LedgerRow, hold: Hold | None, spent: list[Any], usd: float, tokens: float) -> None:
         assert self.shared is not None
-        slots = [(s, period, *period_bounds(period, now)) for s in self._applicable(row.key_id, row.tenant)
-                 for period in PERIODS]
         try:
-            totals = self.shared.budget_add([((s.scope, s.ident, period, start.timestamp()), end.timestamp() + 86400)
-                                             for s, period, start, end in slots], usd, tokens)
-        except StoreDown as e:      # the ledger has the row; the next seed (on recovery) counts it
+            totals = self.shared.budget_settle(
+                hold.slots if hold is not None else [],
+                [((s.scope, s.ident, period, start.timestamp()), end.timestamp() + 86400)
+                 for s, period, start, end in spent], row.request_id, usd, tokens)
+        except StoreDown as e:      # the ledger has the row (the next seed counts it); the hold's lease lapses
             log.warning("spend of %s not counted in the shared store: %s", row.request_id, e)
             return
         with self._lock:
-            for (s, period, start, _), total in zip(slots, totals, strict=True):
+            for (s, period, start, _), total in zip(spent, totals, strict=True):
                 self._observe(s, period, start, list(total))
+
+    # --- reservations -------------------------------------------------------------------------------------------
+
+    def applies(self, key_id: str | None, tenant: str | None) -> bool:
+        """Whether any budget applies to this key or tenant (else there is nothing to reserve)."""
+        return any(True for _ in self._applicable(key_id, tenant))
+
+    def reserve(self, key_id: str | None, tenant: str | None, request_id: str, usd: float, tokens: float) -> None:
+        """Hold `usd` and `tokens` more for a request against every budget of its key and tenant, or raise
+        BudgetExceeded (a 429: nothing is held) unless spent + held + this fits each; a 503 APIError while the
+        shared store does not answer and budgets fail closed. Calls for one request add up (a fallback to a
+        dearer model, a cascade's next answer); `record` settles them all."""
+        if not self.enabled or (usd <= 0 and tokens <= 0):
+            return
+        now = self.clock()
+        checks = [(s, period, *period_bounds(period, now)) for s in self._applicable(key_id, tenant)
+                  for period in PERIODS]
+        if not checks:
+            return
+        slots: list[Slot] = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
+        if self.shared is None:
+            self._reserve_local(checks, slots, request_id, usd, tokens, now)
+        else:
+            self._reserve_shared(checks, slots, request_id, usd, tokens, now)
+        hold = self.holding.setdefault(request_id, Hold(slots=[]))
+        hold.slots += [s for s in slots if s not in hold.slots]
+        hold.usd += usd
+        hold.tokens += tokens
+
+    def _reserve_local(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
+                       now: float) -> None:
+        t = self.lease_clock()
+        with self._lock:
+            for (s, period, _, end), slot in zip(checks, slots, strict=True):
+                held = self._held.setdefault(slot, {})
+                for gone in [r for r, h in held.items() if h[2] <= t]:
+                    del held[gone]          # a hold nobody renewed: its request ended without settling
+                spent = self._used.get(slot, (0.0, 0.0))
+                for i, (unit, need) in enumerate((("usd", usd), ("tokens", tokens))):
+                    limit = s.limits.limit(unit, period)
+                    if limit is None or need <= 0:
+                        continue
+                    on_hold = sum(h[i] for h in held.values())
+                    if spent[i] + on_hold + need > limit * (1 + 1e-9):
+                        raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, limit, spent[i], end, now,
+                                             held=on_hold, need=need)
+            for slot in slots:
+                h = self._held[slot].setdefault(rid, [0.0, 0.0, 0.0])
+                h[0], h[1], h[2] = h[0] + usd, h[1] + tokens, t + self.lease_s
+
+    def _reserve_shared(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
+                        now: float) -> None:
+        assert self.shared is not None
+        limits = [(slot, s.limits.limit("usd", period), s.limits.limit("tokens", period))
+                  for (s, period, _, _), slot in zip(checks, slots, strict=True)]
+        expire_at = max(end.timestamp() for _, _, _, end in checks) + 86400
+        try:
+            refused, expired = self.shared.budget_reserve(limits, rid, usd, tokens, self.lease_s, expire_at)
+        except StoreDown as e:
+            if self.fail_open:
+                return
+            raise APIError(503, "Budgets cannot be checked: their shared store does not answer. Retry later.",
+                           code="limits_unavailable", type_="server_error", headers={"retry-after": "1"}) from e
+        if expired:     # a gateway died holding these: what its rows recorded comes back from the ledger
+            log.warning("%d budget holds outlived their lease (a gateway stopped without settling them)", expired)
+            threading.Thread(target=self.reseed, name="budget-reseed", daemon=True).start()
+        if refused is not None:
+            i, unit, spent, held = refused
+            s, period, _, end = checks[i]
+            raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, s.limits.limit(unit, period) or 0.0,
+                                 spent, end, now, held=held, need=usd if unit == "usd" else tokens)
+
+    def renew(self) -> None:
+        """Extend the leases of every hold this process's requests in flight have (called every lease_s / 3)."""
+        if not self.holding:
+            return
+        if self.shared is None:
+            until = self.lease_clock() + self.lease_s
+            with self._lock:
+                for rid, hold in self.holding.items():
+                    for slot in hold.slots:
+                        h = self._held.get(slot, {}).get(rid)
+                        if h is not None:
+                            h[2] = until
+            return
+        try:
+            self.shared.renew([(self.shared.budget_leases_key(slot), rid) for rid, hold in list(self.holding.items())
+                               for slot in hold.slots], self.lease_s)
+        except StoreDown as e:
+            log.warning("budget holds not renewed: %s", e)
+
+    def held(self, scope: str, ident: str, period: str) -> tuple[float, int]:
+        """(USD, tokens) held by requests in flight for a key or tenant in the current day or month."""
+        start, _ = period_bounds(period, self.clock())
+        slot = (scope, ident, period, start.timestamp())
+        if self.shared is not None:
+            usd, tokens = self.shared.budget_held(slot)
+            return usd, int(tokens)
+        with self._lock:
+            held = list(self._held.get(slot, {}).values())
+        return sum(h[0] for h in held), int(sum(h[1] for h in held))
 
     def _observe(self, s: _Subject, period: str, start: dt.datetime, slot: list[float]) -> None:
         for i, unit in enumerate(UNITS):
@@ -202,6 +350,8 @@ class Budgets:
         live = {period_bounds(p, now)[0].timestamp() for p in PERIODS}
         for k in [k for k in self._used if k[3] not in live]:
             del self._used[k]
+        for k in [k for k in self._held if k[3] not in live and not self._held[k]]:
+            del self._held[k]
         self._warned = {w for w in self._warned if w[4] in live}
 
     def check(self, key_id: str | None, tenant: str | None) -> None:

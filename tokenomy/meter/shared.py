@@ -1,4 +1,5 @@
-"""Counters that several gateway processes share through Redis: sliding-window rate limits and budget spend.
+"""Counters that several gateway processes share through Redis: sliding-window rate limits, budget spend, and
+the reservations (holds) of requests in flight against both.
 
 Rate limits (one Lua script, atomic per key): a sorted set of request ids scored by arrival (rpm) and one of
 `request_id:tokens` members scored by finish (tpm), both trimmed to the last 60 s; a request is refused while the
@@ -6,6 +7,12 @@ window is full, with the wait until its oldest entry leaves it. Budgets: one has
 `usd` and `tokens` advanced with HINCRBYFLOAT and expiring a day after the period ends. At start each gateway
 raises every counter to at least the ledger's total (the ledger is the source of truth; Redis may have been
 restarted and lost them, or may hold spend the ledger has not committed yet, so never lower it).
+
+Holds (pipeline/reserve.py reserves, the record settles): beside each budget hash and tpm window, a hash of
+`request_id -> amount held` and a sorted set of the same ids scored by when their lease ends. Reserving is one
+script over every limit that applies: it first drops holds whose lease ended (a gateway that died holding them),
+then refuses unless spent + held + this request's maximum fits every limit, and only then holds it in all of them.
+Settling is one script too: the hold goes, the actual spend is added. A live gateway renews its holds' leases.
 
 A Redis that does not answer raises StoreDown; the caller applies `limits.on_store_down` (budgets closed by
 default, rate limits open). After a failure no call is tried for `retry_after_s`, so a dead Redis costs one
@@ -53,6 +60,110 @@ return 1
 """
 
 
+# KEYS: per budget slot (spent hash, holds hash, leases zset); ARGV: now_ms, lease end ms, request id, expire-at
+# (UNIX s), need usd, need tokens, then per slot its usd and tokens limits (-1: none). Returns {0, expired} when
+# held, else {slot index, 1 usd | 2 tokens, spent, held, expired}; amounts as strings (Lua numbers would be cut).
+_HOLD_SUMS = """
+local function held_sums(holds, leases, now)
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+  for _, r in ipairs(gone) do redis.call('HDEL', holds, r) end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', leases, '-inf', now) end
+  local u, t = 0, 0
+  local all = redis.call('HGETALL', holds)
+  for j = 2, #all, 2 do
+    local a, b = string.match(all[j], '^(%S+) (%S+)$')
+    u, t = u + tonumber(a), t + tonumber(b)
+  end
+  return u, t, #gone
+end
+local function hold(holds, leases, rid, need_u, need_t, lease_end, expire_at)
+  local cur = redis.call('HGET', holds, rid)
+  local u, t = 0, 0
+  if cur then
+    local a, b = string.match(cur, '^(%S+) (%S+)$')
+    u, t = tonumber(a), tonumber(b)
+  end
+  redis.call('HSET', holds, rid, string.format('%.17g %.17g', u + need_u, t + need_t))
+  redis.call('ZADD', leases, lease_end, rid)
+  redis.call('EXPIREAT', holds, expire_at)
+  redis.call('EXPIREAT', leases, expire_at)
+end
+"""
+
+_BUDGET_RESERVE_LUA = _HOLD_SUMS + """
+local now, lease_end, rid, expire_at = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local need_u, need_t = tonumber(ARGV[5]), tonumber(ARGV[6])
+local expired = 0
+for i = 1, #KEYS / 3 do
+  local hu, ht, gone = held_sums(KEYS[3 * i - 1], KEYS[3 * i], now)
+  expired = expired + gone
+  local s = redis.call('HMGET', KEYS[3 * i - 2], 'usd', 'tokens')
+  local su, st = tonumber(s[1] or '0'), tonumber(s[2] or '0')
+  local lu, lt = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
+  if lu >= 0 and need_u > 0 and su + hu + need_u > lu * (1 + 1e-9) then
+    return {i, 1, string.format('%.17g', su), string.format('%.17g', hu), expired}
+  end
+  if lt >= 0 and need_t > 0 and st + ht + need_t > lt then
+    return {i, 2, string.format('%.17g', st), string.format('%.17g', ht), expired}
+  end
+end
+for i = 1, #KEYS / 3 do hold(KEYS[3 * i - 1], KEYS[3 * i], rid, need_u, need_t, lease_end, expire_at) end
+return {0, 0, '0', '0', expired}
+"""
+
+# KEYS: per held slot (holds hash, leases zset), then per slot charged now (spent hash); ARGV: request id, number
+# of held slots, usd, tokens, then per charged slot its expire-at. Returns the charged slots' new totals.
+_BUDGET_SETTLE_LUA = """
+local rid, n, du, dt = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 1, n do
+  redis.call('HDEL', KEYS[2 * i - 1], rid)
+  redis.call('ZREM', KEYS[2 * i], rid)
+end
+local out = {}
+for i = 2 * n + 1, #KEYS do
+  local k = KEYS[i]
+  if du ~= 0 then redis.call('HINCRBYFLOAT', k, 'usd', ARGV[3]) end
+  if dt ~= 0 then redis.call('HINCRBYFLOAT', k, 'tokens', ARGV[4]) end
+  if du ~= 0 or dt ~= 0 then redis.call('EXPIREAT', k, ARGV[4 + i - 2 * n]) end
+  local cur = redis.call('HMGET', k, 'usd', 'tokens')
+  table.insert(out, cur[1] or '0')
+  table.insert(out, cur[2] or '0')
+end
+return out
+"""
+
+# A tokens-per-minute window with holds: KEYS window zset (`request_id:tokens` scored by finish ms), holds hash,
+# leases zset; ARGV now_ms, window ms, lease end ms, request id, need, limit. {0, 0, 0} when held, else
+# {1, spent + held, ms until the window's oldest entry leaves}.
+_TPM_RESERVE_LUA = _HOLD_SUMS + """
+local now, win, lease_end, rid = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local need, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - win)
+local used = 0
+local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for i = 1, #entries, 2 do used = used + tonumber(string.match(entries[i], ':(%d+)$')) end
+local _, held = held_sums(KEYS[2], KEYS[3], now)
+if used + held + need > limit then
+  local wait = win
+  if #entries > 0 then wait = tonumber(entries[2]) + win - now end
+  return {1, used + held, wait}
+end
+hold(KEYS[2], KEYS[3], rid, 0, need, lease_end, math.floor(lease_end / 1000) + 60)
+return {0, 0, 0}
+"""
+
+# KEYS window, holds, leases; ARGV request id, actual tokens, now_ms, window ms.
+_TPM_SETTLE_LUA = """
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if tonumber(ARGV[2]) > 0 then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1] .. ':' .. ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+return 1
+"""
+
+
 class StoreDown(RuntimeError):
     """The shared counter store did not answer."""
 
@@ -70,6 +181,10 @@ class SharedCounters:
         self._error_types: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._rate = self._redis.register_script(_RATE_LUA)
         self._raise = self._redis.register_script(_RAISE_LUA)
+        self._budget_reserve = self._redis.register_script(_BUDGET_RESERVE_LUA)
+        self._budget_settle = self._redis.register_script(_BUDGET_SETTLE_LUA)
+        self._tpm_reserve = self._redis.register_script(_TPM_RESERVE_LUA)
+        self._tpm_settle = self._redis.register_script(_TPM_SETTLE_LUA)
         self.on_recover: list[Callable[[], None]] = []
 
     @property
@@ -119,6 +234,45 @@ class SharedCounters:
 
         self._call(go)
 
+    def reserve_tokens(self, key_id: str, request_id: str, need: int, tpm: int, window_s: float,
+                       lease_s: float) -> tuple[float, float] | None:
+        """Hold `need` tokens in the key's tokens-per-minute window unless spent + held + need exceeds `tpm`:
+        None when held, else (tokens spent and held, seconds until the window's oldest entry leaves)."""
+        base = f"{self.prefix}tpm:{key_id}"
+        now_ms = int(time.time() * 1000)
+        full, used, wait_ms = self._call(lambda: self._tpm_reserve(
+            keys=[base, base + ":holds", base + ":leases"],
+            args=[now_ms, int(window_s * 1000), now_ms + int(lease_s * 1000), request_id, int(need), int(tpm)]))
+        return None if full == 0 else (float(used), max(0, float(wait_ms)) / 1000)
+
+    def settle_tokens(self, key_id: str, request_id: str, tokens: int, window_s: float) -> None:
+        """Replace the request's tokens-per-minute hold by the tokens it used (counted from now)."""
+        base = f"{self.prefix}tpm:{key_id}"
+        self._call(lambda: self._tpm_settle(keys=[base, base + ":holds", base + ":leases"],
+                                            args=[request_id, int(tokens), int(time.time() * 1000),
+                                                  int(window_s * 1000)]))
+
+    def renew(self, holds: list[tuple[str, str]], lease_s: float) -> None:
+        """Extend the leases of (leases key, request id) holds this gateway still serves; one that already
+        lapsed stays gone (its spend is still added when it settles)."""
+        if not holds:
+            return
+        until = int(time.time() * 1000) + int(lease_s * 1000)
+
+        def go() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            for key, rid in holds:
+                pipe.zadd(key, {rid: until}, xx=True)
+            pipe.execute()
+
+        self._call(go)
+
+    def budget_leases_key(self, slot: tuple[str, str, str, float]) -> str:
+        return self._budget_key(slot) + ":leases"
+
+    def tpm_leases_key(self, key_id: str) -> str:
+        return f"{self.prefix}tpm:{key_id}:leases"
+
     # --- budgets ------------------------------------------------------------------------------------------------
 
     def _budget_key(self, slot: tuple[str, str, str, float]) -> str:
@@ -158,3 +312,50 @@ class SharedCounters:
             self._redis.expireat(k, int(expire_at))
 
         self._call(go)
+
+    def budget_reserve(self, slots: list[tuple[tuple[str, str, str, float], float | None, float | None]],
+                       request_id: str, usd: float, tokens: float, lease_s: float,
+                       expire_at: float) -> tuple[tuple[int, str, float, float] | None, int]:
+        """Hold (usd, tokens) in every (slot, usd limit, tokens limit) unless spent + held + this exceeds one of
+        them: (None, holds found expired) when held, else ((index of the slot, "usd" | "tokens", spent, held),
+        expired)."""
+        keys: list[str] = []
+        limits: list[float] = []
+        for slot, usd_limit, tokens_limit in slots:
+            k = self._budget_key(slot)
+            keys += [k, k + ":holds", k + ":leases"]
+            limits += [-1 if usd_limit is None else usd_limit, -1 if tokens_limit is None else tokens_limit]
+        now_ms = int(time.time() * 1000)
+        out = self._call(lambda: self._budget_reserve(
+            keys=keys, args=[now_ms, now_ms + int(lease_s * 1000), request_id, int(expire_at), repr(float(usd)),
+                             repr(float(tokens)), *[repr(float(x)) for x in limits]]))
+        which, unit, spent, held, expired = out
+        if int(which) == 0:
+            return None, int(expired)
+        return (int(which) - 1, ("usd", "tokens")[int(unit) - 1], float(spent), float(held)), int(expired)
+
+    def budget_settle(self, held: list[tuple[str, str, str, float]],
+                      charged: list[tuple[tuple[str, str, str, float], float]], request_id: str, usd: float,
+                      tokens: float) -> list[tuple[float, float]]:
+        """Drop the request's holds in `held` and add its spend to each (slot, expire-at) in `charged`, in one
+        step; the charged slots' new totals, in order."""
+        keys: list[str] = []
+        for slot in held:
+            k = self._budget_key(slot)
+            keys += [k + ":holds", k + ":leases"]
+        keys += [self._budget_key(s) for s, _ in charged]
+        out = self._call(lambda: self._budget_settle(
+            keys=keys, args=[request_id, len(held), repr(float(usd)), repr(float(tokens)),
+                             *[int(e) for _, e in charged]]))
+        return [(float(out[2 * i]), float(out[2 * i + 1])) for i in range(len(charged))]
+
+    def budget_held(self, slot: tuple[str, str, str, float]) -> tuple[float, float]:
+        """(usd, tokens) held by requests in flight in a slot, leases lapsed or not (for reports and tests)."""
+        def go() -> dict[Any, Any]:
+            return self._redis.hgetall(self._budget_key(slot) + ":holds")
+
+        u = t = 0.0
+        for v in self._call(go).values():
+            a, b = v.split()
+            u, t = u + float(a), t + float(b)
+        return u, t

@@ -2,9 +2,12 @@
 
 With no keys configured, every request is admitted as tenant "default". Limits are sliding 60-second windows
 kept in memory (one gateway process), or in Redis (`limits.store`, meter/shared.py) so that every gateway process
-counts one window; the 429 carries Retry-After = seconds until the window frees enough room. While Redis does not
-answer, rate limits are not applied (`limits.rates_on_store_down: open`, the default) or every limited key is
-refused with a 503 (`closed`).
+counts one window; the 429 carries Retry-After = seconds until the window frees enough room. A request counts
+against rpm when admitted; against tpm, the reserve stage holds its prompt and output bound
+(`reserve_tokens`) before it reaches a backend, refused unless used + held + that fits, and the record replaces
+the hold by the tokens it used (`on_record`); holds are leases renewed while the request runs, as budgets' are.
+While Redis does not answer, rate limits are not applied (`limits.rates_on_store_down: open`, the default) or
+every limited key is refused with a 503 (`closed`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class KeyInfo:
     allowed: frozenset[str] | None = None    # model and route names it may ask for (key's and tenant's); None: all
     requests: deque[float] = field(default_factory=deque)
     tokens: deque[tuple[float, int]] = field(default_factory=deque)
+    held: dict[str, list[float]] = field(default_factory=dict)   # request id -> [tokens, lease end (monotonic)]
 
 
 class Keyring:
@@ -54,6 +58,9 @@ class Keyring:
     @property
     def enabled(self) -> bool:
         return bool(self.by_hash)
+
+    def by_key_id(self, key_id: str | None) -> KeyInfo | None:
+        return next((i for i in self.by_hash.values() if i.key_id == key_id), None) if key_id else None
 
     def lookup(self, authorization: str | None) -> KeyInfo:
         if not authorization or not authorization.lower().startswith("bearer "):
@@ -86,10 +93,12 @@ class Admit:
     name = "admit"
 
     def __init__(self, keyring: Keyring, budgets: Any = None, shared: SharedCounters | None = None,
-                 fail_open: bool = True) -> None:
+                 fail_open: bool = True, lease_s: float = 300.0) -> None:
         self.keyring = keyring
         self.budgets = budgets
         self.shared, self.fail_open = shared, fail_open
+        self.lease_s = lease_s
+        self.holding: dict[str, str] = {}      # request id -> key id: this process's tpm holds in flight
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         if self.keyring.enabled:
@@ -107,30 +116,98 @@ class Admit:
             self.budgets.check(ctx.key_id, ctx.tenant)   # raises BudgetExceeded: a 429 naming the budget
         await call_next(ctx)
 
-    def on_record(self, ctx: RequestContext) -> None:
-        """Record sink: count the tokens a finished request used against its key's tokens-per-minute."""
-        if ctx.key_id is None or ctx.usage is None:
+    def limits_tokens(self, key_id: str | None) -> bool:
+        """Whether this key has a tokens-per-minute limit (else there is nothing to reserve for it)."""
+        info = self.keyring.by_key_id(key_id)
+        return info is not None and info.tpm is not None
+
+    def reserve_tokens(self, ctx: RequestContext, tokens: int) -> None:
+        """Hold `tokens` (the request's prompt and output bound) in its key's tokens-per-minute window, or raise a
+        429 unless the tokens used in the last minute + held + these fit `tpm`. Calls for one request add up."""
+        info = self.keyring.by_key_id(ctx.key_id)
+        if info is None or info.tpm is None or tokens <= 0:
             return
-        for info in self.keyring.by_hash.values():
-            if info.key_id == ctx.key_id:
-                tokens = ctx.usage.prompt_tokens + ctx.usage.completion_tokens
-                if self.shared is None:
-                    self.spend(info, tokens)
-                elif info.tpm is not None:
-                    try:
-                        self.shared.spend_tokens(info.key_id, ctx.request_id, tokens, WINDOW_S)
-                    except StoreDown:
-                        pass                 # logged by the store; the window forgets within a minute anyway
+        if self.shared is not None:
+            try:
+                full = self.shared.reserve_tokens(info.key_id, ctx.request_id, tokens, info.tpm, WINDOW_S,
+                                                  self.lease_s)
+            except StoreDown as e:
+                if self.fail_open:
+                    return
+                raise APIError(503, "Rate limits cannot be checked: their shared store does not answer. Retry "
+                               "later.", code="limits_unavailable", type_="server_error",
+                               headers={"retry-after": "1"}) from e
+            if full is not None:
+                raise self._tokens_full(info, full[0], tokens, full[1])
+        else:
+            now = t = time.monotonic()
+            self._trim(info, now)
+            for gone in [r for r, h in info.held.items() if h[1] <= t]:
+                del info.held[gone]
+            used = sum(n for _, n in info.tokens) + sum(h[0] for h in info.held.values())
+            if used + tokens > info.tpm:
+                wait = WINDOW_S - (now - info.tokens[0][0]) if info.tokens else 1.0
+                raise self._tokens_full(info, used, tokens, wait)
+            h = info.held.setdefault(ctx.request_id, [0.0, 0.0])
+            h[0], h[1] = h[0] + tokens, t + self.lease_s
+        self.holding[ctx.request_id] = info.key_id
+
+    @staticmethod
+    def _tokens_full(info: KeyInfo, used: float, tokens: int, wait: float) -> APIError:
+        over = " more than the whole limit: lower max_tokens or the prompt" if tokens > (info.tpm or 0) else ""
+        return APIError(429, f"Rate limit reached for key {info.name}: {info.tpm} tokens per minute ({int(used)} "
+                        f"used or held by requests in flight); this request may use up to {tokens} tokens (its "
+                        f"prompt and output bound){',' if over else ''}{over}. Retry in {wait:.1f}s.",
+                        code="rate_limit_exceeded", headers={"retry-after": str(max(1, int(wait + 0.999)))})
+
+    def renew(self) -> None:
+        """Extend the leases of this process's tpm holds in flight (called every lease_s / 3)."""
+        held = list(self.holding.items())
+        if not held:
+            return
+        if self.shared is not None:
+            try:
+                self.shared.renew([(self.shared.tpm_leases_key(k), rid) for rid, k in held], self.lease_s)
+            except StoreDown:
+                pass                 # logged by the store; a lapsed hold still settles
+            return
+        until = time.monotonic() + self.lease_s
+        for rid, key_id in held:
+            info = self.keyring.by_key_id(key_id)
+            h = info.held.get(rid) if info is not None else None
+            if h is not None:
+                h[1] = until
+
+    def on_record(self, ctx: RequestContext) -> None:
+        """Record sink: replace the request's tpm hold by the tokens it used (prompt + completion)."""
+        held = self.holding.pop(ctx.request_id, None) is not None
+        info = self.keyring.by_key_id(ctx.key_id)
+        if info is None:
+            return
+        tokens = ctx.usage.prompt_tokens + ctx.usage.completion_tokens if ctx.usage is not None else 0
+        if self.shared is None:
+            info.held.pop(ctx.request_id, None)
+            if tokens:
+                self.spend(info, tokens)
+        elif info.tpm is not None and (held or tokens):
+            try:
+                self.shared.settle_tokens(info.key_id, ctx.request_id, tokens, WINDOW_S)
+            except StoreDown:
+                pass                 # logged by the store; the window forgets within a minute anyway
+
+    @staticmethod
+    def _trim(info: KeyInfo, now: float) -> None:
+        while info.requests and now - info.requests[0] >= WINDOW_S:
+            info.requests.popleft()
+        while info.tokens and now - info.tokens[0][0] >= WINDOW_S:
+            info.tokens.popleft()
 
     def _check_limits(self, info: KeyInfo, ctx: RequestContext) -> None:
         if self.shared is not None:
             self._check_shared(info, ctx)
             return
         now = time.monotonic()
-        while info.requests and now - info.requests[0] >= WINDOW_S:
-            info.requests.popleft()
-        while info.tokens and now - info.tokens[0][0] >= WINDOW_S:
-            info.tokens.popleft()
+        self._trim(info, now)
         if info.rpm is not None and len(info.requests) >= info.rpm:
             wait = WINDOW_S - (now - info.requests[0])
             raise APIError(429, f"Rate limit reached for key {info.name}: {info.rpm} requests per minute. "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,10 @@ class RequestContext:
     escalations: list[tuple[str, Usage]] = field(default_factory=list)   # discarded (paid) answers: model, usage
     token_router: Any = None                  # a token route's TokenRouter (router/token_routing.py), which serves
     #                                           its small model's candidate in the generate stage
+    # reserve (pipeline/reserve.py): the model the request's hold is priced at and its USD; `cover(model)` holds
+    # more before a dearer model serves it (a fallback), raising the budget's 429 when that does not fit
+    reserved: tuple[str, float] | None = None
+    cover: Callable[[str], None] | None = None
     # generate
     result: Result | None = None
     deltas: AsyncIterator[Delta] | None = None
