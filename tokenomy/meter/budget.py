@@ -28,6 +28,7 @@ budget and period.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import math
 import threading
@@ -49,12 +50,16 @@ UNITS = ("usd", "tokens")
 
 def period_bounds(period: str, t: float) -> tuple[dt.datetime, dt.datetime]:
     """[start, end) of the UTC day or month holding UNIX time t."""
-    now = dt.datetime.fromtimestamp(t, dt.UTC)
+    return _bounds(period, int(t // 86400))          # UNIX time has 86,400 s in every UTC day
+
+
+@functools.lru_cache(maxsize=64)
+def _bounds(period: str, day: int) -> tuple[dt.datetime, dt.datetime]:
+    start = dt.datetime.fromtimestamp(day * 86400, dt.UTC)
     if period == "day":
-        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
         return start, start + dt.timedelta(days=1)
     if period == "month":
-        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        start = start.replace(day=1)
         end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
         return start, end
     raise ValueError(f"period must be day or month, got {period!r}")

@@ -18,7 +18,8 @@ The most a request can cost is its prompt plus its output bound:
   stage once per answer it asks for, so each reserves its own.
 An embeddings request holds its inputs' tokens: UTF-8 bytes + 2 per text, a bound for any tokenizer.
 
-Requests that no budget or tpm applies to pass through untouched. With `limits.shrink_to_fit`, a request refused
+The `x-tokenomy-reserved` response header says what was held (tokens, USD, the model priced at). Requests that no
+budget or tpm applies to pass through untouched. With `limits.shrink_to_fit`, a request refused
 by a token or USD budget is instead served with the largest max_tokens that fits (at least 1), and says so in the
 `x-tokenomy-max-tokens` response header; off by default, since an answer cut short is not what the client asked.
 """
@@ -75,6 +76,7 @@ class Reserve:
         if tpm:
             self.admit.reserve_tokens(ctx, int(tokens))
         ctx.reserved = (model, usd)
+        ctx.response_headers["x-tokenomy-reserved"] = f"tokens={int(tokens)}; usd={usd:.8f}; model={model}"
         ctx.cover = lambda name: self.cover(ctx, name)
         await call_next(ctx)
 
