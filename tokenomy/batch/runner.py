@@ -8,7 +8,8 @@ interactive requests leave (engine/scheduler.py). Items for an upstream model ar
 Exactly once: an item's result is committed (after its ledger row) before it counts as done, and a restart runs
 only items still pending. Each start of an item has its own request id (`req_<batch>_<line>`, then `_a<n>` for a
 later start), so a start cut short by a crash never shares a ledger row with the start that finishes it. A 429
-that is not a spent budget (a full queue, a rate limit) or a 503 (an engine restarting) puts the item back.
+that is not a spent budget (a full queue, a rate limit, a budget held by requests in flight) or a 503 (an engine
+restarting) puts the item back.
 
 Several gateways on one database: each runner is a worker with its own id that claims an item before it starts it
 and a batch before it ends it (store.py's leases, renewed every third of `lease_s` while it works, given up when it
@@ -172,7 +173,8 @@ class BatchRunner:
                 await self.handle(ctx)
                 ok, status, body = True, 200, (chat_body(ctx) if ctx.gen.kind == "chat" else completion_body(ctx))
             except APIError as e:
-                if (e.status == 429 and not isinstance(e, BudgetExceeded)) or e.status == 503:
+                spent = isinstance(e, BudgetExceeded) and not e.fits_later    # not only held by items in flight
+                if (e.status == 429 and not spent) or e.status == 503:
                     self.retry_at[key] = time.monotonic() + RETRY_S     # stays pending; tried again later
                     return
                 ok, status, body = False, e.status, e.body()

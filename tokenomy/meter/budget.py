@@ -72,7 +72,7 @@ def iso(t: dt.datetime) -> str:
 class BudgetExceeded(APIError):
     """429 with an OpenAI-style body: which budget, what is used, held by requests in flight and left, what this
     request may cost at most (when it was refused for that), and when the budget resets (ISO 8601, UTC).
-    Retry-After is the reset, or 1 s when the request would fit once the requests in flight settle."""
+    Retry-After is the reset, or 1 s when the request would fit once the requests in flight settle (`fits_later`)."""
 
     def __init__(self, scope: str, ident: str, name: str, unit: str, period: str, limit: float, used: float,
                  resets_at: dt.datetime, now: float, held: float = 0.0, need: float | None = None) -> None:
@@ -92,8 +92,8 @@ class BudgetExceeded(APIError):
         if need is not None:
             msg += (f" This request may cost up to {amount(need)} (its prompt and output bound)"
                     + (", more than the whole budget." if need > limit else "."))
-        fits_later = need is not None and held > 0 and used + need <= limit
-        retry = 1 if fits_later else max(1, math.ceil(resets_at.timestamp() - now))
+        self.fits_later = need is not None and held > 0 and used + need <= limit
+        retry = 1 if self.fits_later else max(1, math.ceil(resets_at.timestamp() - now))
         super().__init__(429, msg + f" It resets at {iso(resets_at)}.", code="budget_exceeded",
                          type_="insufficient_quota", headers={"retry-after": str(retry)})
 
