@@ -285,3 +285,24 @@ def _start_stream(url: str, key: str) -> Any:
                                                "stream": True}), stream=True)
     assert r.status_code == 200, r.read()
     return client
+
+
+def test_a_hold_settles_when_its_row_cannot_be_written() -> None:
+    key = f"sk-{uuid.uuid4().hex}"
+    with StubServer(Stub()) as stub:
+        with live_server(config(stub.port, [{"key": key, "name": "alice", "budget": {"tokens_per_day": 1000}}])) as g:
+            def broken(*_: Any, **__: Any) -> None:
+                raise OSError("disk full")
+
+            g.gateway.meter.ledger.write = broken      # the ledger fails: the budget still counts the spend
+            r = httpx.post(g.base_url + "/chat/completions", headers={"authorization": f"Bearer {key}"},
+                           json={"model": "remote", "max_tokens": 5, "messages": MESSAGES}, timeout=30)
+            assert r.status_code == 200 and "x-tokenomy-reserved" in r.headers
+            key_id = g.gateway.keyring.lookup(f"Bearer {key}").key_id
+            assert settled(g) and g.gateway.budgets.held("key", key_id, "day") == (0.0, 0)
+            assert g.gateway.budgets.used("key", key_id, "day")[1] == r.json()["usage"]["total_tokens"]
+            g.gateway.meter.price_for = broken         # no row at all: the hold is released, nothing counted
+            r = httpx.post(g.base_url + "/chat/completions", headers={"authorization": f"Bearer {key}"},
+                           json={"model": "remote", "max_tokens": 5, "messages": MESSAGES}, timeout=30)
+            assert r.status_code == 200 and settled(g)
+            assert g.gateway.budgets.held("key", key_id, "day") == (0.0, 0)

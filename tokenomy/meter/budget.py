@@ -304,24 +304,41 @@ class Budgets:
             raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, s.limits.limit(unit, period) or 0.0,
                                  spent, end, now, held=held, need=usd if unit == "usd" else tokens)
 
-    def renew(self) -> None:
-        """Extend the leases of every hold this process's requests in flight have (called every lease_s / 3)."""
-        if not self.holding:
+    def renew(self, holding: list[tuple[str, Hold]] | None = None) -> None:
+        """Extend the leases of the holds this process's requests in flight have (`holding`: a snapshot of
+        `self.holding`'s items, taken on the thread that changes it; called every lease_s / 3)."""
+        holding = list(self.holding.items()) if holding is None else holding
+        if not holding:
             return
         if self.shared is None:
             until = self.lease_clock() + self.lease_s
             with self._lock:
-                for rid, hold in self.holding.items():
+                for rid, hold in holding:
                     for slot in hold.slots:
                         h = self._held.get(slot, {}).get(rid)
                         if h is not None:
                             h[2] = until
             return
         try:
-            self.shared.renew([(self.shared.budget_leases_key(slot), rid) for rid, hold in list(self.holding.items())
+            self.shared.renew([(self.shared.budget_leases_key(slot), rid) for rid, hold in holding
                                for slot in hold.slots], self.lease_s)
         except StoreDown as e:
             log.warning("budget holds not renewed: %s", e)
+
+    def release(self, request_id: str) -> None:
+        """Drop a request's holds without counting any spend: for a request whose row could not be made."""
+        hold = self.holding.pop(request_id, None)
+        if hold is None:
+            return
+        if self.shared is None:
+            with self._lock:
+                for slot in hold.slots:
+                    self._held.get(slot, {}).pop(request_id, None)
+            return
+        try:
+            self.shared.budget_settle(hold.slots, [], request_id, 0.0, 0.0)
+        except StoreDown as e:
+            log.warning("holds of %s not released (their lease will end): %s", request_id, e)
 
     def held(self, scope: str, ident: str, period: str) -> tuple[float, int]:
         """(USD, tokens) held by requests in flight for a key or tenant in the current day or month."""

@@ -160,9 +160,10 @@ class Admit:
                         f"prompt and output bound){',' if over else ''}{over}. Retry in {wait:.1f}s.",
                         code="rate_limit_exceeded", headers={"retry-after": str(max(1, int(wait + 0.999)))})
 
-    def renew(self) -> None:
-        """Extend the leases of this process's tpm holds in flight (called every lease_s / 3)."""
-        held = list(self.holding.items())
+    def renew(self, held: list[tuple[str, str]] | None = None) -> None:
+        """Extend the leases of this process's tpm holds in flight (`held`: a snapshot of `self.holding`'s items,
+        taken on the thread that changes it; called every lease_s / 3)."""
+        held = list(self.holding.items()) if held is None else held
         if not held:
             return
         if self.shared is not None:

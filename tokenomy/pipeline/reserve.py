@@ -117,7 +117,11 @@ class Reserve:
         return counted + max(math.ceil(counted * 0.1) + 16, max(seen) if seen else 0)
 
     def on_record(self, ctx: RequestContext) -> None:
-        """Record sink: learn how many prompt tokens an upstream billed beyond the count."""
+        """Record sink (after the meter's, which settles): free a hold the meter could not settle (its row failed,
+        logged there), and learn how many prompt tokens an upstream billed beyond the count."""
+        if ctx.request_id in self.budgets.holding:
+            log.warning("request %s ended without its budget hold settled: released", ctx.request_id)
+            self.budgets.release(ctx.request_id)
         u = ctx.usage
         if ctx.reserved is None or u is None or ctx.model is None or ctx.prompt_tokens is None or u.parts \
                 or ctx.cache in ("exact", "semantic") or self.window(ctx.model) is not None:
@@ -170,10 +174,10 @@ class Reserve:
         every = self.settings.lease_s / 3
         while self.budgets.holding or (self.admit is not None and self.admit.holding):
             await asyncio.sleep(every)
-            try:
-                await asyncio.to_thread(self.budgets.renew)
+            try:          # snapshots taken here, on the loop that changes them; Redis answers off it
+                await asyncio.to_thread(self.budgets.renew, list(self.budgets.holding.items()))
                 if self.admit is not None:
-                    await asyncio.to_thread(self.admit.renew)
+                    await asyncio.to_thread(self.admit.renew, list(self.admit.holding.items()))
             except Exception:           # never let renewal die silently: log and go on
                 log.exception("renewing holds failed")
 
