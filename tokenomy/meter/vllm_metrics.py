@@ -162,45 +162,54 @@ class VllmMetrics:
                                    "seconds.", TOKEN_LATENCY_BUCKETS)
         r.register(self.itl)
         r.register(EngineGauges(engines))
-        for name in self.models:
-            lv = (name, ENGINE)
-            for metric in (self.prefix_queries, self.prefix_hits, self.preemptions, self.iteration_tokens, *self.spec,
-                           self.prompt_tokens, self.generation_tokens, self.request_prompt_tokens,
-                           self.request_generation_tokens, self.ttft, self.tpot, self.e2e, self.queue,
-                           self.inference, self.prefill, self.decode):
-                metric.labels(*lv)
-            for reason in FINISHED_REASONS:
-                self.success.labels(*lv, reason)
-            self.itl.observe(lv, 0.0, 0)
+        # each engine's series, bound once (as vLLM's make_per_engine): they exist from the start, and a request
+        # costs no label lookups
+        self._bound = {name: self._bind(name) for name in self.models}
+
+    def _bind(self, model: str) -> dict[str, Any]:
+        lv = (model, ENGINE)
+        bound: dict[str, Any] = {attr: getattr(self, attr).labels(*lv) for attr in (
+            "prefix_queries", "prefix_hits", "preemptions", "iteration_tokens", "prompt_tokens", "generation_tokens",
+            "request_prompt_tokens", "request_generation_tokens", "ttft", "tpot", "e2e", "queue", "inference",
+            "prefill", "decode")}
+        bound["spec"] = tuple(c.labels(*lv) for c in self.spec)
+        bound["success"] = {reason: self.success.labels(*lv, reason) for reason in FINISHED_REASONS}
+        self.itl.observe(lv, 0.0, 0)
+        return bound
 
     def step(self, model: str, n_tokens: int, preempted: int, queried: int, hit: int,
              spec: tuple[int, int, int]) -> None:
         """One engine step of `model`: tokens it decoded, and what the engine's counters grew by since the last."""
-        lv = (model, ENGINE)
-        self.iteration_tokens.labels(*lv).observe(n_tokens)
-        for counter, n in ((self.preemptions, preempted), (self.prefix_queries, queried), (self.prefix_hits, hit),
-                           *zip(self.spec, spec, strict=True)):
+        b = self._bound[model]
+        b["iteration_tokens"].observe(n_tokens)
+        for counter, n in ((b["preemptions"], preempted), (b["prefix_queries"], queried), (b["prefix_hits"], hit),
+                           *zip(b["spec"], spec, strict=True)):
             if n:
-                counter.labels(*lv).inc(n)
+                counter.inc(n)
+
+    def tokens(self, model: str, prompt: int, generation: int) -> None:
+        """Tokens of a part of an answer `model` wrote (token-level routing), counted without the request."""
+        b = self._bound[model]
+        b["prompt_tokens"].inc(prompt)
+        b["generation_tokens"].inc(generation)
 
     def request(self, model: str, usage: Any, reason: str | None, tpot: float | None = None, gaps: int = 0) -> None:
         """A request the engine of `model` finished (its usage, generation.Usage, and finish_reason); `tpot`, when
         known, is its mean time per token after the first over its `gaps` gaps between tokens."""
-        lv = (model, ENGINE)
-        u = usage
-        self.prompt_tokens.labels(*lv).inc(u.prompt_tokens)
-        self.generation_tokens.labels(*lv).inc(u.completion_tokens)
-        self.success.labels(*lv, finished_reason(reason)).inc()
-        self.request_prompt_tokens.labels(*lv).observe(u.prompt_tokens)
-        self.request_generation_tokens.labels(*lv).observe(u.completion_tokens)
+        b, u = self._bound[model], usage
+        b["prompt_tokens"].inc(u.prompt_tokens)
+        b["generation_tokens"].inc(u.completion_tokens)
+        b["success"][finished_reason(reason)].inc()
+        b["request_prompt_tokens"].observe(u.prompt_tokens)
+        b["request_generation_tokens"].observe(u.completion_tokens)
         queue = max(u.queue_s, 0.0)
-        self.e2e.labels(*lv).observe(u.e2e_s)
-        self.queue.labels(*lv).observe(queue)
-        self.inference.labels(*lv).observe(max(u.e2e_s - queue, 0.0))
+        b["e2e"].observe(u.e2e_s)
+        b["queue"].observe(queue)
+        b["inference"].observe(max(u.e2e_s - queue, 0.0))
         if u.ttft_s is not None:
-            self.ttft.labels(*lv).observe(u.ttft_s)
-            self.prefill.labels(*lv).observe(max(u.ttft_s - queue, 0.0))
-            self.decode.labels(*lv).observe(max(u.e2e_s - u.ttft_s, 0.0))
+            b["ttft"].observe(u.ttft_s)
+            b["prefill"].observe(max(u.ttft_s - queue, 0.0))
+            b["decode"].observe(max(u.e2e_s - u.ttft_s, 0.0))
         if tpot is not None and gaps > 0:
-            self.tpot.labels(*lv).observe(tpot)
-            self.itl.observe(lv, tpot, gaps)
+            b["tpot"].observe(tpot)
+            self.itl.observe((model, ENGINE), tpot, gaps)

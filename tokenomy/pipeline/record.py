@@ -16,7 +16,6 @@ from tokenomy.errors import APIError
 from tokenomy.generation import Delta, Usage
 from tokenomy.meter.metrics import Metrics
 from tokenomy.meter.row import CACHE_HITS
-from tokenomy.meter.vllm_metrics import ENGINE
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 
@@ -136,8 +135,7 @@ class Record:
             if u.parts:
                 for name, part in u.parts:
                     if name in vllm.models:
-                        vllm.prompt_tokens.labels(name, ENGINE).inc(part.prompt_tokens)
-                        vllm.generation_tokens.labels(name, ENGINE).inc(part.completion_tokens)
+                        vllm.tokens(name, part.prompt_tokens, part.completion_tokens)
             elif ctx.model in vllm.models:
                 vllm.request(ctx.model, u, ctx.finish_reason, tpot, gaps)
         for name, usage in ctx.escalations:
