@@ -124,7 +124,6 @@ class Record:
             except Exception:       # a broken sink must never break the request path
                 log.exception("record sink failed")
 
-
     def _engine_requests(self, ctx: RequestContext, tpot: float | None, gaps: int) -> None:
         """vLLM's per-request families (meter/vllm_metrics.py) for what embedded engines ran for this request: its
         answer (not a response-cache hit), each part of a token-routed answer (tokens only), discarded cascade
