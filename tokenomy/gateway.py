@@ -265,16 +265,21 @@ class Gateway:
         m = self.metrics
         batch, pre, hits = m.batch_tokens.labels(name), m.preemptions.labels(name), m.prefix_hits.labels(name)
         spec = (m.spec_drafts.labels(name), m.spec_draft_tokens.labels(name), m.spec_accepted.labels(name))
-        last = {"pre": 0, "hits": 0, "spec": (0, 0, 0)}
+        last = (0, 0, 0, 0, 0, 0)
 
         def on_step(n_tokens: int, n_seqs: int, dt: float) -> None:
+            nonlocal last
             batch.observe(n_tokens)
-            pre.inc(max(engine.preemptions - last["pre"], 0))       # counters restart with a restarted engine
-            hits.inc(max(engine.prefix_hit_tokens - last["hits"], 0))
-            now = engine.spec
-            for counter, new, old in zip(spec, now, last["spec"], strict=True):
-                counter.inc(max(new - old, 0))
-            last["pre"], last["hits"], last["spec"] = engine.preemptions, engine.prefix_hit_tokens, now
+            now = (engine.preemptions, engine.prefix_hit_tokens, engine.prefix_query_tokens, *engine.spec)
+            # what the engine's counters grew by (they restart with a restarted engine)
+            d_pre, d_hits, d_queries, *d_spec = (max(new - old, 0) for new, old in zip(now, last, strict=True))
+            last = now
+            pre.inc(d_pre)
+            hits.inc(d_hits)
+            for counter, d in zip(spec, d_spec, strict=True):
+                counter.inc(d)
+            if m.vllm is not None:
+                m.vllm.step(name, n_tokens, d_pre, d_queries, d_hits, (d_spec[0], d_spec[1], d_spec[2]))
 
         engine.stats.on_step.append(on_step)
 

@@ -1,4 +1,8 @@
-"""tokenomy/api/dashboard.py: the live page in headless Chromium, its data endpoint, and POST /v1/feedback."""
+"""tokenomy/api/dashboard.py: the live page in headless Chromium, its data endpoint, its operations view under load
+on a live server, and POST /v1/feedback.
+
+TOKENOMY_DASHBOARD_SCREENSHOT=path makes the operations-view test save a screenshot of the view under load there
+(docs/img/dashboard-live.png is one)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from tests.conftest import free_port
+from tests.conftest import LiveServer, free_port
 from tests.meter.synthetic import Spec, mixed, rows_for
 from tests.meter.test_report import check, expected
 from tokenomy.api import dashboard
@@ -24,7 +28,9 @@ from tokenomy.errors import APIError
 from tokenomy.meter.layout import ROWS
 from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
+from tokenomy.models import DEFAULT_MODEL
 
+SCREENSHOT_ENV = "TOKENOMY_DASHBOARD_SCREENSHOT"
 CHROMIUM_ENV = "TOKENOMY_TEST_CHROMIUM"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -254,3 +260,81 @@ def test_a_key_in_the_dashboard_url_leaves_the_address_bar_and_still_authorizes(
                 assert page.is_hidden("#error")
             finally:
                 browser.close()
+
+
+def test_the_operations_view_follows_the_traffic_of_a_live_server(server: LiveServer) -> None:
+    """While requests run, the page's live charts move without a reload: output tokens/s of the served model turns
+    positive, and the values change from one poll of /dashboard/live to the next."""
+    from playwright.sync_api import sync_playwright
+
+    stop, statuses = threading.Event(), []
+
+    def load() -> None:
+        with httpx.Client(base_url=server.base_url, timeout=120) as c:
+            i = 0
+            while not stop.is_set():
+                r = c.post("/chat/completions", json={
+                    "model": DEFAULT_MODEL, "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stream": i % 2 == 1,
+                    "messages": [{"role": "user", "content": f"Count to {i}."}]})
+                statuses.append(r.status_code)
+                i += 1
+
+    traffic = [threading.Thread(target=load, daemon=True) for _ in range(2)]     # two clients: a batch of two
+    hosts: set[str] = set()
+    with sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.on("request", lambda req: hosts.add(urlparse(req.url).netloc))
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.root + "/dashboard")
+            page.wait_for_selector("#ops-tokens[data-last]", timeout=20_000)
+            assert page.is_visible("#ops") and page.locator("#figures").count() == 1      # the report stays
+            for t in traffic:
+                t.start()
+            page.wait_for_function(
+                "m => (JSON.parse(document.getElementById('ops-tokens').dataset.last || '{}')[m] || 0) > 0",
+                arg=DEFAULT_MODEL, timeout=60_000)
+            seen = page.evaluate("[document.getElementById('ops').dataset.polls, "
+                                 "document.getElementById('ops-tokens').dataset.last]")
+            page.wait_for_function("([polls, last]) => document.getElementById('ops').dataset.polls !== polls && "
+                                   "document.getElementById('ops-tokens').dataset.last !== last",
+                                   arg=seen, timeout=30_000)       # a later poll, with other values
+            names = page.evaluate("Object.fromEntries(['ops-ttft', 'ops-tpot', 'ops-queue', 'ops-kv', 'ops-hits', "
+                                  "'ops-cost', 'ops-requests'].map(id => [id, "
+                                  "document.getElementById(id).data.map(t => t.name)]))")
+            m = DEFAULT_MODEL
+            assert {f"{m} p50", f"{m} p99"} <= set(names["ops-ttft"]) and f"{m} p99" in names["ops-tpot"]
+            assert {f"{m} waiting", f"{m} running"} <= set(names["ops-queue"]) and names["ops-kv"] == [m]
+            assert f"prefix {m}" in names["ops-hits"] and f"response {m}" in names["ops-hits"]
+            assert "tenant default" in names["ops-requests"] and m in names["ops-cost"]
+            shot = os.environ.get(SCREENSHOT_ENV)
+            if shot:                                    # a fuller picture: half a minute of traffic
+                page.wait_for_function("document.getElementById('ops-tokens').dataset.points >= 15",
+                                       timeout=120_000)
+                page.locator("#ops").screenshot(path=shot)
+            assert not errors, errors
+        finally:
+            stop.set()
+            browser.close()
+            for t in traffic:
+                t.join(timeout=120)
+    assert statuses and set(statuses) == {200}
+    assert hosts == {urlparse(server.root).netloc}, f"the page reached beyond the gateway: {hosts}"
+
+
+def test_live_endpoint_without_metrics_and_behind_the_guard(tmp_path) -> None:
+    def admin(request: Request) -> None:
+        if request.headers.get("authorization") != "Bearer sk-admin":
+            raise APIError(401, "admin key needed", code="invalid_api_key")
+
+    with Ledger(f"sqlite:///{tmp_path / 'l.db'}") as led:
+        with serve(dashboard_app(dashboard.Dashboard(led))) as root:
+            r = httpx.get(root + "/dashboard/live")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+            assert "liveUrl\": null" in httpx.get(root + "/dashboard").text
+        with serve(dashboard_app(dashboard.Dashboard(led, Metrics(), guard=admin))) as root:
+            assert httpx.get(root + "/dashboard/live").status_code == 401
+            ok = httpx.get(root + "/dashboard/live", headers={"authorization": "Bearer sk-admin"})
+            assert ok.status_code == 200 and set(ok.json()) == {"t", "interval_s", "series"}

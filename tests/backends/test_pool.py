@@ -106,8 +106,12 @@ def test_load_signals_from_vllm_sglang_llamacpp_and_tokenomy() -> None:
     assert (s.waiting, s.running, s.kv_usage) == (3.0, 5.0, 0.42)
     s = parse_prometheus("sglang:num_queue_reqs{a=\"1\"} 2\nsglang:num_running_reqs 4\nsglang:token_usage 0.1\n")
     assert (s.waiting, s.running, s.kv_usage) == (2.0, 4.0, 0.1)
-    s = parse_prometheus('tokenomy_queue_depth{model="a"} 1.0\ntokenomy_queue_depth{model="b"} 2.0\n'
-                         'tokenomy_engine_kv_usage_ratio{model="a"} 0.3\n')
+    # a tokenomy server publishes vLLM's names for its engines (two engines: summed, KV their max) and is read
+    # through them alone: its own tokenomy_ gauges of the same facts count nothing twice
+    s = parse_prometheus('vllm:num_requests_waiting{engine="0",model_name="a"} 1.0\n'
+                         'vllm:num_requests_waiting{engine="0",model_name="b"} 2.0\n'
+                         'vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.3\n'
+                         'tokenomy_queue_depth{model="a"} 1.0\ntokenomy_engine_kv_usage_ratio{model="a"} 0.9\n')
     assert (s.waiting, s.kv_usage) == (3.0, 0.3)
     assert parse_slots([{"is_processing": True}, {"is_processing": False}]).running == 1.0
     assert not parse_prometheus("other_metric 1\n").known
@@ -301,6 +305,45 @@ def test_prefix_aware_pool_sends_each_tenant_to_the_replica_holding_its_prefix(e
     assert all(len(s) == 1 and s <= names for s in served.values()), served
     assert served["acme"] != served["globex"]          # an idle pool spreads tenants, then keeps each on its own
     assert min(cached) > 100                           # the replica that holds the prefix reuses it
+
+
+def test_a_tokenomy_replica_is_read_through_vllms_names(engines: dict[str, Any]) -> None:
+    """A replica that is a tokenomy server on its embedded engine: a pool's check reads its load from the vllm:
+    families, with nothing special for tokenomy; a stream in flight at the replica shows as running there."""
+    server = engines["replicas"][1].server
+    pool = Pool(spec([server.base_url]))          # a pool of another gateway, on this test's event loop
+    replica = pool.replicas[0]
+    text = httpx.get(server.root + "/metrics", timeout=30).text
+    vllm_only = "\n".join(line for line in text.splitlines() if not line.startswith("tokenomy_"))
+    without_vllm = "\n".join(line for line in text.splitlines() if not line.startswith("vllm:"))
+    assert parse_prometheus(vllm_only) == parse_prometheus(text) and parse_prometheus(text).known
+    assert not parse_prometheus(without_vllm).known
+    assert 'vllm:num_requests_running{engine="0",model_name="smollm2-135m-instruct"}' in text
+
+    async def go() -> None:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as c:
+            body = {"model": "smollm2-135m-instruct", "max_tokens": 400, "ignore_eos": True, "stream": True,
+                    "messages": [{"role": "user", "content": "Count slowly."}]}
+            async with c.stream("POST", "/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        break                           # decoding now
+
+                async def running() -> bool:
+                    await pool.check()
+                    return (replica.signal.running or 0) >= 1
+
+                deadline = time.monotonic() + 60
+                while not await running():
+                    assert time.monotonic() < deadline, "the replica's stream never showed as running"
+        # the client left: the replica's engine frees the sequence, and the next check sees it idle
+        await wait_until_async(lambda: server.gateway.engines()[0][1].running == 0, what="the replica idle")
+        await pool.check()
+        assert (replica.signal.running, replica.signal.waiting) == (0.0, 0.0)
+        assert 0.0 < (replica.signal.kv_usage or 0.0) <= 1.0   # its cached prefixes hold KV
+        await pool.close()
+
+    asyncio.run(go())
 
 
 def test_killing_a_replica_loses_no_request_that_had_not_started_streaming(engines: dict[str, Any]) -> None:

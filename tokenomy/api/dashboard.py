@@ -2,11 +2,13 @@
 
     GET  /dashboard        a self-contained page (plotly inline, no external assets) that refreshes its figures
     GET  /dashboard/data   the report JSON (meter/report.py) over ?since=24h&until=&by=model|route|tenant|key
+    GET  /dashboard/live   the operations view's recent time series (meter/live.py), from the app's Metrics
     POST /v1/feedback      {"request_id", "score" in [-1, 1], "comment"?} joins the request's ledger row
 
-`Dashboard.guard(request)` (e.g. the keyring's admin check) protects /dashboard/data; the page itself holds no data and
-forwards a key given in its URL fragment (/dashboard#key=...) as a bearer token. `feedback_guard(request, row)`
-may refuse feedback on another key's request. Errors use the OpenAI body with a 4xx status.
+`Dashboard.guard(request)` (e.g. the keyring's admin check) protects /dashboard/data and /dashboard/live; the page
+itself holds no data and forwards a key given in its URL fragment (/dashboard#key=...) as a bearer token.
+`feedback_guard(request, row)` may refuse feedback on another key's request. Errors use the OpenAI body with a 4xx
+status.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tokenomy.api.body import read_body
 from tokenomy.api.errors import error_response
 from tokenomy.errors import APIError
 from tokenomy.meter.ledger import FEEDBACK_RANGE, MAX_COMMENT, Ledger
+from tokenomy.meter.live import LiveSeries
 from tokenomy.meter.page import render_page
 from tokenomy.meter.report import BY, build, parse_time
 from tokenomy.meter.row import LedgerRow
@@ -60,8 +63,9 @@ def _err(status: int, message: str, param: str | None = None, code: str | None =
 
 @dataclass
 class Dashboard:
-    """What the routes read from `app.state.dashboard`: the ledger, the app's Metrics (for live gauges and the
-    feedback histogram; None for neither), the guards, how often the page refreshes and the report's default window."""
+    """What the routes read from `app.state.dashboard`: the ledger, the app's Metrics (for live gauges, the
+    operations view's series and the feedback histogram; None for none of them), the guards, how often the page
+    refreshes its figures (`refresh_s`) and its live series (`live_s`), and the report's default window."""
 
     ledger: Ledger
     metrics: Any = None
@@ -69,11 +73,15 @@ class Dashboard:
     feedback_guard: Callable[[Request, LedgerRow], Any] | None = None
     authenticate: Callable[[Request], Any] | None = None
     refresh_s: float = 5.0
+    live_s: float = 2.0
     default_since: str = "24h"
     page: str = field(init=False, repr=False)
+    live: LiveSeries | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.page = render_page(data_url="/dashboard/data", refresh_s=self.refresh_s, title="tokenomy dashboard")
+        self.live = LiveSeries(self.metrics, min_interval_s=self.live_s / 2) if self.metrics is not None else None
+        self.page = render_page(data_url="/dashboard/data", refresh_s=self.refresh_s, title="tokenomy dashboard",
+                                live_url="/dashboard/live" if self.live is not None else None, live_s=self.live_s)
 
 
 def _dashboard(request: Request) -> Dashboard:
@@ -104,6 +112,19 @@ async def dashboard_data(request: Request) -> Response:
     data = build(rows, since, until, by)
     if d.metrics is not None:
         data["live"] = _live(d.metrics)
+    return JSONResponse(data, headers={"cache-control": "no-store"})
+
+
+async def dashboard_live(request: Request) -> Response:
+    d = _dashboard(request)
+    try:
+        if d.guard is not None:
+            d.guard(request)
+        if d.live is None:
+            raise APIError(404, "This dashboard has no metrics to show live.", code="not_found")
+    except APIError as e:
+        return error_response(e)
+    data = await run_in_threadpool(d.live.poll)
     return JSONResponse(data, headers={"cache-control": "no-store"})
 
 
@@ -161,5 +182,6 @@ async def feedback(request: Request) -> Response:
 ROUTES = [
     APIRoute("/dashboard", dashboard, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
     APIRoute("/dashboard/data", dashboard_data, methods=["GET"]),
+    APIRoute("/dashboard/live", dashboard_live, methods=["GET"]),
     APIRoute("/v1/feedback", feedback, methods=["POST"]),
 ]

@@ -2,11 +2,12 @@
 `/slots`), at an interval by the pool's checker, never per request.
 
     waiting   requests queued at the server:  vllm:num_requests_waiting, sglang:num_queue_reqs,
-              llamacpp:requests_deferred, tokenomy_queue_depth
+              llamacpp:requests_deferred
     running   requests being generated:       vllm:num_requests_running, sglang:num_running_reqs,
-              llamacpp:requests_processing, tokenomy_engine_running_seqs
+              llamacpp:requests_processing
     kv_usage  share of KV cache in use (0-1): vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before v0.10),
-              sglang:token_usage, llamacpp:kv_cache_usage_ratio, tokenomy_engine_kv_usage_ratio
+              sglang:token_usage, llamacpp:kv_cache_usage_ratio
+A tokenomy server's engines publish vLLM's names (meter/vllm_metrics.py) and are read through them.
 Series of one name are summed over their labels (several models or engines on one server), KV usage is their max.
 """
 
@@ -15,12 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-WAITING = {"vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred",
-           "tokenomy_queue_depth"}
-RUNNING = {"vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
-           "tokenomy_engine_running_seqs"}
-KV = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio",
-      "tokenomy_engine_kv_usage_ratio"}
+WAITING = {"vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"}
+RUNNING = {"vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"}
+KV = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"}
 
 
 @dataclass

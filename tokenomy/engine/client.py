@@ -101,6 +101,7 @@ class EngineClient:
         self.used_cells = 0
         self.preemptions = 0
         self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0
         self.spec = (0, 0, 0)              # speculation since the process started: drafts, drafted, accepted
         self.tier_stats = TierStats()      # KV tiers since the process started
         self._waiting = 0
@@ -308,6 +309,7 @@ class EngineClient:
     def _apply(self, r: StepReport) -> None:
         self.running, self._waiting, self.used_cells = r.running, r.waiting, r.used_cells
         self.preemptions, self.prefix_hit_tokens = r.preemptions, r.prefix_hit_tokens
+        self.prefix_query_tokens = r.prefix_query_tokens
         self.spec = r.spec
         if r.tiers is not None:
             self.tier_stats = r.tiers

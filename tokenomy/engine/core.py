@@ -63,6 +63,7 @@ class StepReport:
     used_cells: int = 0
     preemptions: int = 0
     prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
     spec: tuple[int, int, int] = (0, 0, 0)   # speculation since start: drafts, draft tokens, accepted tokens
     tiers: TierStats | None = None           # KV tiers since start
 
@@ -134,6 +135,7 @@ class Core:
         r, self._report = self._report, StepReport()
         r.running, r.waiting, r.used_cells = len(s.running), self.engine.queue_depth, s.used_cells
         r.preemptions, r.prefix_hit_tokens = s.preemptions, s.prefix_hit_tokens
+        r.prefix_query_tokens = s.prefix_query_tokens
         st = self.engine.stats
         r.spec = (st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens)
         r.tiers = self.engine.tiers.stats

@@ -43,7 +43,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
-        self.prefix_hit_tokens = 0
+        self.prefix_hit_tokens = 0      # tokens admissions found in the prefix cache ...
+        self.prefix_query_tokens = 0    # ... of the tokens they looked up (vLLM's prefix cache hits / queries)
         self.batch_tokens = cfg.batch_step_tokens     # batch tokens a step; the engine resizes it by measured cost
         self._steps = 0
 
@@ -142,6 +143,7 @@ class Scheduler:
             seq.cached_tokens = length
             seq.reused = length >= tuning.FINGERPRINT_TOKENS or self.layout.prefix.evicted_recently(seq.tokens)
         self.prefix_hit_tokens += length
+        self.prefix_query_tokens += seq.num_kv_tokens
         self.running.append(seq)
         return n
 

@@ -1,6 +1,7 @@
 """Prometheus metrics, grouped by eight layers: hardware, communication, scheduling, engine, model, token, cost and
 business (deploy/grafana/tokenomy.json has a row for each). One registry per app (tests run several). Every
-metric tokenomy exports is defined here; the stages and backends that count into one take the `Metrics`."""
+metric tokenomy exports is defined here, and the embedded engines' families in vLLM's names in vllm_metrics.py; the
+stages and backends that count into one take the `Metrics`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from tokenomy.meter.vllm_metrics import VllmMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2)
@@ -180,6 +183,7 @@ class Metrics:
         # Configured model and route names: the only values a client's request may put in a label (label()).
         # None: not configured (a Metrics used on its own), every name passes.
         self.names: set[str] | None = None
+        self.vllm: VllmMetrics | None = None      # vLLM's families, once there are engines (watch_engines)
         r = self.registry = CollectorRegistry()
         # scheduling
         self.queue_wait = Histogram("tokenomy_queue_wait_seconds", "Time from arrival to first schedule",
@@ -236,10 +240,15 @@ class Metrics:
         self.schema_invalid = Counter("tokenomy_schema_invalid_total", "Upstream answers that failed their schema",
                                       ["model", "action"], registry=r)
         self.cost = Counter("tokenomy_cost_usd_total", "USD spent", ["model"], registry=r)
+        self.tenant_cost = Counter("tokenomy_tenant_cost_usd_total", "USD spent by tenant", ["tenant"], registry=r)
         self.saved = Counter("tokenomy_saved_usd_total", "USD saved", ["by"], registry=r)
         # business
         self.requests = Counter("tokenomy_requests_total", "Requests by outcome and the API called",
                                 ["status", "model", "endpoint"], registry=r)
+        self.tenant_requests = Counter("tokenomy_tenant_requests_total", "Requests by tenant", ["tenant"],
+                                       registry=r)
+        self.cache_requests = Counter("tokenomy_cache_requests_total", "Requests by what the response cache did "
+                                      "(miss | exact | semantic | bypass)", ["model", "cache"], registry=r)
         self.engine_gauge = Gauge("tokenomy_engine_info", "Embedded engines loaded", ["model"], registry=r)
         self.feedback = Histogram("tokenomy_feedback_score", "Feedback scores (-1 to 1) joined to requests",
                                   buckets=(-1, -0.5, 0, 0.5, 1), registry=r)
@@ -252,7 +261,10 @@ class Metrics:
                                       ["model", "source"], registry=r)
 
     def watch_engines(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        """The engines' live state as tokenomy_engine_* gauges and, when there are engines, vLLM's families."""
         self.registry.register(EngineCollector(engines))
+        if any(True for _ in engines()):
+            self.vllm = VllmMetrics(self.registry, engines)
 
     def watch_caches(self, stores: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         """Response-cache store health: errors and whether each store answers (a dead Redis is never silent)."""

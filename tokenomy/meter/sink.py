@@ -136,6 +136,7 @@ class MeterSink:
             if m is not None:
                 if row.cost_usd:
                     m.cost.labels(model).inc(row.cost_usd)
+                    m.tenant_cost.labels(row.tenant).inc(row.cost_usd)
                 for by, s in row.saved_by.items():
                     m.saved.labels(by).inc(s["usd"])
                     m.tokens.labels("saved", model).inc(s["tokens"])

@@ -15,6 +15,7 @@ from typing import Any
 from tokenomy.errors import APIError
 from tokenomy.generation import Delta, Usage
 from tokenomy.meter.metrics import Metrics
+from tokenomy.meter.row import CACHE_HITS
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 
@@ -87,6 +88,9 @@ class Record:
         else:
             status = "cancelled" if ctx.finish_reason == "cancelled" else "ok"
         m.requests.labels(status, model, ctx.api).inc()
+        m.tenant_requests.labels(ctx.tenant).inc()
+        if ctx.gen.kind != "embedding":
+            m.cache_requests.labels(model, ctx.cache).inc()
         u = ctx.usage
         if u is not None:
             for name, part in u.parts or [(None, u)]:     # an answer several models wrote: each its own
@@ -98,12 +102,17 @@ class Record:
                 m.tokens.labels("completion", by).inc(part.completion_tokens)
             m.e2e.labels(model).observe(u.e2e_s)
             m.queue_wait.labels(model).observe(max(u.queue_s, 0.0))
+            tpot, gaps = None, 0
             if u.ttft_s is not None:
                 m.ttft.labels(model).observe(u.ttft_s)
                 # several choices (n, best_of) decode side by side: a choice's tokens set the time per token
-                per_choice = u.completion_tokens / (ctx.gen.params.get("best_of") or ctx.gen.params.get("n") or 1)
+                choices = ctx.gen.params.get("best_of") or ctx.gen.params.get("n") or 1
+                per_choice = u.completion_tokens / choices
                 if per_choice > 1:
-                    m.tpot.labels(model).observe((u.e2e_s - u.ttft_s) / (per_choice - 1))
+                    tpot, gaps = (u.e2e_s - u.ttft_s) / (per_choice - 1), int(u.completion_tokens - choices)
+                    m.tpot.labels(model).observe(tpot)
+            if m.vllm is not None:
+                self._engine_requests(ctx, tpot, gaps)
         if ctx.error is not None and ctx.error.status == 429:
             m.rejections.labels(ctx.error.code or "rate_limit").inc()
         if ctx.finish_reason == "length" and cut_inside_json(ctx):
@@ -114,6 +123,23 @@ class Record:
                 sink(ctx)
             except Exception:       # a broken sink must never break the request path
                 log.exception("record sink failed")
+
+    def _engine_requests(self, ctx: RequestContext, tpot: float | None, gaps: int) -> None:
+        """vLLM's per-request families (meter/vllm_metrics.py) for what embedded engines ran for this request: its
+        answer (not a response-cache hit), each part of a token-routed answer (tokens only), discarded cascade
+        answers."""
+        vllm, u = self.metrics.vllm, ctx.usage
+        assert vllm is not None and u is not None
+        if ctx.cache not in CACHE_HITS:
+            if u.parts:
+                for name, part in u.parts:
+                    if name in vllm.models:
+                        vllm.tokens(name, part.prompt_tokens, part.completion_tokens)
+            elif ctx.model in vllm.models:
+                vllm.request(ctx.model, u, ctx.finish_reason, tpot, gaps)
+        for name, usage in ctx.escalations:
+            if name in vllm.models:
+                vllm.request(name, usage, "stop")
 
 
 def cut_inside_json(ctx: RequestContext) -> bool:
