@@ -176,9 +176,15 @@ def test_tracing_is_off_by_default_and_on_with_the_otel_environment_or_the_file(
     assert s is not None and s.endpoint == "http://b:4318/traces"       # the signal's own URL, taken as it is
     assert trace.resolve(off, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318", "OTEL_TRACES_EXPORTER": "none"}) is None
     on = TelemetrySettings(traces=True, sample_ratio=0.25, service_name="edge")
-    s = trace.resolve(on, {"OTEL_SERVICE_NAME": "gw"})
-    assert s is not None and (s.endpoint, s.sample_ratio, s.service_name, s.capture_content) == (
-        trace.DEFAULT_ENDPOINT, 0.25, "edge", False)
+    s = trace.resolve(on, {"OTEL_SERVICE_NAME": "gw", "OTEL_TRACES_SAMPLER": "always_off"})
+    assert s is not None and (s.endpoint, s.sampler, s.service_name, s.capture_content) == (
+        trace.DEFAULT_ENDPOINT, (True, 0.25), "edge", False)
+    for sampler, arg, expected in (("", "", (True, 1.0)), ("always_off", "", (False, 0.0)),
+                                   ("traceidratio", "0.1", (False, 0.1)),
+                                   ("parentbased_traceidratio", "2", (True, 1.0)), ("nonsense", "", (True, 1.0))):
+        s = trace.resolve(TelemetrySettings(traces=True), {"OTEL_TRACES_SAMPLER": sampler,
+                                                           "OTEL_TRACES_SAMPLER_ARG": arg})
+        assert s is not None and s.sampler == expected, sampler
     assert trace.resolve(on, {"OTEL_SDK_DISABLED": "true"}) is None
     assert trace.resolve(TelemetrySettings(traces=False), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318"}) is None
 
@@ -302,6 +308,45 @@ def test_an_upstream_call_is_a_client_span_whose_traceparent_the_upstream_receiv
     assert sent == f"00-{tid}-{call.span_id}-01"      # the upstream continues the trace under the call
 
 
+def test_an_embeddings_request_is_traced_through_its_embed_stage_to_the_upstream(collector: Collector) -> None:
+    stub, (tid, parent) = Stub(), caller()
+    with StubServer(stub) as s, live_server(upstream_config(s.port, telemetry=traced(collector))) as gw:
+        r = httpx.post(gw.base_url + "/embeddings", headers={"traceparent": parent}, timeout=30,
+                       json={"model": "remote", "input": ["a red apple", "a green pear"]})
+        assert r.status_code == 200
+        span = collector.request(gw.gateway, tid)
+    assert (span.name, span.attributes["gen_ai.operation.name"]) == ("embeddings remote", "embeddings")
+    assert [c.name for c in span.children] == ["admit", "embed", "record"]
+    [call] = span.child("embed").children
+    assert (call.name, call.kind) == ("embeddings stub-model", "CLIENT")
+    assert call.attributes["gen_ai.usage.input_tokens"] == r.json()["usage"]["prompt_tokens"]
+    assert stub.headers[-1]["traceparent"] == f"00-{tid}-{call.span_id}-01"
+
+
+def test_an_anthropic_upstream_call_is_a_client_span_with_its_traceparent(
+        collector: Collector, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.messages_stub import MessagesStub
+
+    monkeypatch.setenv("TOKENOMY_TEST_TRACE_KEY", "sk-test")
+    stub, (tid, parent) = MessagesStub(key="sk-test"), caller()
+    models = [{"name": "claude", "backend": "anthropic", "base_url": "", "model": "claude-stub",
+               "api_key_env": "TOKENOMY_TEST_TRACE_KEY", "timeout_s": 10, "max_retries": 0}]
+    with StubServer(stub) as s:           # type: ignore[arg-type]   (any ASGI app)
+        models[0]["base_url"] = f"http://127.0.0.1:{s.port}"
+        with live_server({"models": models, "cache": {"exact": {"enabled": False}, "semantic": {"enabled": False}},
+                          "telemetry": traced(collector)}) as gw:
+            r = httpx.post(gw.base_url + "/chat/completions", headers={"traceparent": parent}, timeout=30,
+                           json={"model": "claude", "messages": HELLO, "max_tokens": 16})
+            assert r.status_code == 200
+            span = collector.request(gw.gateway, tid)
+    assert span.attributes["gen_ai.provider.name"] == "anthropic"
+    [call] = span.child("generate").children
+    assert (call.name, call.kind, call.attributes["gen_ai.provider.name"]) == (
+        "chat claude-stub", "CLIENT", "anthropic")
+    assert call.attributes["gen_ai.usage.input_tokens"] == r.json()["usage"]["prompt_tokens"]
+    assert stub.requests[-1]["headers"]["traceparent"] == f"00-{tid}-{call.span_id}-01"
+
+
 def test_tracing_off_sends_no_traceparent_makes_no_tracer_and_still_keeps_a_callers_trace_id() -> None:
     stub = Stub()
     with StubServer(stub) as s, live_server(upstream_config(s.port)) as gw:
@@ -335,6 +380,27 @@ def test_content_is_recorded_only_when_opted_in_and_only_for_tenants_whose_bodie
     assert acme["tokenomy.tenant"] == "acme" and spans["globex"].attributes["tokenomy.tenant"] == "globex"
     assert "gen_ai.input.messages" not in spans["globex"].attributes
     assert "gen_ai.output.messages" not in spans["globex"].attributes
+
+
+def test_an_unsampled_trace_exports_nothing_but_still_propagates_and_a_callers_sampled_flag_is_followed(
+        collector: Collector) -> None:
+    stub = Stub()
+    with StubServer(stub) as s, live_server(upstream_config(s.port, telemetry=traced(collector,
+                                                                                     sample_ratio=0))) as gw:
+        r = httpx.post(gw.base_url + "/chat/completions", timeout=30,
+                       json={"model": "remote", "messages": HELLO, "max_tokens": 5})
+        dropped = row(gw.gateway, r.headers["x-tokenomy-request-id"]).trace_id
+        assert stub.headers[-1]["traceparent"].startswith(f"00-{dropped}-")
+        assert stub.headers[-1]["traceparent"].endswith("-00")           # the upstream learns it is not sampled
+        tid, parent = caller()                                             # the caller's sampled flag: kept
+        r = httpx.post(gw.base_url + "/chat/completions", timeout=30,
+                       headers={"traceparent": parent, "tracestate": "vendor=x"},
+                       json={"model": "remote", "messages": HELLO, "max_tokens": 5})
+        span = collector.request(gw.gateway, tid)
+        assert stub.headers[-1]["tracestate"] == "vendor=x"
+        assert gw.gateway.tracer.flush()
+    assert span.parent == CALLER_SPAN
+    assert not [x for x in collector.spans if x.trace_id == dropped]
 
 
 def test_a_collector_that_is_down_never_fails_a_request() -> None:

@@ -15,7 +15,11 @@ still recorded there, and nothing else of this module runs: no span object is ma
 
 Tracing is on with `telemetry.traces: true`, or with `traces` left null and an OTLP endpoint in the standard
 environment variables; OTEL_SDK_DISABLED=true turns it off. Spans go through the SDK's BatchSpanProcessor to its
-OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request.
+OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request. The
+request path records plain `Span`s and hands each finished request's trace to the processor whole; its thread
+makes the SDK's ReadableSpans of them (the SDK's own span objects cost about 40 us each on this project's
+machines, a traced request has eight or more, and the issue allows 0.2 ms). What the spans say is
+meter/span_attributes.py.
 
 The stages do not call this module: the pipeline's chain runs each stage inside `RequestTrace.stage`, the record
 stage starts and finishes the request's trace, and a backend hands its calls to `client_stream` / `client_call`
@@ -24,32 +28,38 @@ and the engine's timings to `engine`, with the parent it finds in `GenRequest.tr
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import random
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from tokenomy.generation import Delta, GenRequest, Usage
+from tokenomy.meter.span_attributes import (
+    OPERATIONS,
+    answer_attributes,
+    content_attributes,
+    error_type,
+    request_attributes,
+    stage_attributes,
+    usage_attributes,
+)
 
 log = logging.getLogger("tokenomy.trace")
 
-OPERATIONS = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
 PROVIDERS = {"embedded": "tokenomy", "openai": "openai", "anthropic": "anthropic"}
-# the id the client sees in the answer, per API (dialect/*wire.py make them from the request id the same way)
-RESPONSE_PREFIX = {"chat.completions": "chatcmpl-", "completions": "cmpl-", "messages": "msg_", "responses": "resp_"}
 DEFAULT_ENDPOINT = "http://localhost:4318/v1/traces"
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-|$)")
 
 
 def trace_id_of(traceparent: str) -> str | None:
-    """The trace id (32 hex digits) of a W3C traceparent header, None when it is not one (or the all-zero id)."""
-    m = _TRACEPARENT.match(traceparent.strip().lower())
-    return m.group(1) if m and m.group(1) != "0" * 32 else None
+    """The trace id (32 hex digits) of a W3C traceparent header, None when it is not a valid one."""
+    caller = _parse(traceparent)
+    return caller[0] if caller is not None else None
 
 
 # ---- settings ---------------------------------------------------------------------------------------------------
@@ -59,16 +69,23 @@ class TraceSettings:
     """What the tracer runs with, the config file's `telemetry` resolved against the OTEL_* environment."""
 
     endpoint: str
-    sample_ratio: float | None          # None: the SDK's sampler from OTEL_TRACES_SAMPLER (default: all)
+    sampler: tuple[bool, float]         # (follow a caller's sampled flag?, share of the traces started here kept)
     service_name: str
     capture_content: bool
     timeout_s: float
 
 
+# OTEL_TRACES_SAMPLER's values (the SDK's names) -> (parent-based, ratio or None: OTEL_TRACES_SAMPLER_ARG's)
+SAMPLERS = {"always_on": (False, 1.0), "always_off": (False, 0.0), "traceidratio": (False, None),
+            "parentbased_always_on": (True, 1.0), "parentbased_always_off": (True, 0.0),
+            "parentbased_traceidratio": (True, None)}
+
+
 def resolve(telemetry: Any, env: Mapping[str, str] | None = None) -> TraceSettings | None:
     """The trace settings for a config's `telemetry` section, or None when tracing is off: `traces: false`,
     OTEL_SDK_DISABLED=true, or `traces` null and no OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT set (OTEL_TRACES_EXPORTER
-    `none` also turns the environment's endpoint off). A value in the file wins over the environment's."""
+    `none` also turns the environment's endpoint off). A value in the file wins over the environment's; the
+    sampler is parent-based at the file's `sample_ratio`, else OTEL_TRACES_SAMPLER's (default: every trace)."""
     env = os.environ if env is None else env
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or telemetry.traces is False:
         return None
@@ -79,101 +96,160 @@ def resolve(telemetry: Any, env: Mapping[str, str] | None = None) -> TraceSettin
         return None
     endpoint = (telemetry.endpoint or traces_env
                 or (base_env.rstrip("/") + "/v1/traces" if base_env else DEFAULT_ENDPOINT))
-    return TraceSettings(endpoint=endpoint, sample_ratio=telemetry.sample_ratio,
+    if telemetry.sample_ratio is not None:
+        sampler = (True, float(telemetry.sample_ratio))
+    else:
+        sampler = _sampler(env)
+    return TraceSettings(endpoint=endpoint, sampler=sampler,
                          service_name=telemetry.service_name or env.get("OTEL_SERVICE_NAME") or "tokenomy",
                          capture_content=telemetry.capture_content, timeout_s=telemetry.timeout_s)
+
+
+def _sampler(env: Mapping[str, str]) -> tuple[bool, float]:
+    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+    if name not in SAMPLERS:
+        log.warning("OTEL_TRACES_SAMPLER=%s is not one tokenomy knows (%s): every trace is kept", name,
+                    ", ".join(SAMPLERS))
+        return True, 1.0
+    parent_based, ratio = SAMPLERS[name]
+    if ratio is None:
+        try:
+            ratio = min(max(float(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")), 0.0), 1.0)
+        except ValueError:
+            log.warning("OTEL_TRACES_SAMPLER_ARG is not a number: every trace is kept")
+            ratio = 1.0
+    return parent_based, ratio
 
 
 # ---- the tracer ---------------------------------------------------------------------------------------------------
 
 class Tracer:
-    """One gateway's tracer: its own SDK TracerProvider (never the process-global one, so two gateways in one
-    process trace apart), the batch processor and exporter, the model -> provider names, and whose content may be
-    recorded (`content(tenant)`: the ledger's store_prompts rule; only with `capture_content`)."""
+    """One gateway's tracer: whether a new trace is kept (`sampler`), the OTLP exporter behind the SDK's
+    BatchSpanProcessor (its own, never the process-global provider, so two gateways in one process trace apart),
+    the model -> provider names, and whose content may be recorded (`content(tenant)`: the ledger's store_prompts
+    rule; only with `capture_content`)."""
 
     def __init__(self, settings: TraceSettings, providers: Mapping[str, str],
                  content: Callable[[str], bool] | None = None, exporter: Any = None) -> None:
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         from tokenomy import __version__
 
         self.settings = settings
         self.providers = dict(providers)
         self.content = content if settings.capture_content else None
-        sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio)) if settings.sample_ratio is not None else None
-        self.provider = TracerProvider(resource=Resource.create({"service.name": settings.service_name}),
-                                       sampler=sampler)
+        self.parent_based, ratio = settings.sampler
+        self.bound = round(min(max(ratio, 0.0), 1.0) * 2 ** 64)     # TraceIdRatioBased's: the id's low 64 bits
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s)
-        self.provider.add_span_processor(BatchSpanProcessor(exporter))
-        self.otel = self.provider.get_tracer("tokenomy", __version__)
-        self.propagator = TraceContextTextMapPropagator()
+        self.processor = BatchSpanProcessor(_Export(exporter, Resource.create({"service.name": settings.service_name}),
+                                                    InstrumentationScope("tokenomy", __version__)))
         log.info("traces go to %s as service %s", settings.endpoint, settings.service_name)
 
     def start(self, ctx: Any) -> None:
-        """Start the request's span (continuing the caller's traceparent, if any): sets `ctx.trace` and
-        `ctx.trace_id`. The span starts at the request's arrival (`ctx.started`)."""
-        from opentelemetry.trace import SpanKind
-
-        parent = self.propagator.extract(ctx.headers) if "traceparent" in ctx.headers else None
-        kind = SpanKind.INTERNAL if getattr(ctx, "batch_id", None) else SpanKind.SERVER
-        name = f"{OPERATIONS.get(ctx.gen.kind, ctx.gen.kind)} {ctx.gen.model}".rstrip()
-        root = self.otel.start_span(name, context=parent, kind=kind, start_time=_ns(ctx.started))
-        ctx.trace = RequestTrace(self, root)
-        ctx.trace_id = format(root.get_span_context().trace_id, "032x")
+        """Start the request's trace, continuing the caller's traceparent (and its sampled flag, parent-based) if
+        it sent a valid one: sets `ctx.trace` and `ctx.trace_id`. The request's span starts at its arrival."""
+        caller = _parse(ctx.headers.get("traceparent", ""))
+        if caller is not None:
+            trace_id, parent_id, flags = caller
+            sampled = bool(flags & 1) if self.parent_based else int(trace_id[16:], 16) < self.bound
+        else:
+            trace_id, parent_id = f"{random.getrandbits(128) or 1:032x}", None
+            sampled = int(trace_id[16:], 16) < self.bound
+        t = RequestTrace(self, trace_id, sampled, ctx.headers.get("tracestate") if caller is not None else None)
+        kind = "internal" if getattr(ctx, "batch_id", None) else "server"
+        t.root = Span(t, f"{OPERATIONS.get(ctx.gen.kind, ctx.gen.kind)} {ctx.gen.model}".rstrip(), kind, parent_id,
+                      ctx.started)
+        ctx.trace, ctx.trace_id = t, trace_id
 
     def flush(self, timeout_s: float = 10.0) -> bool:
-        """Export every ended span now; False when that did not finish within `timeout_s`."""
-        return self.provider.force_flush(int(timeout_s * 1000))
+        """Export every finished trace now; False when that did not finish within `timeout_s`."""
+        return self.processor.force_flush(int(timeout_s * 1000))
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        self.processor.shutdown()
 
 
-class SpanRef:
-    """A span the layers below may hang their spans under (`GenRequest.trace`)."""
+class Span:
+    """One span as the request path records it: plain fields (times are perf_counter seconds), made into the SDK's
+    ReadableSpan on the export thread. A span that never ended when its trace is exported ends with the request."""
 
-    __slots__ = ("tracer", "span")
+    __slots__ = ("trace", "name", "kind", "span_id", "parent_id", "start", "end", "attributes", "error")
 
-    def __init__(self, tracer: Tracer, span: Any) -> None:
-        self.tracer, self.span = tracer, span
+    def __init__(self, trace: RequestTrace, name: str, kind: str, parent_id: str | None, start: float,
+                 attributes: dict[str, Any] | None = None) -> None:
+        self.trace, self.name, self.kind, self.parent_id, self.start = trace, name, kind, parent_id, start
+        self.span_id = f"{random.getrandbits(64) or 1:016x}"
+        self.end: float | None = None
+        self.attributes = attributes if attributes is not None else {}
+        self.error: str | None = None          # the status message of a span that failed (error.type says why)
+        if trace.sampled:
+            trace.spans.append(self)
 
-    def child(self, name: str, kind: Any = None, start_ns: int | None = None,
-              attributes: Mapping[str, Any] | None = None) -> Any:
-        from opentelemetry.trace import SpanKind, set_span_in_context
+    @property
+    def sampled(self) -> bool:
+        return self.trace.sampled
 
-        return self.tracer.otel.start_span(name, context=set_span_in_context(self.span),
-                                           kind=SpanKind.INTERNAL if kind is None else kind,
-                                           start_time=start_ns, attributes=attributes)
+    def child(self, name: str, kind: str = "internal", start: float | None = None,
+              attributes: dict[str, Any] | None = None) -> Span:
+        return Span(self.trace, name, kind, self.span_id, time.perf_counter() if start is None else start,
+                    attributes)
+
+    def finish(self, end: float | None = None) -> None:
+        self.end = time.perf_counter() if end is None else end
+
+    def fail(self, error_type: str, message: str) -> None:
+        self.attributes["error.type"] = error_type
+        self.error = message[:200] or error_type
+
+    def traceparent(self) -> dict[str, str]:
+        """The headers that continue the trace under this span (W3C trace context; the caller's tracestate on)."""
+        t = self.trace
+        headers = {"traceparent": f"00-{t.trace_id}-{self.span_id}-{'01' if t.sampled else '00'}"}
+        if t.tracestate:
+            headers["tracestate"] = t.tracestate
+        return headers
 
 
-class RequestTrace(SpanRef):
-    """One request's trace: its span, the stage spans still at work (a stage that hands on a stream works until
-    the stream ends), and whether the sampler kept it (an unsampled trace still propagates, with no spans)."""
+class _Sampled:
+    """What the BatchSpanProcessor reads of an item before it queues it (`item.context.trace_flags.sampled`)."""
 
-    __slots__ = ("open", "recording")
+    class trace_flags:   # noqa: N801 (the SDK's attribute name)
+        sampled = True
 
-    def __init__(self, tracer: Tracer, root: Any) -> None:
-        super().__init__(tracer, root)
-        self.open: list[tuple[str, Any]] = []
-        self.recording = root.is_recording()
+
+class RequestTrace:
+    """One request's trace: its id and the caller's tracestate, whether it is kept, its spans (none when it is
+    not: it still propagates), the stage spans still at work (a stage that hands on a stream works until the
+    stream ends), and the clock that turns perf_counter times into UNIX nanoseconds."""
+
+    __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "root", "spans", "open", "anchor_ns", "anchor")
+    context = _Sampled()
+
+    def __init__(self, tracer: Tracer, trace_id: str, sampled: bool, tracestate: str | None) -> None:
+        self.tracer, self.trace_id, self.sampled, self.tracestate = tracer, trace_id, sampled, tracestate
+        self.spans: list[Span] = []
+        self.open: list[tuple[str, Span]] = []
+        self.anchor_ns, self.anchor = time.time_ns(), time.perf_counter()
+        self.root: Span
+
+    def ns(self, t: float) -> int:
+        return self.anchor_ns + int((t - self.anchor) * 1e9)
 
     async def stage(self, stage: Any, ctx: Any, call_next: Callable[[Any], Awaitable[None]]) -> None:
         """Run a pipeline stage inside its span: the span ends when the stage hands on (or returns, or raises), or
         when the request ends if the stage leaves an answer streaming; the stage's backends see it as the parent
-        of their spans."""
-        if not self.recording:          # not sampled: no spans, but upstreams still learn the trace
-            ctx.gen.trace = self
+        of their spans (`GenRequest.trace`)."""
+        if not self.sampled:           # no spans, but upstreams still learn the trace
+            ctx.gen.trace = self.root
             await stage(ctx, call_next)
             return
         name = stage.name
-        span = self.child(name)
+        span = self.root.child(name)
         handed = False
 
         async def hand_on(c: Any) -> None:
@@ -183,7 +259,7 @@ class RequestTrace(SpanRef):
                 self._stage_done(name, span, c)
             await call_next(c)
 
-        ctx.gen.trace = SpanRef(self.tracer, span)
+        ctx.gen.trace = span
         try:
             await stage(ctx, hand_on)
         except BaseException as e:
@@ -194,38 +270,78 @@ class RequestTrace(SpanRef):
         if not handed:
             self._stage_done(name, span, ctx)
 
-    def _stage_done(self, name: str, span: Any, ctx: Any) -> None:
-        span.set_attributes(_stage_attributes(name, ctx))
+    def _stage_done(self, name: str, span: Span, ctx: Any) -> None:
+        _observe(span, stage_attributes, name, ctx)
         if ctx.deltas is not None:     # its answer is still streaming: at work until the stream ends
             self.open.append((name, span))
         else:
-            span.end()
+            span.finish()
 
     def finish(self, ctx: Any, record_started: float) -> None:
         """End the request's trace: the stages still at work, the record stage's span (from `record_started`, a
-        perf_counter time), and the request's span with its attributes."""
-        if not self.recording:
+        perf_counter time), and the request's span with its attributes; then hand it to the exporter."""
+        if not self.sampled:
             return
         for name, span in self.open:
-            span.set_attributes(_stage_attributes(name, ctx))
-            span.end()
+            _observe(span, stage_attributes, name, ctx)
+            span.finish()
         self.open = []
-        self.child("record", start_ns=_ns(record_started)).end()
-        root = self.span
-        provider = self.tracer.providers.get(ctx.model or "", "tokenomy")
-        attrs = request_attributes(ctx.gen, provider, stream=ctx.stream)
-        attrs.update(_answer_attributes(ctx))
+        self.root.child("record", start=record_started).finish()
+        root = self.root
+        attrs = request_attributes(ctx.gen, self.tracer.providers.get(ctx.model or "", "tokenomy"), stream=ctx.stream)
+        attrs.update(answer_attributes(ctx))
         content = self.tracer.content
         if content is not None and content(ctx.tenant):
             attrs.update(content_attributes(ctx))
-        root.set_attributes(attrs)
-        error = _error_type(ctx)
+        root.attributes.update(attrs)
+        error = error_type(ctx)
         if error is not None:
-            from opentelemetry.trace import Status, StatusCode
+            root.fail(error, ctx.error.message if ctx.error is not None else error)
+        root.finish()
+        self.tracer.processor.on_end(self)
 
-            root.set_attribute("error.type", error)
-            root.set_status(Status(StatusCode.ERROR, ctx.error.message[:200] if ctx.error is not None else error))
-        root.end()
+
+class _Export:
+    """The exporter the batch processor's thread calls: each request's spans as the SDK's ReadableSpans, to the
+    OTLP exporter in one export."""
+
+    def __init__(self, exporter: Any, resource: Any, scope: Any) -> None:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+        self.exporter, self.resource, self.scope = exporter, resource, scope
+        self._readable, self._context, self._state = ReadableSpan, SpanContext, TraceState
+        self._kinds = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
+        self._flags = TraceFlags(TraceFlags.SAMPLED)
+        self._ok, self._error = Status(StatusCode.UNSET), StatusCode.ERROR
+        self._status = Status
+
+    def export(self, traces: Sequence[RequestTrace]) -> Any:
+        return self.exporter.export([s for t in traces for s in self._spans(t)])
+
+    def _spans(self, t: RequestTrace) -> list[Any]:
+        tid = int(t.trace_id, 16)
+        state = self._state.from_header([t.tracestate]) if t.tracestate else None
+        ends = t.root.end if t.root.end is not None else time.perf_counter()
+        out = []
+        for s in t.spans:
+            context = self._context(tid, int(s.span_id, 16), False, self._flags, state)
+            remote = s is t.root
+            parent = (self._context(tid, int(s.parent_id, 16), remote, self._flags, state)
+                      if s.parent_id is not None else None)
+            out.append(self._readable(
+                s.name, context=context, parent=parent, resource=self.resource, kind=self._kinds[s.kind],
+                attributes={k: v for k, v in s.attributes.items() if v is not None},
+                status=self._ok if s.error is None else self._status(self._error, s.error),
+                start_time=t.ns(s.start), end_time=t.ns(s.end if s.end is not None else ends),
+                instrumentation_scope=self.scope))
+        return out
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
 
 
 # ---- backends: upstream calls and the engine ----------------------------------------------------------------
@@ -235,18 +351,14 @@ class Call:
 
     __slots__ = ("span", "headers", "finishes", "usage")
 
-    def __init__(self, parent: SpanRef, operation: str, model: str, provider: str, url: str,
-                 req: GenRequest) -> None:
-        from opentelemetry.trace import SpanKind, set_span_in_context
-
+    def __init__(self, parent: Span, operation: str, model: str, provider: str, url: str, req: GenRequest) -> None:
         attrs = request_attributes(req, provider, model=model, operation=operation)
         where = urlsplit(url)
         if where.hostname:
             attrs["server.address"] = where.hostname
             attrs["server.port"] = where.port or (443 if where.scheme == "https" else 80)
-        self.span = parent.child(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attrs)
-        self.headers: dict[str, str] = {}
-        parent.tracer.propagator.inject(self.headers, context=set_span_in_context(self.span))
+        self.span = parent.child(f"{operation} {model}", kind="client", attributes=attrs)
+        self.headers = self.span.traceparent()
         self.finishes: list[str] = []
         self.usage: Usage | None = None
 
@@ -259,23 +371,28 @@ class Call:
 
     def end(self, error: BaseException | None = None) -> None:
         if self.usage is not None:
-            self.span.set_attributes(usage_attributes(self.usage))
+            _observe(self.span, usage_attributes, self.usage)
         if self.finishes:
-            self.span.set_attribute("gen_ai.response.finish_reasons", self.finishes)
+            self.span.attributes["gen_ai.response.finish_reasons"] = self.finishes
         if error is not None:
             _failed(self.span, error)
-        self.span.end()
+        self.span.finish()
 
 
-def client_stream(parent: SpanRef | None, make: Callable[[dict[str, str] | None], AsyncIterator[Delta]],
+def client_stream(parent: Span | None, make: Callable[[dict[str, str] | None], AsyncIterator[Delta]],
                   req: GenRequest, provider: str, model: str, url: str) -> AsyncIterator[Delta]:
     """An upstream's answer stream, `make(headers)`, inside a CLIENT span when `parent` is set (else `make(None)`
     itself): `headers` (the traceparent) go on every HTTP request of the call, retries included."""
     if parent is None:
         return make(None)
-    if not _recording(parent):
-        return make(_headers(parent))
-    return _traced_stream(Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req), make)
+    if not parent.sampled:
+        return make(parent.traceparent())
+    try:
+        call = Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req)
+    except Exception:                 # tracing never fails a request
+        log.exception("tracing an upstream call failed")
+        return make(None)
+    return _traced_stream(call, make)
 
 
 async def _traced_stream(call: Call, make: Callable[[dict[str, str] | None], AsyncIterator[Delta]]
@@ -292,13 +409,17 @@ async def _traced_stream(call: Call, make: Callable[[dict[str, str] | None], Asy
     call.end()
 
 
-async def client_call(parent: SpanRef | None, make: Callable[[dict[str, str] | None], Awaitable[Any]],
+async def client_call(parent: Span | None, make: Callable[[dict[str, str] | None], Awaitable[Any]],
                       req: GenRequest, provider: str, model: str, url: str) -> Any:
     """`client_stream` for a call with one answer (an embeddings request): `await make(headers)`; its `usage`, if
     it has one, is recorded."""
-    if parent is None or not _recording(parent):
-        return await make(None if parent is None else _headers(parent))
-    call = Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req)
+    if parent is None or not parent.sampled:
+        return await make(None if parent is None else parent.traceparent())
+    try:
+        call = Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req)
+    except Exception:                 # tracing never fails a request
+        log.exception("tracing an upstream call failed")
+        return await make(None)
     try:
         out = await make(call.headers)
     except BaseException as e:
@@ -309,230 +430,63 @@ async def client_call(parent: SpanRef | None, make: Callable[[dict[str, str] | N
     return out
 
 
-def engine(parent: SpanRef | None, req: GenRequest, model: str, started: float, arrival: float,
+def engine(parent: Span | None, req: GenRequest, model: str, started: float, arrival: float,
            usage: Usage) -> None:
     """The embedded engine's answer as spans, made after the fact from its timings: the inference (INTERNAL, from
     `started`, when the backend took the request, to now) and inside it the queue wait (from `arrival` at the
     engine to its first step), the prefill (to the first token) and the decode (to the end). Times are
     perf_counter seconds; the usage's queue_s and ttft_s count from `arrival`."""
-    if parent is None or not _recording(parent):
+    if parent is None or not parent.sampled:
         return
-    from opentelemetry.trace import SpanKind
+    try:
+        _engine(parent, req, model, started, arrival, usage)
+    except Exception:                 # tracing never fails a request
+        log.exception("tracing the engine's answer failed")
 
-    end = _ns(time.perf_counter())
-    at = _ns(arrival)
+
+def _engine(parent: Span, req: GenRequest, model: str, started: float, arrival: float, usage: Usage) -> None:
+    end = time.perf_counter()
     operation = OPERATIONS.get(req.kind, req.kind)
     attrs = request_attributes(req, "tokenomy", model=model, operation=operation)
     attrs.update(usage_attributes(usage))
     attrs["gen_ai.response.model"] = model
-    inference = parent.child(f"{operation} {model}", kind=SpanKind.INTERNAL, start_ns=_ns(started),
-                             attributes=attrs)
-    ref = SpanRef(parent.tracer, inference)
-    scheduled = min(at + int(max(usage.queue_s, 0.0) * 1e9), end)
-    first = min(max(at + int(usage.ttft_s * 1e9), scheduled), end) if usage.ttft_s is not None else end
-    ref.child("queue", start_ns=at).end(end_time=scheduled)
-    ref.child("prefill", start_ns=scheduled, attributes={
+    inference = parent.child(f"{operation} {model}", start=started, attributes=attrs)
+    scheduled = min(arrival + max(usage.queue_s, 0.0), end)
+    first = min(max(arrival + usage.ttft_s, scheduled), end) if usage.ttft_s is not None else end
+    inference.child("queue", start=arrival).finish(scheduled)
+    inference.child("prefill", start=scheduled, attributes={
         "gen_ai.usage.input_tokens": usage.prompt_tokens,
         "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
-        "tokenomy.engine.prefilled_tokens": max(usage.prompt_tokens - usage.cached_tokens, 0)}).end(end_time=first)
+        "tokenomy.engine.prefilled_tokens": max(usage.prompt_tokens - usage.cached_tokens, 0)}).finish(first)
     if usage.ttft_s is not None:
-        decode = {"gen_ai.usage.output_tokens": usage.completion_tokens}
+        decode: dict[str, Any] = {"gen_ai.usage.output_tokens": usage.completion_tokens}
         if usage.draft_tokens:
             decode["tokenomy.engine.draft_tokens"] = usage.draft_tokens
             decode["tokenomy.engine.draft_accepted"] = usage.draft_accepted or 0
-        ref.child("decode", start_ns=first, attributes=decode).end(end_time=end)
-    inference.end(end_time=end)
+        inference.child("decode", start=first, attributes=decode).finish(end)
+    inference.finish(end)
 
 
-def _recording(parent: SpanRef) -> bool:
-    return parent.span.is_recording()
+def _observe(span: Span, attributes: Callable[..., dict[str, Any]], *args: Any) -> None:
+    """Add `attributes(*args)` to the span; a failure is logged, never raised into the request."""
+    try:
+        span.attributes.update(attributes(*args))
+    except Exception:
+        log.exception("a span's attributes could not be read")
 
 
-def _headers(parent: SpanRef) -> dict[str, str]:
-    """The traceparent of an unsampled trace: the upstream learns the trace and that it is not sampled."""
-    from opentelemetry.trace import set_span_in_context
-
-    headers: dict[str, str] = {}
-    parent.tracer.propagator.inject(headers, context=set_span_in_context(parent.span))
-    return headers
-
-
-# ---- attributes -----------------------------------------------------------------------------------------------
-
-def request_attributes(gen: GenRequest, provider: str, model: str | None = None, operation: str | None = None,
-                       stream: bool | None = None) -> dict[str, Any]:
-    """gen_ai.operation.name, gen_ai.provider.name and the gen_ai.request.* attributes of a request."""
-    p = gen.params
-    attrs: dict[str, Any] = {"gen_ai.operation.name": operation or OPERATIONS.get(gen.kind, gen.kind),
-                             "gen_ai.provider.name": provider, "gen_ai.request.model": model or gen.model}
-    for key, name in (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                      ("seed", "seed"), ("top_k", "top_k"), ("frequency_penalty", "frequency_penalty"),
-                      ("presence_penalty", "presence_penalty")):
-        v = p.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            attrs["gen_ai.request." + name] = v
-    n = p.get("n")
-    if isinstance(n, int) and n != 1:
-        attrs["gen_ai.request.choice.count"] = n
-    stop = p.get("stop")
-    if stop:
-        attrs["gen_ai.request.stop_sequences"] = [stop] if isinstance(stop, str) else [str(s) for s in stop]
-    if gen.kind != "embedding":
-        attrs["gen_ai.request.stream"] = gen.stream if stream is None else stream
-    return attrs
-
-
-def usage_attributes(u: Usage) -> dict[str, Any]:
-    attrs = {"gen_ai.usage.input_tokens": u.prompt_tokens, "gen_ai.usage.output_tokens": u.completion_tokens,
-             "gen_ai.usage.cache_read.input_tokens": u.cached_tokens}
-    if u.cache_write_tokens:
-        attrs["gen_ai.usage.cache_creation.input_tokens"] = u.cache_write_tokens
-    return attrs
-
-
-def _answer_attributes(ctx: Any) -> dict[str, Any]:
-    """The request span's gen_ai.response.* and gen_ai.usage.* attributes and tokenomy's own."""
-    attrs: dict[str, Any] = {"tokenomy.request_id": ctx.request_id, "tokenomy.tenant": ctx.tenant,
-                             "tokenomy.api": ctx.gen.api, "tokenomy.cache": ctx.cache,
-                             "http.response.status_code": ctx.status if ctx.error is None else ctx.error.status}
-    prefix = RESPONSE_PREFIX.get(ctx.gen.api)
-    if prefix is not None:
-        attrs["gen_ai.response.id"] = prefix + ctx.request_id.removeprefix("req_")
-    if ctx.route is not None:
-        attrs["tokenomy.route"] = ctx.route
-    if ctx.key_id is not None:
-        attrs["tokenomy.key_id"] = ctx.key_id
-    if ctx.model:
-        attrs["gen_ai.response.model"] = ctx.model
-    result = ctx.result
-    reasons = [c.finish_reason for c in result.all_choices] if result is not None else (
-        [ctx.finish_reason] if ctx.finish_reason else [])
-    if reasons:
-        attrs["gen_ai.response.finish_reasons"] = reasons
-    if ctx.usage is not None:
-        attrs.update(usage_attributes(ctx.usage))
-    if ctx.cost_usd:
-        attrs["tokenomy.cost_usd"] = ctx.cost_usd
-    return attrs
-
-
-def _stage_attributes(name: str, ctx: Any) -> dict[str, Any]:
-    """What a stage decided, as its span says it."""
-    if name == "admit":
-        return {"tokenomy.tenant": ctx.tenant, **({"tokenomy.key_id": ctx.key_id} if ctx.key_id else {})}
-    if name == "context":
-        attrs: dict[str, Any] = {"tokenomy.context.over_budget": bool(ctx.over_budget)}
-        if ctx.prompt_tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = ctx.prompt_tokens
-        work = ctx.context_work
-        if work is not None:
-            attrs.update({"tokenomy.context.tokens_before": work.before, "tokenomy.context.tokens_after": work.after,
-                          "tokenomy.context.actions": list(work.actions)})
-        return attrs
-    if name == "cache":
-        outcome = "bypass" if ctx.cache == "miss" and ctx.cache_bypass else ctx.cache
-        attrs = {"tokenomy.cache.outcome": outcome}
-        if ctx.cache_bypass and outcome == "bypass":
-            attrs["tokenomy.cache.bypass"] = ctx.cache_bypass
-        saving = ctx.cache_saving
-        if saving is not None:
-            attrs["tokenomy.cache.saved_tokens"] = saving.tokens
-            if saving.similarity is not None:
-                attrs["tokenomy.cache.similarity"] = saving.similarity
-        return attrs
-    if name == "route":
-        d = ctx.route_decision
-        if d is None:
-            return {}
-        attrs = {"tokenomy.route.chosen": d.chosen, "tokenomy.route.by": d.by,
-                 "tokenomy.route.candidates": list(d.candidates)}
-        if d.route is not None:
-            attrs["tokenomy.route"] = d.route
-        return attrs
-    if name in ("generate", "embed"):
-        attrs = {"tokenomy.attempts": [f"{a['model']}: {a['outcome']}" for a in ctx.attempts]}
-        if ctx.model:
-            attrs["gen_ai.response.model"] = ctx.model
-        return attrs
-    return {}
-
-
-def content_attributes(ctx: Any) -> dict[str, str]:
-    """gen_ai.input.messages and gen_ai.output.messages (JSON, the conventions' message shape) of a request."""
-    gen = ctx.gen
-    if gen.kind == "embedding":
-        return {}
-    if gen.messages is not None:
-        inputs = [{"role": m.get("role", "user"), "parts": _parts(m)} for m in gen.messages]
-    else:
-        inputs = [{"role": "user", "parts": [{"type": "text", "content": gen.prompt or ""}]}]
-    attrs = {"gen_ai.input.messages": json.dumps(inputs, ensure_ascii=False)}
-    choices = ctx.result.all_choices if ctx.result is not None else None
-    if choices is not None:
-        outputs = [_output(c.text, c.tool_calls, c.finish_reason) for c in choices]
-    elif ctx.usage is not None or ctx.text:
-        outputs = [_output(ctx.text, None, ctx.finish_reason)]
-    else:
-        return attrs
-    attrs["gen_ai.output.messages"] = json.dumps(outputs, ensure_ascii=False)
-    return attrs
-
-
-def _parts(m: dict[str, Any]) -> list[dict[str, Any]]:
-    content = m.get("content")
-    parts: list[dict[str, Any]] = []
-    if isinstance(content, str):
-        parts.append({"type": "text", "content": content})
-    elif isinstance(content, list):
-        for p in content:
-            if isinstance(p, dict) and isinstance(p.get("text"), str):
-                parts.append({"type": "text", "content": p["text"]})
-            elif isinstance(p, dict):
-                parts.append({"type": str(p.get("type", "unknown"))})
-    for call in m.get("tool_calls") or []:
-        fn = call.get("function") or {}
-        parts.append({"type": "tool_call", "id": call.get("id"), "name": fn.get("name"),
-                      "arguments": fn.get("arguments")})
-    if m.get("role") == "tool" and parts and parts[0]["type"] == "text":
-        parts = [{"type": "tool_call_response", "id": m.get("tool_call_id"), "response": parts[0]["content"]}]
-    return parts
-
-
-def _output(text: str, tool_calls: list[dict[str, Any]] | None, finish: str | None) -> dict[str, Any]:
-    parts: list[dict[str, Any]] = [{"type": "text", "content": text}] if text else []
-    for call in tool_calls or []:
-        fn = call.get("function") or {}
-        parts.append({"type": "tool_call", "id": call.get("id"), "name": fn.get("name"),
-                      "arguments": fn.get("arguments")})
-    return {"role": "assistant", "parts": parts, "finish_reason": finish or ""}
-
-
-def _error_type(ctx: Any) -> str | None:
-    """error.type of a request that failed: its error's code (else its HTTP status), `stream_error` for a stream
-    that failed after its 200, `cancelled` when the client left; None when it succeeded."""
-    if ctx.error is not None:
-        return ctx.error.code or str(ctx.error.status)
-    if ctx.stream_error:
-        return "stream_error"
-    if ctx.finish_reason == "error":
-        return "error"
-    if ctx.finish_reason == "cancelled":
-        return "cancelled"
-    return None
-
-
-def _failed(span: Any, e: BaseException) -> None:
-    from opentelemetry.trace import Status, StatusCode
-
+def _failed(span: Span, e: BaseException) -> None:
     if isinstance(e, GeneratorExit) or type(e).__name__ == "CancelledError":
         kind = "cancelled"
     else:       # an APIError's code (rate_limit_exceeded, model_not_found ...), else the exception's class
         kind = getattr(e, "code", None) or type(e).__name__
-    span.set_attribute("error.type", str(kind))
-    span.set_status(Status(StatusCode.ERROR, str(e)[:200] or kind))
+    span.fail(str(kind), str(e))
 
 
-def _ns(perf: float) -> int:
-    """A perf_counter time as UNIX nanoseconds (span timestamps)."""
-    return time.time_ns() - int((time.perf_counter() - perf) * 1e9)
+def _parse(traceparent: str) -> tuple[str, str, int] | None:
+    """(trace id, parent span id, flags) of a valid W3C traceparent header, else None."""
+    m = _TRACEPARENT.match(traceparent.strip().lower())
+    if m is None or m.group(1) == "ff" or m.group(2) == "0" * 32 or m.group(3) == "0" * 16:
+        return None
+    return m.group(2), m.group(3), int(m.group(4), 16)
 

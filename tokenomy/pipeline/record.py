@@ -40,7 +40,10 @@ class Record:
 
     def _begin(self, ctx: RequestContext) -> None:
         if self.tracer is not None:
-            self.tracer.start(ctx)
+            try:
+                self.tracer.start(ctx)
+            except Exception:       # tracing never fails a request
+                log.exception("starting the request's trace failed")
         else:
             parent = ctx.headers.get("traceparent")
             if parent:
