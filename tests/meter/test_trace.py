@@ -315,6 +315,13 @@ def test_an_embeddings_request_is_traced_through_its_embed_stage_to_the_upstream
                        json={"model": "remote", "input": ["a red apple", "a green pear"]})
         assert r.status_code == 200
         span = collector.request(gw.gateway, tid)
+        bad_tid, bad_parent = caller()        # a body refused before the pipeline is one span too
+        bad = httpx.post(gw.base_url + "/chat/completions", content=b"{not json", timeout=30,
+                         headers={"traceparent": bad_parent, "content-type": "application/json"})
+        assert bad.status_code == 400
+        refused = collector.request(gw.gateway, bad_tid)
+    assert refused.error and refused.attributes["http.response.status_code"] == 400
+    assert [c.name for c in refused.children] == ["record"]
     assert (span.name, span.attributes["gen_ai.operation.name"]) == ("embeddings remote", "embeddings")
     assert [c.name for c in span.children] == ["admit", "embed", "record"]
     [call] = span.child("embed").children

@@ -317,21 +317,28 @@ class _Export:
         self._status = Status
 
     def export(self, traces: Sequence[RequestTrace]) -> Any:
-        return self.exporter.export([s for t in traces for s in self._spans(t)])
+        spans = []
+        for t in traces:
+            try:
+                spans += self._spans(t)
+            except Exception:            # one trace that cannot be read is dropped, not the batch
+                log.exception("a request's trace could not be exported")
+        return self.exporter.export(spans)
 
     def _spans(self, t: RequestTrace) -> list[Any]:
         tid = int(t.trace_id, 16)
         state = self._state.from_header([t.tracestate]) if t.tracestate else None
         ends = t.root.end if t.root.end is not None else time.perf_counter()
         out = []
-        for s in t.spans:
+        for s in list(t.spans):         # copies, list and attributes: a span that ends late may still write
+            attributes = {k: v for k, v in dict(s.attributes).items() if v is not None}
             context = self._context(tid, int(s.span_id, 16), False, self._flags, state)
             remote = s is t.root
             parent = (self._context(tid, int(s.parent_id, 16), remote, self._flags, state)
                       if s.parent_id is not None else None)
             out.append(self._readable(
                 s.name, context=context, parent=parent, resource=self.resource, kind=self._kinds[s.kind],
-                attributes={k: v for k, v in s.attributes.items() if v is not None},
+                attributes=attributes,
                 status=self._ok if s.error is None else self._status(self._error, s.error),
                 start_time=t.ns(s.start), end_time=t.ns(s.end if s.end is not None else ends),
                 instrumentation_scope=self.scope))
