@@ -196,6 +196,33 @@ def test_trace_ids_of_traceparent_headers() -> None:
         assert trace.trace_id_of(bad) is None
 
 
+def test_the_export_thread_makes_sdk_spans_ending_a_late_span_with_its_request() -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    from tokenomy.generation import GenRequest
+    from tokenomy.pipeline.request import RequestContext
+
+    memory = InMemorySpanExporter()
+    settings = trace.resolve(TelemetrySettings(traces=True), {})
+    assert settings is not None
+    tracer = trace.Tracer(settings, {}, exporter=memory)
+    tid, parent = caller()
+    ctx = RequestContext(gen=GenRequest(model="m"), headers={"traceparent": parent, "tracestate": "a=1"})
+    tracer.start(ctx)
+    late = ctx.trace.root.child("generate")                # never finished: a stream the client left
+    ctx.trace.finish(ctx, time.perf_counter())
+    assert tracer.flush()
+    spans = {s.name: s for s in memory.get_finished_spans()}
+    assert set(spans) == {"chat m", "generate", "record"}
+    root = spans["chat m"]
+    assert (root.kind, format(root.context.trace_id, "032x"), root.parent.is_remote) == (SpanKind.SERVER, tid, True)
+    assert format(root.parent.span_id, "016x") == CALLER_SPAN and root.context.trace_state.get("a") == "1"
+    assert spans["generate"].end_time == root.end_time and spans["generate"].parent.span_id == root.context.span_id
+    assert late.end is None and not spans["generate"].parent.is_remote
+    tracer.shutdown()
+
+
 # ---- the embedded engine ------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
