@@ -2,10 +2,14 @@
 upstream on loopback that answers instantly, vs calling the stub directly. All three run as separate processes.
 `--dialects` measures instead what translation costs: the same streamed request as a chat completion, an
 Anthropic Messages request and a Responses request to the same gateway and stub, one at a time, in alternating
-rounds, and the added median latency of each dialect over the chat completion.
+rounds, and the added median latency of each dialect over the chat completion. `--tracing` measures what traces
+cost (docs/telemetry.md): two gateways in front of the same stub, one with tracing off and one exporting every
+span to an OTLP/HTTP sink on loopback (a fourth process that reads and drops them), the same streamed chat request
+to each, one at a time in alternating rounds, and the added median latency of tracing on.
 
     .venv/bin/python bench/gateway_overhead.py [--requests 300] [--json]
     .venv/bin/python bench/gateway_overhead.py --dialects [--requests 2000]
+    .venv/bin/python bench/gateway_overhead.py --tracing [--requests 2000]
 """
 
 from __future__ import annotations
@@ -79,6 +83,72 @@ async def measure_dialects(root: str, n: int, rounds: int = 20) -> dict[str, lis
     return lat
 
 
+async def measure_alternating(roots: dict[str, str], n: int, rounds: int = 20) -> dict[str, list[float]]:
+    """Seconds per streamed chat request to each gateway (by name), one request at a time, the gateways taking
+    turns in rounds (the order rotating), so drift on the machine falls on all of them alike."""
+    lat: dict[str, list[float]] = {name: [] for name in roots}
+    names = list(roots)
+    path, body = DIALECTS["chat"]
+    async with httpx.AsyncClient(timeout=60) as c:
+        async def one(name: str) -> float:
+            t0 = time.perf_counter()
+            async with c.stream("POST", roots[name] + path, json=body) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"{name}: {r.status_code} {(await r.aread())[:300]!r}")
+                async for _ in r.aiter_bytes():
+                    pass
+            return time.perf_counter() - t0
+        for name in names * 20:              # warm-up
+            await one(name)
+        per = max(1, n // rounds)
+        for i in range(rounds):
+            k = i % len(names)
+            for name in names[k:] + names[:k]:
+                lat[name] += [await one(name) for _ in range(per)]
+    return lat
+
+
+def otlp_sink(port: int) -> None:
+    """An OTLP/HTTP receiver that reads every export and answers 200 with an empty response (the spans dropped):
+    what a collector costs the exporting gateway, without a collector's own work on this machine's cores."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:   # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:    # noqa: N802 (wait_up's probe)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Sink).serve_forever()
+
+
+def tracing(roots: dict[str, str], n: int, as_json: bool) -> None:
+    lat = asyncio.run(measure_alternating(roots, n, rounds=n))      # on and off take turns request by request
+    off = pct(lat["off"], .5)
+    rows = [{"tracing": name, "requests": len(xs), "p50_ms": pct(xs, .5) * 1e3, "p99_ms": pct(xs, .99) * 1e3,
+             "added_p50_ms": (pct(xs, .5) - off) * 1e3} for name, xs in lat.items()]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table(title="Tracing cost: one streamed chat request at a time through tokenomy to an instant stub (ms)")
+    for col in ("tracing", "requests", "p50", "p99", "added p50 over off"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["tracing"], str(r["requests"]), f"{r['p50_ms']:.3f}", f"{r['p99_ms']:.3f}",
+                  f"{r['added_p50_ms']:+.3f}")
+    Console().print(t)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
@@ -90,22 +160,45 @@ def main() -> None:
     ap.add_argument("--levels", default="1,10,100")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dialects", action="store_true", help="the added latency of Messages and Responses over chat")
+    ap.add_argument("--tracing", action="store_true", help="the added latency of tracing on (an OTLP sink) over off")
+    ap.add_argument("--otlp-sink", type=int, help=argparse.SUPPRESS)     # run as the --tracing sink process
     args = ap.parse_args()
-    stub_port, gw_port = free_port(), free_port()
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
-    cfg.write(f"models:\n  - {{name: up, backend: openai, base_url: 'http://127.0.0.1:{stub_port}/v1', "
+    if args.otlp_sink:
+        return otlp_sink(args.otlp_sink)
+    stub_port, gw_port, traced_port, sink_port = free_port(), free_port(), free_port(), free_port()
+    models = (f"models:\n  - {{name: up, backend: openai, base_url: 'http://127.0.0.1:{stub_port}/v1', "
               f"model: stub, tokenizer: cl100k_base}}\n")
-    cfg.close()
+    configs = {"off": models, "on": models + f"telemetry: {{traces: true, endpoint: "
+                                              f"'http://127.0.0.1:{sink_port}/v1/traces'}}\n"}
+    files = {}
+    for name, text in configs.items():
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write(text)
+        files[name] = f.name
+    # tracing only where configured (the batch processor's OTEL_BSP_* settings pass)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_") or k.startswith("OTEL_BSP_")}
+
+    def gateway(port: int, config: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "--config",
+                                 config], cwd=ROOT, stderr=subprocess.DEVNULL,
+                                env={**env, "TOKENOMY_HOME": tempfile.mkdtemp(prefix="tokenomy-bench-")})
+
     procs = [subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(stub_port)], cwd=ROOT),
-             subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(gw_port), "--config",
-                               cfg.name], cwd=ROOT, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "TOKENOMY_HOME": tempfile.mkdtemp(prefix="tokenomy-bench-")})]
+             gateway(gw_port, files["off"])]
+    if args.tracing:
+        procs += [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--otlp-sink", str(sink_port)]),
+                  gateway(traced_port, files["on"])]
     rows = []
     try:
         wait_up(f"http://127.0.0.1:{stub_port}/v1/models")
         wait_up(f"http://127.0.0.1:{gw_port}/health")
         if args.dialects:
             return dialects(asyncio.run(measure_dialects(f"http://127.0.0.1:{gw_port}", args.requests)), args.json)
+        if args.tracing:
+            wait_up(f"http://127.0.0.1:{sink_port}/")
+            wait_up(f"http://127.0.0.1:{traced_port}/health")
+            return tracing({"off": f"http://127.0.0.1:{gw_port}", "on": f"http://127.0.0.1:{traced_port}"},
+                           args.requests, args.json)
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("measuring", total=None)
             for c in [int(x) for x in args.levels.split(",")]:
@@ -122,7 +215,8 @@ def main() -> None:
         for p in procs:
             p.terminate()
             p.wait(10)
-        os.unlink(cfg.name)
+        for path in files.values():
+            os.unlink(path)
     if args.json:
         print(json.dumps(rows, indent=2))
         return

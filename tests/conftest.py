@@ -17,6 +17,9 @@ import uvicorn
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # state a test does not place itself lands in a fresh data directory, never in the user's (tokenomy/home.py)
 os.environ["TOKENOMY_HOME"] = tempfile.mkdtemp(prefix="tokenomy-home-")
+# a test's gateway traces only where the test configures it, never to a collector the shell's OTEL_* point at
+for _name in [n for n in os.environ if n.startswith("OTEL_")]:
+    del os.environ[_name]
 
 
 def free_port() -> int:

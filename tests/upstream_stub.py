@@ -69,6 +69,7 @@ class Stub:
         self.tool_arguments = tool_arguments
         self.hits = 0
         self.bodies: list[dict[str, Any]] = []       # every request body, in order
+        self.headers: list[dict[str, str]] = []      # ... and its headers (lower-cased names), in order
         self.peers: set[tuple[str, int]] = set()   # client (host, port) of each connection that sent a request
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -85,6 +86,7 @@ class Stub:
             await self._json(send, 200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
             return
         body = await read_body(receive)
+        self.headers.append({k.decode().lower(): v.decode() for k, v in scope.get("headers", [])})
         self.hits += 1
         if scope.get("client"):
             self.peers.add(tuple(scope["client"]))

@@ -580,6 +580,29 @@ class EnergySettings(_Strict):
     watts_per_core: float = Field(15.0, gt=0, description="CPU estimate: watts per busy core")
 
 
+class TelemetrySettings(_Strict):
+    """OpenTelemetry traces in the GenAI semantic conventions (docs/telemetry.md): a span per request, its stages,
+    upstream calls and the engine's queue, prefill and decode, exported over OTLP/HTTP. Every field left null
+    takes the standard OTEL_* environment variable; OTEL_SDK_DISABLED=true turns traces off whatever the file
+    says."""
+
+    traces: bool | None = Field(None, description="true: trace; false: never; null: trace when "
+                                "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT is set")
+    endpoint: str | None = Field(None, description="the OTLP/HTTP traces URL (http://collector:4318/v1/traces); "
+                                 "null: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT + "
+                                 "/v1/traces, else http://localhost:4318/v1/traces")
+    sample_ratio: float | None = Field(None, ge=0, le=1, description="share of the traces started here that are "
+                                       "kept (a caller's traceparent decides for its own); null: "
+                                       "$OTEL_TRACES_SAMPLER / $OTEL_TRACES_SAMPLER_ARG, else every trace")
+    service_name: str | None = Field(None, description="the spans' service.name; null: $OTEL_SERVICE_NAME, else "
+                                     "tokenomy")
+    capture_content: bool = Field(False, description="record prompts and answers on the request's span "
+                                  "(gen_ai.input.messages, gen_ai.output.messages), and only for tenants whose "
+                                  "bodies the ledger keeps (ledger.store_prompts, store_prompts_tenants)")
+    timeout_s: float = Field(5.0, gt=0, description="seconds one export to the collector may take (on the "
+                             "exporter's own thread, never a request's)")
+
+
 class TenantSpec(_Strict):
     """Limits shared by all keys of one tenant."""
 
@@ -667,6 +690,7 @@ class Config(_Strict):
     limits: LimitsSettings = Field(LimitsSettings(), description="where rate limits and budgets are counted")
     tenants: dict[str, TenantSpec] = Field(default_factory=dict, description="limits per tenant name (keys name "
                                            "their tenant)")
+    telemetry: TelemetrySettings = Field(TelemetrySettings(), description="OpenTelemetry traces (off by default)")
 
     @field_validator("ledger", mode="before", json_schema_input_type=LedgerSettings | str | None)
     @classmethod

@@ -13,7 +13,7 @@ from tokenomy.config import AnthropicModelSpec, Config, ConfigError, EmbeddedMod
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
-from tokenomy.meter import pricing
+from tokenomy.meter import pricing, trace
 from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.meter.ledger import Ledger
@@ -116,8 +116,9 @@ class Gateway:
         durable = self._commit_ledger if self.ledger is not None and config.ledger_durable else None
         # budgets and tpm: the worst case held before a backend sees the request; the record's sinks settle it
         self.reserve = Reserve(self.budgets, admit, self.price, self.window, lim)
+        self.tracer = self._tracer(config)
         self.record = Record(self.metrics, sinks=[admit.on_record, self.meter, self.reserve.on_record],
-                             durable=durable)
+                             durable=durable, tracer=self.tracer)
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
         self.exact_cache, self.semantic_cache = self._caches(config)
         self.metrics.watch_caches(self.cache_stores)
@@ -144,6 +145,17 @@ class Gateway:
 
         self.batches, self.batch_runner = self._batch(config)
         self.responses = self._responses()
+
+    def _tracer(self, config: Config) -> trace.Tracer | None:
+        """The request tracer (meter/trace.py); None when tracing is off. Prompts and answers go on spans only
+        with telemetry.capture_content, and for the tenants whose bodies the ledger keeps (read at each request,
+        so a reload's store_prompts applies)."""
+        settings = trace.resolve(config.telemetry)
+        if settings is None:
+            return None
+        return trace.Tracer(settings, {m.name: trace.PROVIDERS.get(m.backend, m.backend) for m in config.models},
+                            content=lambda tenant: self.meter.store_prompts is not None
+                            and self.meter.store_prompts(tenant))
 
     def _responses(self) -> ResponseStore | None:
         """Stored Responses API answers (in the ledger's database, kept as long as its stored bodies); None without
@@ -397,3 +409,5 @@ class Gateway:
             self.semantic_cache.close()
         if self.ledger is not None:
             self.ledger.close()
+        if self.tracer is not None:         # exports what is left, bounded by the exporter's timeout
+            await asyncio.to_thread(self.tracer.shutdown)

@@ -53,6 +53,8 @@ class GenRequest:
     # them) reuses the ids instead of rendering the template and tokenizing a second time; any new messages,
     # tools or prompt object invalidates it.
     counted: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+    # the span a backend hangs its spans under (an upstream call's, the engine's: meter/trace.py); None: not traced
+    trace: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass

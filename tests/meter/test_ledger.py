@@ -223,6 +223,26 @@ def test_cache_write_columns_arrive_by_migration_and_read_as_zero_on_older_rows(
         assert (led.get("req_w").cache_write_tokens, led.get("req_w").cost_cache_write_usd) == (4, 1e-6)
 
 
+def test_trace_id_arrives_by_migration_and_reads_as_null_on_older_rows(ledger_url):
+    engine = sa.create_engine(normalize_url(ledger_url))
+    step = schema.MIGRATIONS.index(schema._m11_trace)
+    with engine.begin() as conn:
+        schema.migrate(conn, upto=step)
+        before = sa.Table("ledger", sa.MetaData(), autoload_with=conn)
+        assert "trace_id" not in before.c
+        row = rows_for([Spec("small", 10, 0, 2)])[0].to_db()
+        conn.execute(before.insert().values({k: v for k, v in row.items() if k in before.c}))
+    engine.dispose()
+    with Ledger(ledger_url) as led:
+        [got] = led.query()
+        assert got.trace_id is None
+        written = rows_for([Spec("small", 10, 0, 2)])[0]
+        written.request_id, written.trace_id = "req_t", "4bf92f3577b34da6a3ce929d0e0e4736"
+        led.write(written)
+        assert led.flush()
+        assert led.get("req_t").trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
 def test_a_newer_schema_is_refused(ledger_url):
     Ledger(ledger_url).close()
     engine = sa.create_engine(normalize_url(ledger_url))

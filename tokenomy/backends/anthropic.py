@@ -42,6 +42,7 @@ from tokenomy.config import AnthropicModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.engine.stops import StopScan
 from tokenomy.generation import Delta, GenRequest, Usage
+from tokenomy.meter import trace
 from tokenomy.meter.metrics import Metrics
 
 RETRY = {408, 409, 429, 500, 502, 503, 504, 529}
@@ -79,11 +80,16 @@ class AnthropicBackend(Upstream):
     def count_tokens(self, req: GenRequest) -> TokenCount:
         return self.counter.count_prompt(req.messages if req.kind == "chat" else None, req.prompt)
 
-    async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
+    def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
+        """The answer's deltas; a traced request's call is a CLIENT span whose traceparent the upstream gets."""
+        return trace.client_stream(req.trace, lambda headers: self._stream(req, headers), req, "anthropic",
+                                   self.spec.model or self.name, self.spec.base_url)
+
+    async def _stream(self, req: GenRequest, headers: dict[str, str] | None) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         s = self.spec
         asked = messages_request(req, s.model or self.name, s.max_tokens, s.cache_control, s.sampling)
-        resp = await self._open(asked.body)
+        resp = await self._open(asked.body, headers)
         answer = Answer(asked, self.name)
         scan = StopScan(asked.local_stops) if asked.local_stops else None
         ttft: float | None = None
@@ -141,23 +147,24 @@ class AnthropicBackend(Upstream):
             raise BackendError(f"{self.name} sent an answer that is not a message")
         return data
 
-    async def _open(self, body: dict[str, Any]) -> httpx.Response:
-        """Send with bounded retries, all within the model's deadline; an open streaming response with a 200."""
+    async def _open(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
+        """Send with bounded retries, all within the model's deadline; an open streaming response with a 200.
+        `headers` go with every try (a trace's traceparent)."""
         deadline = self.spec.deadline_s or self.spec.timeout_s
         try:
             async with asyncio.timeout(deadline):
-                return await self._send_with_retries(body)
+                return await self._send_with_retries(body, headers)
         except TimeoutError:
             self._count_error("deadline")
             raise BackendError(f"{self.name} did not answer within its {deadline:g} s deadline", status=504) from None
 
-    async def _send_with_retries(self, body: dict[str, Any]) -> httpx.Response:
+    async def _send_with_retries(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
         attempt, delay = 0, 0.2
         while True:
             t0 = time.perf_counter()
             try:
-                resp = await self.client.send(self.client.build_request("POST", "/v1/messages", json=body),
-                                              stream=True)
+                resp = await self.client.send(self.client.build_request("POST", "/v1/messages", json=body,
+                                                                        headers=headers), stream=True)
             except _CONNECTION_ERRORS as e:
                 self._count_error(type(e).__name__)
                 sent = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))

@@ -23,6 +23,7 @@ from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.sequence_output import TokenLogprob
 from tokenomy.engine.tokenizer import TemplateError
 from tokenomy.generation import Delta, GenRequest, Usage
+from tokenomy.meter import trace
 
 
 def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,
@@ -208,6 +209,8 @@ class EmbeddedBackend:
                     yield d
             usage = self._usage([finals[i] for i in range(best_of)], handles[0].submitted_at, t0,
                                 predicted is not None)
+            if req.trace is not None:    # the engine's queue, prefill and decode, from its timings
+                trace.engine(req.trace, req, self.name, t0, handles[0].submitted_at, usage)
             if ranked:      # the n likeliest, best first
                 best = sorted(range(best_of), key=lambda i: -(finals[i].mean_logprob or 0.0))[:n]
                 rest = [dataclasses.replace(d, index=k) for k, i in enumerate(best) for d in held[i]]

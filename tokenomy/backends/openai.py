@@ -24,6 +24,7 @@ from tokenomy.backends.upstream import Upstream
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.generation import Delta, GenRequest, Usage
+from tokenomy.meter import trace
 from tokenomy.meter.metrics import Metrics
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -79,25 +80,28 @@ class OpenAIBackend(Upstream):
             del body["stream_options"]
         return path, body
 
-    async def _open(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def _open(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
         """Send with bounded retries, all within the model's deadline; returns an open streaming response with
         a 200 status. A request the upstream may already have received is not sent again unless the model
-        allows it (`retry_after_send`): a second send could generate, and bill, the answer twice."""
+        allows it (`retry_after_send`): a second send could generate, and bill, the answer twice. `headers` go
+        with every try (a trace's traceparent)."""
         deadline = self.spec.deadline_s or self.spec.timeout_s
         try:
             async with asyncio.timeout(deadline):
-                return await self._send_with_retries(path, body)
+                return await self._send_with_retries(path, body, headers)
         except TimeoutError:
             self._count_error("deadline")
             raise BackendError(f"{self.name} did not answer within its {deadline:g} s deadline", status=504,
                                retry_after=None) from None
 
-    async def _send_with_retries(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def _send_with_retries(self, path: str, body: dict[str, Any],
+                                 headers: dict[str, str] | None = None) -> httpx.Response:
         attempt, delay = 0, 0.2
         while True:
             t0 = time.perf_counter()
             try:
-                resp = await self.client.send(self.client.build_request("POST", path, json=body), stream=True)
+                resp = await self.client.send(self.client.build_request("POST", path, json=body, headers=headers),
+                                              stream=True)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError,
                     httpx.ReadError, httpx.WriteError, httpx.PoolTimeout) as e:
                 self._count_error(type(e).__name__)
@@ -126,10 +130,15 @@ class OpenAIBackend(Upstream):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
+    def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
+        """The answer's deltas; a traced request's call is a CLIENT span whose traceparent the upstream gets."""
+        return trace.client_stream(req.trace, lambda headers: self._stream(req, headers), req, "openai",
+                                   self.spec.model or self.name, self.base_url)
+
+    async def _stream(self, req: GenRequest, headers: dict[str, str] | None) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         path, body = self._body(req)
-        resp = await self._open(path, body)
+        resp = await self._open(path, body, headers)
         if "application/json" in resp.headers.get("content-type", ""):
             # some OpenAI-compatible servers answer a streamed request with the whole completion
             async for d in self._whole(resp, req, t0):
@@ -235,7 +244,11 @@ class OpenAIBackend(Upstream):
         """The upstream's /embeddings for `req.inputs`, asked in the client's encoding_format (so a server that
         does not know base64 is asked in floats by clients that ask in floats) with its dimensions and user;
         vectors in either encoding come back as float32 rows. Without usage from the upstream, the texts' tokens
-        are counted here and the usage marked `counted`."""
+        are counted here and the usage marked `counted`. A traced request's call is a CLIENT span."""
+        return await trace.client_call(req.trace, lambda headers: self._embed(req, headers), req, "openai",
+                                       self.spec.model or self.name, self.base_url)
+
+    async def _embed(self, req: GenRequest, headers: dict[str, str] | None) -> Embeddings:
         t0 = time.perf_counter()
         inputs = req.inputs or []
         body: dict[str, Any] = {"model": self.spec.model, "input": inputs,
@@ -244,7 +257,7 @@ class OpenAIBackend(Upstream):
             body["dimensions"] = req.params["dimensions"]
         if req.user is not None:
             body["user"] = req.user
-        resp = await self._open("/embeddings", body)
+        resp = await self._open("/embeddings", body, headers)
         try:
             data = json.loads(await resp.aread())
         except (json.JSONDecodeError, httpx.HTTPError) as e:

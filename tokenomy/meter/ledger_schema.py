@@ -119,9 +119,15 @@ def _v10_columns() -> list[sa.Column]:
             sa.Column("cost_cache_write_usd", DOUBLE)]
 
 
+def _v11_columns() -> list[sa.Column]:
+    """The request's OpenTelemetry trace id (32 hex digits, meter/trace.py): its trace when tracing is on, else the
+    caller's traceparent's; NULL when neither, and on rows written before it was recorded."""
+    return [sa.Column("trace_id", sa.String(32))]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
-                  *_v6_columns(), *_v7_columns(), *_v8_columns(), *_v10_columns())
+                  *_v6_columns(), *_v7_columns(), *_v8_columns(), *_v10_columns(), *_v11_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 responses = sa.Table("stored_responses", metadata, *_response_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
@@ -189,9 +195,14 @@ def _m10_cache_write(conn: Connection) -> None:
         add_column(conn, "ledger", column)
 
 
+def _m11_trace(conn: Connection) -> None:
+    for column in _v11_columns():
+        add_column(conn, "ledger", column)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
                                                   _m5_replica, _m6_batch, _m7_inside, _m8_api, _m9_responses,
-                                                  _m10_cache_write]
+                                                  _m10_cache_write, _m11_trace]
 
 
 class LedgerSchemaError(RuntimeError):

@@ -149,6 +149,7 @@ class LedgerRow:
     cache_write_tokens: int = 0
     price_cache_write: float | None = None
     cost_cache_write_usd: float = 0.0
+    trace_id: str | None = None         # the request's trace (32 hex digits; NULL: not traced, no traceparent)
 
     @property
     def cache_hit(self) -> bool:
@@ -261,6 +262,7 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
         over_budget=bool(ctx.over_budget), batch=ctx.batch_id, replica=u.replica,
         draft_tokens=u.draft_tokens, draft_accepted=u.draft_accepted, handovers=u.handovers, api=ctx.api,
+        trace_id=getattr(ctx, "trace_id", None),
     )
     if ctx.error is not None:
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]

@@ -2,6 +2,8 @@
 
 Each stage is `async def __call__(ctx, call_next)`. A stage may end the request early by returning without
 calling `call_next` (a cache hit does). Stages never import each other; the chain is built from config.
+A traced request (`ctx.trace`, meter/trace.py) runs each stage inside its span; a stage with `traced = False`
+(the record stage, which makes its own) runs as it is.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ class Pipeline:
 
 
 def _bind(stage: Stage, nxt: Next) -> Next:
-    async def run(ctx: RequestContext) -> None:
-        await stage(ctx, nxt)
-    return run
+    if not getattr(stage, "traced", True):
+        async def run(ctx: RequestContext) -> None:
+            await stage(ctx, nxt)
+        return run
+
+    async def traced(ctx: RequestContext) -> None:
+        if ctx.trace is None:
+            await stage(ctx, nxt)
+        else:
+            await ctx.trace.stage(stage, ctx, nxt)
+    return traced

@@ -1,7 +1,8 @@
 """Record stage: runs for every request (errors and early endings too) once its answer is complete.
 
 For streams that is when the last delta has been sent (or the client went away), so the record wraps the stream.
-The record observes; it never changes a response.
+The record observes; it never changes a response. It starts the request's trace (with a tracer; meter/trace.py)
+and finishes it after the sinks, so the ledger row carries the trace id.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from tokenomy.errors import APIError
 from tokenomy.generation import Delta, Usage
+from tokenomy.meter import trace
 from tokenomy.meter.metrics import Metrics
 from tokenomy.meter.row import CACHE_HITS
 from tokenomy.pipeline.chain import Next
@@ -28,14 +30,28 @@ Sink = Callable[[RequestContext], None]
 
 class Record:
     name = "record"
+    traced = False            # its span is its finish, made by the trace itself
 
     def __init__(self, metrics: Metrics, sinks: list[Sink] | None = None,
-                 durable: Callable[[], Awaitable[Any]] | None = None) -> None:
+                 durable: Callable[[], Awaitable[Any]] | None = None, tracer: trace.Tracer | None = None) -> None:
         self.metrics = metrics
         self.sinks = sinks or []
         self.durable = durable    # awaited after the sinks, before the answer's last byte (ledger_durable)
+        self.tracer = tracer      # None: tracing is off
+
+    def _begin(self, ctx: RequestContext) -> None:
+        if self.tracer is not None:
+            try:
+                self.tracer.start(ctx)
+            except Exception:       # tracing never fails a request
+                log.exception("starting the request's trace failed")
+        else:
+            parent = ctx.headers.get("traceparent")
+            if parent:
+                ctx.trace_id = trace.trace_id_of(parent)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
+        self._begin(ctx)
         try:
             await call_next(ctx)
         except APIError as e:
@@ -74,6 +90,9 @@ class Record:
                 log.exception("durable ledger commit failed")
 
     def finish(self, ctx: RequestContext) -> None:
+        started = time.perf_counter()
+        if ctx.trace is None and ctx.trace_id is None:      # refused before the pipeline (gateway.refused)
+            self._begin(ctx)
         if ctx.finish_reason == "cancelled" and ctx.error is None:
             ctx.status = CLIENT_CLOSED
             ctx.model = ctx.model or ctx.serving
@@ -123,6 +142,11 @@ class Record:
                 sink(ctx)
             except Exception:       # a broken sink must never break the request path
                 log.exception("record sink failed")
+        if ctx.trace is not None:
+            try:
+                ctx.trace.finish(ctx, started)
+            except Exception:
+                log.exception("finishing the request's trace failed")
 
     def _engine_requests(self, ctx: RequestContext, tpot: float | None, gaps: int) -> None:
         """vLLM's per-request families (meter/vllm_metrics.py) for what embedded engines ran for this request: its

@@ -1,0 +1,499 @@
+"""Traces: one OpenTelemetry span per request in the GenAI semantic conventions, its stages and upstream calls as
+children (docs/telemetry.md).
+
+    {operation} {model}               SERVER    the request, from arrival to its record (gen_ai.*, tokenomy.*)
+      admit, context, cache, route    INTERNAL  each stage's own work: from entering it to handing on
+      generate (embed)                INTERNAL  to the answer's end (a stream's last event)
+        {operation} {upstream model}  CLIENT    one per upstream call; its `traceparent` goes with the call
+        {operation} {model}           INTERNAL  the embedded engine's answer, and inside it
+          queue, prefill, decode      INTERNAL  from the engine's own timings (Usage), made after the fact
+      record                          INTERNAL  the ledger row, metrics and limits
+
+An incoming W3C `traceparent` is continued; without one the trace starts here. The trace id is on the request's
+ledger row (`trace_id`), so a bill line leads to its trace; with tracing off an incoming traceparent's trace id is
+still recorded there, and nothing else of this module runs: no span object is made.
+
+Tracing is on with `telemetry.traces: true`, or with `traces` left null and an OTLP endpoint in the standard
+environment variables; OTEL_SDK_DISABLED=true turns it off. Spans go through the SDK's BatchSpanProcessor to its
+OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request. The
+request path records plain `Span`s and hands each finished request's trace to the processor whole; its thread
+makes the SDK's ReadableSpans of them (the SDK's own span objects cost about 40 us each on this project's
+machines, a traced request has eight or more, and the issue allows 0.2 ms). What the spans say is
+meter/span_attributes.py.
+
+The stages do not call this module: the pipeline's chain runs each stage inside `RequestTrace.stage`, the record
+stage starts and finishes the request's trace, and a backend hands its calls to `client_stream` / `client_call`
+and the engine's timings to `engine`, with the parent it finds in `GenRequest.trace` (None: not traced).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from tokenomy.generation import Delta, GenRequest, Usage
+from tokenomy.meter.span_attributes import (
+    OPERATIONS,
+    answer_attributes,
+    content_attributes,
+    error_type,
+    request_attributes,
+    stage_attributes,
+    usage_attributes,
+)
+
+log = logging.getLogger("tokenomy.trace")
+
+PROVIDERS = {"embedded": "tokenomy", "openai": "openai", "anthropic": "anthropic"}
+DEFAULT_ENDPOINT = "http://localhost:4318/v1/traces"
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-|$)")
+
+
+def trace_id_of(traceparent: str) -> str | None:
+    """The trace id (32 hex digits) of a W3C traceparent header, None when it is not a valid one."""
+    caller = _parse(traceparent)
+    return caller[0] if caller is not None else None
+
+
+# ---- settings ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TraceSettings:
+    """What the tracer runs with, the config file's `telemetry` resolved against the OTEL_* environment."""
+
+    endpoint: str
+    sampler: tuple[bool, float]         # (follow a caller's sampled flag?, share of the traces started here kept)
+    service_name: str
+    capture_content: bool
+    timeout_s: float
+
+
+# OTEL_TRACES_SAMPLER's values (the SDK's names) -> (parent-based, ratio or None: OTEL_TRACES_SAMPLER_ARG's)
+SAMPLERS = {"always_on": (False, 1.0), "always_off": (False, 0.0), "traceidratio": (False, None),
+            "parentbased_always_on": (True, 1.0), "parentbased_always_off": (True, 0.0),
+            "parentbased_traceidratio": (True, None)}
+
+
+def resolve(telemetry: Any, env: Mapping[str, str] | None = None) -> TraceSettings | None:
+    """The trace settings for a config's `telemetry` section, or None when tracing is off: `traces: false`,
+    OTEL_SDK_DISABLED=true, or `traces` null and no OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT set (OTEL_TRACES_EXPORTER
+    `none` also turns the environment's endpoint off). A value in the file wins over the environment's; the
+    sampler is parent-based at the file's `sample_ratio`, else OTEL_TRACES_SAMPLER's (default: every trace)."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or telemetry.traces is False:
+        return None
+    traces_env = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    base_env = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    exporter_off = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none"
+    if telemetry.traces is None and (exporter_off or not (traces_env or base_env)):
+        return None
+    endpoint = (telemetry.endpoint or traces_env
+                or (base_env.rstrip("/") + "/v1/traces" if base_env else DEFAULT_ENDPOINT))
+    if telemetry.sample_ratio is not None:
+        sampler = (True, float(telemetry.sample_ratio))
+    else:
+        sampler = _sampler(env)
+    return TraceSettings(endpoint=endpoint, sampler=sampler,
+                         service_name=telemetry.service_name or env.get("OTEL_SERVICE_NAME") or "tokenomy",
+                         capture_content=telemetry.capture_content, timeout_s=telemetry.timeout_s)
+
+
+def _sampler(env: Mapping[str, str]) -> tuple[bool, float]:
+    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+    if name not in SAMPLERS:
+        log.warning("OTEL_TRACES_SAMPLER=%s is not one tokenomy knows (%s): every trace is kept", name,
+                    ", ".join(SAMPLERS))
+        return True, 1.0
+    parent_based, ratio = SAMPLERS[name]
+    if ratio is None:
+        try:
+            ratio = min(max(float(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")), 0.0), 1.0)
+        except ValueError:
+            log.warning("OTEL_TRACES_SAMPLER_ARG is not a number: every trace is kept")
+            ratio = 1.0
+    return parent_based, ratio
+
+
+# ---- the tracer ---------------------------------------------------------------------------------------------------
+
+class Tracer:
+    """One gateway's tracer: whether a new trace is kept (`sampler`), the OTLP exporter behind the SDK's
+    BatchSpanProcessor (its own, never the process-global provider, so two gateways in one process trace apart),
+    the model -> provider names, and whose content may be recorded (`content(tenant)`: the ledger's store_prompts
+    rule; only with `capture_content`)."""
+
+    def __init__(self, settings: TraceSettings, providers: Mapping[str, str],
+                 content: Callable[[str], bool] | None = None, exporter: Any = None) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        from tokenomy import __version__
+
+        self.settings = settings
+        self.providers = dict(providers)
+        self.content = content if settings.capture_content else None
+        self.parent_based, ratio = settings.sampler
+        self.bound = round(min(max(ratio, 0.0), 1.0) * 2 ** 64)     # TraceIdRatioBased's: the id's low 64 bits
+        if exporter is None:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporter = OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s)
+        self.processor = BatchSpanProcessor(_Export(exporter, Resource.create({"service.name": settings.service_name}),
+                                                    InstrumentationScope("tokenomy", __version__)))
+        log.info("traces go to %s as service %s", settings.endpoint, settings.service_name)
+
+    def start(self, ctx: Any) -> None:
+        """Start the request's trace, continuing the caller's traceparent (and its sampled flag, parent-based) if
+        it sent a valid one: sets `ctx.trace` and `ctx.trace_id`. The request's span starts at its arrival."""
+        caller = _parse(ctx.headers.get("traceparent", ""))
+        if caller is not None:
+            trace_id, parent_id, flags = caller
+            sampled = bool(flags & 1) if self.parent_based else int(trace_id[16:], 16) < self.bound
+        else:
+            trace_id, parent_id = f"{random.getrandbits(128) or 1:032x}", None
+            sampled = int(trace_id[16:], 16) < self.bound
+        t = RequestTrace(self, trace_id, sampled, ctx.headers.get("tracestate") if caller is not None else None)
+        kind = "internal" if getattr(ctx, "batch_id", None) else "server"
+        t.root = Span(t, f"{OPERATIONS.get(ctx.gen.kind, ctx.gen.kind)} {ctx.gen.model}".rstrip(), kind, parent_id,
+                      ctx.started)
+        ctx.trace, ctx.trace_id = t, trace_id
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Export every finished trace now; False when that did not finish within `timeout_s`."""
+        return self.processor.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        self.processor.shutdown()
+
+
+class Span:
+    """One span as the request path records it: plain fields (times are perf_counter seconds), made into the SDK's
+    ReadableSpan on the export thread. A span that never ended when its trace is exported ends with the request."""
+
+    __slots__ = ("trace", "name", "kind", "span_id", "parent_id", "start", "end", "attributes", "error")
+
+    def __init__(self, trace: RequestTrace, name: str, kind: str, parent_id: str | None, start: float,
+                 attributes: dict[str, Any] | None = None) -> None:
+        self.trace, self.name, self.kind, self.parent_id, self.start = trace, name, kind, parent_id, start
+        self.span_id = f"{random.getrandbits(64) or 1:016x}"
+        self.end: float | None = None
+        self.attributes = attributes if attributes is not None else {}
+        self.error: str | None = None          # the status message of a span that failed (error.type says why)
+        if trace.sampled:
+            trace.spans.append(self)
+
+    @property
+    def sampled(self) -> bool:
+        return self.trace.sampled
+
+    def child(self, name: str, kind: str = "internal", start: float | None = None,
+              attributes: dict[str, Any] | None = None) -> Span:
+        return Span(self.trace, name, kind, self.span_id, time.perf_counter() if start is None else start,
+                    attributes)
+
+    def finish(self, end: float | None = None) -> None:
+        self.end = time.perf_counter() if end is None else end
+
+    def fail(self, error_type: str, message: str) -> None:
+        self.attributes["error.type"] = error_type
+        self.error = message[:200] or error_type
+
+    def traceparent(self) -> dict[str, str]:
+        """The headers that continue the trace under this span (W3C trace context; the caller's tracestate on)."""
+        t = self.trace
+        headers = {"traceparent": f"00-{t.trace_id}-{self.span_id}-{'01' if t.sampled else '00'}"}
+        if t.tracestate:
+            headers["tracestate"] = t.tracestate
+        return headers
+
+
+class _Sampled:
+    """What the BatchSpanProcessor reads of an item before it queues it (`item.context.trace_flags.sampled`)."""
+
+    class trace_flags:   # noqa: N801 (the SDK's attribute name)
+        sampled = True
+
+
+class RequestTrace:
+    """One request's trace: its id and the caller's tracestate, whether it is kept, its spans (none when it is
+    not: it still propagates), the stage spans still at work (a stage that hands on a stream works until the
+    stream ends), and the clock that turns perf_counter times into UNIX nanoseconds."""
+
+    __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "root", "spans", "open", "anchor_ns", "anchor")
+    context = _Sampled()
+
+    def __init__(self, tracer: Tracer, trace_id: str, sampled: bool, tracestate: str | None) -> None:
+        self.tracer, self.trace_id, self.sampled, self.tracestate = tracer, trace_id, sampled, tracestate
+        self.spans: list[Span] = []
+        self.open: list[tuple[str, Span]] = []
+        self.anchor_ns, self.anchor = time.time_ns(), time.perf_counter()
+        self.root: Span
+
+    def ns(self, t: float) -> int:
+        return self.anchor_ns + int((t - self.anchor) * 1e9)
+
+    async def stage(self, stage: Any, ctx: Any, call_next: Callable[[Any], Awaitable[None]]) -> None:
+        """Run a pipeline stage inside its span: the span ends when the stage hands on (or returns, or raises), or
+        when the request ends if the stage leaves an answer streaming; the stage's backends see it as the parent
+        of their spans (`GenRequest.trace`)."""
+        if not self.sampled:           # no spans, but upstreams still learn the trace
+            ctx.gen.trace = self.root
+            await stage(ctx, call_next)
+            return
+        name = stage.name
+        span = self.root.child(name)
+        handed = False
+
+        async def hand_on(c: Any) -> None:
+            nonlocal handed
+            if not handed:
+                handed = True
+                self._stage_done(name, span, c)
+            await call_next(c)
+
+        ctx.gen.trace = span
+        try:
+            await stage(ctx, hand_on)
+        except BaseException as e:
+            if not handed:
+                _failed(span, e)
+                self._stage_done(name, span, ctx)
+            raise
+        if not handed:
+            self._stage_done(name, span, ctx)
+
+    def _stage_done(self, name: str, span: Span, ctx: Any) -> None:
+        _observe(span, stage_attributes, name, ctx)
+        if ctx.deltas is not None:     # its answer is still streaming: at work until the stream ends
+            self.open.append((name, span))
+        else:
+            span.finish()
+
+    def finish(self, ctx: Any, record_started: float) -> None:
+        """End the request's trace: the stages still at work, the record stage's span (from `record_started`, a
+        perf_counter time), and the request's span with its attributes; then hand it to the exporter."""
+        if not self.sampled:
+            return
+        for name, span in self.open:
+            _observe(span, stage_attributes, name, ctx)
+            span.finish()
+        self.open = []
+        self.root.child("record", start=record_started).finish()
+        root = self.root
+        attrs = request_attributes(ctx.gen, self.tracer.providers.get(ctx.model or "", "tokenomy"), stream=ctx.stream)
+        attrs.update(answer_attributes(ctx))
+        content = self.tracer.content
+        if content is not None and content(ctx.tenant):
+            attrs.update(content_attributes(ctx))
+        root.attributes.update(attrs)
+        error = error_type(ctx)
+        if error is not None:
+            root.fail(error, ctx.error.message if ctx.error is not None else error)
+        root.finish()
+        self.tracer.processor.on_end(self)
+
+
+class _Export:
+    """The exporter the batch processor's thread calls: each request's spans as the SDK's ReadableSpans, to the
+    OTLP exporter in one export."""
+
+    def __init__(self, exporter: Any, resource: Any, scope: Any) -> None:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+        self.exporter, self.resource, self.scope = exporter, resource, scope
+        self._readable, self._context, self._state = ReadableSpan, SpanContext, TraceState
+        self._kinds = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
+        self._flags = TraceFlags(TraceFlags.SAMPLED)
+        self._ok, self._error = Status(StatusCode.UNSET), StatusCode.ERROR
+        self._status = Status
+
+    def export(self, traces: Sequence[RequestTrace]) -> Any:
+        spans = []
+        for t in traces:
+            try:
+                spans += self._spans(t)
+            except Exception:            # one trace that cannot be read is dropped, not the batch
+                log.exception("a request's trace could not be exported")
+        return self.exporter.export(spans)
+
+    def _spans(self, t: RequestTrace) -> list[Any]:
+        tid = int(t.trace_id, 16)
+        state = self._state.from_header([t.tracestate]) if t.tracestate else None
+        ends = t.root.end if t.root.end is not None else time.perf_counter()
+        out = []
+        for s in list(t.spans):         # copies, list and attributes: a span that ends late may still write
+            attributes = {k: v for k, v in dict(s.attributes).items() if v is not None}
+            context = self._context(tid, int(s.span_id, 16), False, self._flags, state)
+            remote = s is t.root
+            parent = (self._context(tid, int(s.parent_id, 16), remote, self._flags, state)
+                      if s.parent_id is not None else None)
+            out.append(self._readable(
+                s.name, context=context, parent=parent, resource=self.resource, kind=self._kinds[s.kind],
+                attributes=attributes,
+                status=self._ok if s.error is None else self._status(self._error, s.error),
+                start_time=t.ns(s.start), end_time=t.ns(s.end if s.end is not None else ends),
+                instrumentation_scope=self.scope))
+        return out
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
+# ---- backends: upstream calls and the engine ----------------------------------------------------------------
+
+class Call:
+    """One upstream call's CLIENT span; `headers` carry its traceparent to the upstream."""
+
+    __slots__ = ("span", "headers", "finishes", "usage")
+
+    def __init__(self, parent: Span, operation: str, model: str, provider: str, url: str, req: GenRequest) -> None:
+        attrs = request_attributes(req, provider, model=model, operation=operation)
+        where = urlsplit(url)
+        if where.hostname:
+            attrs["server.address"] = where.hostname
+            attrs["server.port"] = where.port or (443 if where.scheme == "https" else 80)
+        self.span = parent.child(f"{operation} {model}", kind="client", attributes=attrs)
+        self.headers = self.span.traceparent()
+        self.finishes: list[str] = []
+        self.usage: Usage | None = None
+
+    def see(self, d: Delta) -> Delta:
+        if d.finish_reason is not None:
+            self.finishes.append(d.finish_reason)
+        if d.usage is not None:
+            self.usage = d.usage
+        return d
+
+    def end(self, error: BaseException | None = None) -> None:
+        if self.usage is not None:
+            _observe(self.span, usage_attributes, self.usage)
+        if self.finishes:
+            self.span.attributes["gen_ai.response.finish_reasons"] = self.finishes
+        if error is not None:
+            _failed(self.span, error)
+        self.span.finish()
+
+
+def client_stream(parent: Span | None, make: Callable[[dict[str, str] | None], AsyncIterator[Delta]],
+                  req: GenRequest, provider: str, model: str, url: str) -> AsyncIterator[Delta]:
+    """An upstream's answer stream, `make(headers)`, inside a CLIENT span when `parent` is set (else `make(None)`
+    itself): `headers` (the traceparent) go on every HTTP request of the call, retries included."""
+    if parent is None:
+        return make(None)
+    if not parent.sampled:
+        return make(parent.traceparent())
+    try:
+        call = Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req)
+    except Exception:                 # tracing never fails a request
+        log.exception("tracing an upstream call failed")
+        return make(None)
+    return _traced_stream(call, make)
+
+
+async def _traced_stream(call: Call, make: Callable[[dict[str, str] | None], AsyncIterator[Delta]]
+                         ) -> AsyncIterator[Delta]:
+    inner = make(call.headers)
+    try:
+        async for d in inner:
+            yield call.see(d)
+    except BaseException as e:
+        call.end(e)
+        raise
+    finally:
+        await inner.aclose()
+    call.end()
+
+
+async def client_call(parent: Span | None, make: Callable[[dict[str, str] | None], Awaitable[Any]],
+                      req: GenRequest, provider: str, model: str, url: str) -> Any:
+    """`client_stream` for a call with one answer (an embeddings request): `await make(headers)`; its `usage`, if
+    it has one, is recorded."""
+    if parent is None or not parent.sampled:
+        return await make(None if parent is None else parent.traceparent())
+    try:
+        call = Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req)
+    except Exception:                 # tracing never fails a request
+        log.exception("tracing an upstream call failed")
+        return await make(None)
+    try:
+        out = await make(call.headers)
+    except BaseException as e:
+        call.end(e)
+        raise
+    call.usage = getattr(out, "usage", None)
+    call.end()
+    return out
+
+
+def engine(parent: Span | None, req: GenRequest, model: str, started: float, arrival: float,
+           usage: Usage) -> None:
+    """The embedded engine's answer as spans, made after the fact from its timings: the inference (INTERNAL, from
+    `started`, when the backend took the request, to now) and inside it the queue wait (from `arrival` at the
+    engine to its first step), the prefill (to the first token) and the decode (to the end). Times are
+    perf_counter seconds; the usage's queue_s and ttft_s count from `arrival`."""
+    if parent is None or not parent.sampled:
+        return
+    try:
+        _engine(parent, req, model, started, arrival, usage)
+    except Exception:                 # tracing never fails a request
+        log.exception("tracing the engine's answer failed")
+
+
+def _engine(parent: Span, req: GenRequest, model: str, started: float, arrival: float, usage: Usage) -> None:
+    end = time.perf_counter()
+    operation = OPERATIONS.get(req.kind, req.kind)
+    attrs = request_attributes(req, "tokenomy", model=model, operation=operation)
+    attrs.update(usage_attributes(usage))
+    attrs["gen_ai.response.model"] = model
+    inference = parent.child(f"{operation} {model}", start=started, attributes=attrs)
+    scheduled = min(arrival + max(usage.queue_s, 0.0), end)
+    first = min(max(arrival + usage.ttft_s, scheduled), end) if usage.ttft_s is not None else end
+    inference.child("queue", start=arrival).finish(scheduled)
+    inference.child("prefill", start=scheduled, attributes={
+        "gen_ai.usage.input_tokens": usage.prompt_tokens,
+        "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
+        "tokenomy.engine.prefilled_tokens": max(usage.prompt_tokens - usage.cached_tokens, 0)}).finish(first)
+    if usage.ttft_s is not None:
+        decode: dict[str, Any] = {"gen_ai.usage.output_tokens": usage.completion_tokens}
+        if usage.draft_tokens:
+            decode["tokenomy.engine.draft_tokens"] = usage.draft_tokens
+            decode["tokenomy.engine.draft_accepted"] = usage.draft_accepted or 0
+        inference.child("decode", start=first, attributes=decode).finish(end)
+    inference.finish(end)
+
+
+def _observe(span: Span, attributes: Callable[..., dict[str, Any]], *args: Any) -> None:
+    """Add `attributes(*args)` to the span; a failure is logged, never raised into the request."""
+    try:
+        span.attributes.update(attributes(*args))
+    except Exception:
+        log.exception("a span's attributes could not be read")
+
+
+def _failed(span: Span, e: BaseException) -> None:
+    if isinstance(e, GeneratorExit) or type(e).__name__ == "CancelledError":
+        kind = "cancelled"
+    else:       # an APIError's code (rate_limit_exceeded, model_not_found ...), else the exception's class
+        kind = getattr(e, "code", None) or type(e).__name__
+    span.fail(str(kind), str(e))
+
+
+def _parse(traceparent: str) -> tuple[str, str, int] | None:
+    """(trace id, parent span id, flags) of a valid W3C traceparent header, else None."""
+    m = _TRACEPARENT.match(traceparent.strip().lower())
+    if m is None or m.group(1) == "ff" or m.group(2) == "0" * 32 or m.group(3) == "0" * 16:
+        return None
+    return m.group(2), m.group(3), int(m.group(4), 16)
+
