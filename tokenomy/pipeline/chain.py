@@ -3,7 +3,8 @@
 Each stage is `async def __call__(ctx, call_next)`. A stage may end the request early by returning without
 calling `call_next` (a cache hit does). Stages never import each other; the chain is built from config.
 A traced request (`ctx.trace`, meter/trace.py) runs each stage inside its span; a stage with `traced = False`
-(the record stage, which makes its own) runs as it is.
+(the record stage, which makes its own) runs as it is, and one whose `traced` is a method runs in a span only for
+the requests it says (the reserve stage: those it holds anything for).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def _bind(stage: Stage, nxt: Next) -> Next:
             await stage(ctx, nxt)
         return run
 
+    wants = getattr(stage, "traced", None)
+
     async def traced(ctx: RequestContext) -> None:
-        if ctx.trace is None:
+        if ctx.trace is None or (callable(wants) and not wants(ctx)):
             await stage(ctx, nxt)
         else:
             await ctx.trace.stage(stage, ctx, nxt)

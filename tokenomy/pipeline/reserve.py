@@ -58,6 +58,11 @@ class Reserve:
         self._renewal: asyncio.Task[None] | None = None
         self.extra: dict[str, deque[int]] = {}     # model -> prompt tokens an upstream billed beyond the count
 
+    def traced(self, ctx: RequestContext) -> bool:
+        """Whether the request has anything to hold (a trace shows this stage only then)."""
+        return (self.admit is not None and self.admit.limits_tokens(ctx.key_id)) \
+            or self.budgets.applies(ctx.key_id, ctx.tenant)
+
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         tpm = self.admit is not None and self.admit.limits_tokens(ctx.key_id)
         if not (tpm or self.budgets.applies(ctx.key_id, ctx.tenant)):
