@@ -581,10 +581,10 @@ class EnergySettings(_Strict):
 
 
 class TelemetrySettings(_Strict):
-    """OpenTelemetry traces in the GenAI semantic conventions (docs/telemetry.md): a span per request, its stages,
-    upstream calls and the engine's queue, prefill and decode, exported over OTLP/HTTP. Every field left null
-    takes the standard OTEL_* environment variable; OTEL_SDK_DISABLED=true turns traces off whatever the file
-    says."""
+    """OpenTelemetry traces and metrics in the GenAI semantic conventions (docs/telemetry.md): a span per request,
+    its stages, upstream calls and the engine's queue, prefill and decode; the gen_ai.server.* histograms and
+    gen_ai.client.token.usage; both exported over OTLP/HTTP. Every field left null takes the standard OTEL_*
+    environment variable; OTEL_SDK_DISABLED=true turns both off whatever the file says."""
 
     traces: bool | None = Field(None, description="true: trace; false: never; null: trace when "
                                 "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT is set")
@@ -599,6 +599,16 @@ class TelemetrySettings(_Strict):
     capture_content: bool = Field(False, description="record prompts and answers on the request's span "
                                   "(gen_ai.input.messages, gen_ai.output.messages), and only for tenants whose "
                                   "bodies the ledger keeps (ledger.store_prompts, store_prompts_tenants)")
+    metrics: bool | None = Field(None, description="OTel metrics (gen_ai.server.request.duration, "
+                                 ".time_to_first_token, .time_per_output_token, gen_ai.client.token.usage): true: "
+                                 "export; false: never; null: export when $OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or "
+                                 "$OTEL_EXPORTER_OTLP_ENDPOINT is set")
+    metrics_endpoint: str | None = Field(None, description="the OTLP/HTTP metrics URL "
+                                         "(http://collector:4318/v1/metrics); null: "
+                                         "$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT + "
+                                         "/v1/metrics, else http://localhost:4318/v1/metrics")
+    metrics_interval_s: float | None = Field(None, gt=0, description="seconds between two metric exports; null: "
+                                             "$OTEL_METRIC_EXPORT_INTERVAL (milliseconds), else 60")
     timeout_s: float = Field(5.0, gt=0, description="seconds one export to the collector may take (on the "
                              "exporter's own thread, never a request's)")
 
@@ -690,7 +700,8 @@ class Config(_Strict):
     limits: LimitsSettings = Field(LimitsSettings(), description="where rate limits and budgets are counted")
     tenants: dict[str, TenantSpec] = Field(default_factory=dict, description="limits per tenant name (keys name "
                                            "their tenant)")
-    telemetry: TelemetrySettings = Field(TelemetrySettings(), description="OpenTelemetry traces (off by default)")
+    telemetry: TelemetrySettings = Field(TelemetrySettings(), description="OpenTelemetry traces and metrics (off "
+                                         "by default)")
 
     @field_validator("ledger", mode="before", json_schema_input_type=LedgerSettings | str | None)
     @classmethod

@@ -13,7 +13,7 @@ from tokenomy.config import AnthropicModelSpec, Config, ConfigError, EmbeddedMod
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
-from tokenomy.meter import pricing, trace
+from tokenomy.meter import otel_metrics, pricing, trace
 from tokenomy.meter.budget import Budgets
 from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.meter.ledger import Ledger
@@ -117,8 +117,9 @@ class Gateway:
         # budgets and tpm: the worst case held before a backend sees the request; the record's sinks settle it
         self.reserve = Reserve(self.budgets, admit, self.price, self.window, lim)
         self.tracer = self._tracer(config)
+        self.otel_metrics = self._otel_metrics(config)
         self.record = Record(self.metrics, sinks=[admit.on_record, self.meter, self.reserve.on_record],
-                             durable=durable, tracer=self.tracer)
+                             durable=durable, tracer=self.tracer, otel=self.otel_metrics)
         # Record wraps the whole chain so that it runs last, for every request, errors and early endings too.
         self.exact_cache, self.semantic_cache = self._caches(config)
         self.metrics.watch_caches(self.cache_stores)
@@ -156,6 +157,16 @@ class Gateway:
         return trace.Tracer(settings, {m.name: trace.PROVIDERS.get(m.backend, m.backend) for m in config.models},
                             content=lambda tenant: self.meter.store_prompts is not None
                             and self.meter.store_prompts(tenant))
+
+    def _otel_metrics(self, config: Config) -> otel_metrics.OtelMetrics | None:
+        """The GenAI OTel metrics (meter/otel_metrics.py); None when they are off. Model names as the Prometheus
+        labels have them (a reload's names apply)."""
+        settings = otel_metrics.resolve(config.telemetry)
+        if settings is None:
+            return None
+        return otel_metrics.OtelMetrics(
+            settings, {m.name: trace.PROVIDERS.get(m.backend, m.backend) for m in config.models},
+            otel_metrics.servers(config.models), label=self.metrics.label)
 
     def _responses(self) -> ResponseStore | None:
         """Stored Responses API answers (in the ledger's database, kept as long as its stored bodies); None without
@@ -411,3 +422,5 @@ class Gateway:
             self.ledger.close()
         if self.tracer is not None:         # exports what is left, bounded by the exporter's timeout
             await asyncio.to_thread(self.tracer.shutdown)
+        if self.otel_metrics is not None:   # the same for the metrics
+            await asyncio.to_thread(self.otel_metrics.shutdown)

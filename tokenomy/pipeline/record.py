@@ -2,7 +2,8 @@
 
 For streams that is when the last delta has been sent (or the client went away), so the record wraps the stream.
 The record observes; it never changes a response. It starts the request's trace (with a tracer; meter/trace.py)
-and finishes it after the sinks, so the ledger row carries the trace id.
+and finishes it after the sinks, so the ledger row carries the trace id; with OTel metrics on it hands the request
+to them too (meter/otel_metrics.py), with the times it computed for Prometheus.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tokenomy.errors import APIError
 from tokenomy.generation import Delta, Usage
 from tokenomy.meter import trace
 from tokenomy.meter.metrics import Metrics
+from tokenomy.meter.otel_metrics import OtelMetrics
 from tokenomy.meter.row import CACHE_HITS
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
@@ -33,11 +35,13 @@ class Record:
     traced = False            # its span is its finish, made by the trace itself
 
     def __init__(self, metrics: Metrics, sinks: list[Sink] | None = None,
-                 durable: Callable[[], Awaitable[Any]] | None = None, tracer: trace.Tracer | None = None) -> None:
+                 durable: Callable[[], Awaitable[Any]] | None = None, tracer: trace.Tracer | None = None,
+                 otel: OtelMetrics | None = None) -> None:
         self.metrics = metrics
         self.sinks = sinks or []
         self.durable = durable    # awaited after the sinks, before the answer's last byte (ledger_durable)
         self.tracer = tracer      # None: tracing is off
+        self.otel = otel          # None: OTel metrics are off
 
     def _begin(self, ctx: RequestContext) -> None:
         if self.tracer is not None:
@@ -110,7 +114,7 @@ class Record:
         m.tenant_requests.labels(ctx.tenant).inc()
         if ctx.gen.kind != "embedding":
             m.cache_requests.labels(model, ctx.cache).inc()
-        u = ctx.usage
+        u, tpot = ctx.usage, None
         if u is not None:
             for name, part in u.parts or [(None, u)]:     # an answer several models wrote: each its own
                 by = model if name is None else m.label(name)
@@ -121,7 +125,7 @@ class Record:
                 m.tokens.labels("completion", by).inc(part.completion_tokens)
             m.e2e.labels(model).observe(u.e2e_s)
             m.queue_wait.labels(model).observe(max(u.queue_s, 0.0))
-            tpot, gaps = None, 0
+            gaps = 0
             if u.ttft_s is not None:
                 m.ttft.labels(model).observe(u.ttft_s)
                 # several choices (n, best_of) decode side by side: a choice's tokens set the time per token
@@ -142,6 +146,11 @@ class Record:
                 sink(ctx)
             except Exception:       # a broken sink must never break the request path
                 log.exception("record sink failed")
+        if self.otel is not None:
+            try:
+                self.otel.record(ctx, started - ctx.started, tpot)
+            except Exception:       # metrics never fail a request
+                log.exception("recording the request's OTel metrics failed")
         if ctx.trace is not None:
             try:
                 ctx.trace.finish(ctx, started)
