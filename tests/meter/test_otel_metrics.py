@@ -156,6 +156,74 @@ def test_otel_metrics_are_off_by_default_and_on_with_the_otel_environment_or_the
     assert trace.resolve(on, {}) is None
 
 
+def test_the_record_stage_records_billed_tokens_successful_times_and_every_failure_by_its_error_type() -> None:
+    """Through the Record stage in process (the SDK's in-memory reader): a cache hit's time but no tokens, each
+    model's tokens of a token-routed answer and of a cascade's discarded answer, a cancelled request's tokens and
+    error.type but no times, an embedding's input tokens only."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from tokenomy.generation import GenRequest, Usage
+    from tokenomy.meter.metrics import Metrics
+    from tokenomy.pipeline.record import Record
+    from tokenomy.pipeline.request import RequestContext
+
+    reader = InMemoryMetricReader()
+    metrics = Metrics()
+    metrics.names = {"small", "big", "route"}
+    settings = otel_metrics.resolve(TelemetrySettings(metrics=True), {})
+    assert settings is not None
+    otel = otel_metrics.OtelMetrics(settings, {"small": "tokenomy", "big": "openai"},
+                                    {"big": ("big.example", 443)}, label=metrics.label, reader=reader)
+    record = Record(metrics, otel=otel)
+
+    def finish(model: str, served: str | None, **fields: Any) -> None:
+        ctx = RequestContext(gen=GenRequest(model=model, kind=fields.pop("kind", "chat")))
+        ctx.model = served
+        for k, v in fields.items():
+            setattr(ctx, k, v)
+        record.finish(ctx)
+
+    finish("small", "small", cache="exact", finish_reason="stop",
+           usage=Usage(prompt_tokens=5, completion_tokens=3, ttft_s=0.001, e2e_s=0.002))
+    finish("route", "small", finish_reason="stop", usage=Usage(
+        prompt_tokens=10, completion_tokens=8, ttft_s=0.05, e2e_s=0.4,
+        parts=[("small", Usage(prompt_tokens=10, completion_tokens=6)), ("big", Usage(completion_tokens=2))]),
+        escalations=[("big", Usage(prompt_tokens=11, completion_tokens=4))])
+    finish("made-up", "small", finish_reason="cancelled",
+           usage=Usage(prompt_tokens=9, completion_tokens=2, ttft_s=0.1, e2e_s=0.3))
+    finish("small", "small", kind="embedding", usage=Usage(prompt_tokens=12))
+
+    assert len(otel.pending) == 4                 # the request path only queued them
+    got: dict[str, list[tuple[dict[str, Any], int, float]]] = {}
+    data = reader.get_metrics_data()          # collects: the queued requests are measured first
+    assert data is not None
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                got[m.name] = [(dict(p.attributes), p.count, p.sum) for p in m.data.data_points]
+    assert not otel.pending
+    otel.shutdown()
+
+    def points(name: str, **want: Any) -> list[tuple[int, float]]:
+        return sorted((n, total) for a, n, total in got[name]
+                      if all(a.get(k.replace("__", ".")) == v for k, v in want.items()))
+
+    assert sum(n for _, n, _ in got[otel_metrics.REQUEST_DURATION]) == 4
+    [(cancelled, _, _)] = [p for p in got[otel_metrics.REQUEST_DURATION] if "error.type" in p[0]]
+    assert cancelled["error.type"] == "cancelled" and cancelled["gen_ai.request.model"] == "other"
+    assert sum(n for _, n, _ in got[otel_metrics.TIME_TO_FIRST_TOKEN]) == 2     # the hit and the routed answer
+    assert points(otel_metrics.TIME_PER_OUTPUT_TOKEN) == [(1, pytest.approx(0.001 / 2)), (1, pytest.approx(0.35 / 7))]
+    assert points(otel_metrics.TOKEN_USAGE, gen_ai__token__type="input", gen_ai__response__model="big") == [
+        (2, 11)]                                                   # the routed part (0) and the escalation (11)
+    [(big, _, _)] = [p for p in got[otel_metrics.TOKEN_USAGE] if p[0].get("gen_ai.response.model") == "big"
+                     and p[0]["gen_ai.token.type"] == "output"]
+    assert (big["gen_ai.provider.name"], big["server.address"], big["server.port"]) == ("openai", "big.example", 443)
+    assert points(otel_metrics.TOKEN_USAGE, gen_ai__token__type="output", gen_ai__response__model="big") == [(2, 6)]
+    small_in = points(otel_metrics.TOKEN_USAGE, gen_ai__token__type="input", gen_ai__response__model="small")
+    assert small_in == [(1, 9), (1, 10), (1, 12)]                 # cancelled, routed, embedding; never the hit's 5
+    assert points(otel_metrics.TOKEN_USAGE, gen_ai__operation__name="embeddings", gen_ai__token__type="output") == []
+
+
 # ---- the embedded engine ------------------------------------------------------------------------------------------
 
 def test_a_live_gateway_exports_the_four_genai_metrics_in_the_conventions_names_units_and_buckets(

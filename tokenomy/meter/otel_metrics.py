@@ -4,7 +4,8 @@ OTLP/HTTP (docs/telemetry.md), beside the Prometheus families of meter/metrics.p
     gen_ai.server.request.duration        s        every request, arrival to its record; error.type on failure
     gen_ai.server.time_to_first_token     s        successful answers that produced a first token
     gen_ai.server.time_per_output_token   s        successful answers with more than one token per choice
-    gen_ai.client.token.usage             {token}  gen_ai.token.type input | output, per model that wrote them
+    gen_ai.client.token.usage             {token}  the billed tokens: gen_ai.token.type input | output, per model
+                                                   that wrote them (none for a response-cache hit)
 
 Each carries gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model (the name the client asked for) and
 gen_ai.response.model (the model that answered); token usage of an upstream's answer also its server.address and
@@ -14,19 +15,22 @@ Off by default: on with `telemetry.metrics: true`, or with `metrics` left null a
 standard environment variables; OTEL_SDK_DISABLED=true turns it off. Each gateway has its own SDK MeterProvider
 (never the process-global one) with a PeriodicExportingMetricReader and the OTLP/HTTP metric exporter: the
 reader's thread collects and exports every interval, so a collector that is down loses points, never a request.
-The record stage hands each finished request here (`record`), with the facts it already computed for Prometheus;
-with metrics off nothing of this module runs beyond `resolve`.
+The record stage hands each finished request here (`record`), with the times it already computed for Prometheus;
+the request path only queues them, the reader's thread measures them. With metrics off nothing of this module
+runs beyond `resolve`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from tokenomy.meter.row import CACHE_HITS
 from tokenomy.meter.span_attributes import OPERATIONS, error_type
 
 log = logging.getLogger("tokenomy.otel_metrics")
@@ -109,10 +113,30 @@ def servers(models: Any) -> dict[str, tuple[str, int]]:
 
 # ---- the instruments ----------------------------------------------------------------------------------------------
 
+class _Facts(NamedTuple):
+    """What a finished request's metrics need of it, taken on the request path (model names already labels)."""
+
+    kind: str
+    asked: str
+    answered: str | None
+    error: str | None
+    duration_s: float
+    ttft_s: float | None           # None: not measured (a failure, or no first token)
+    tpot_s: float | None
+    tokens: tuple[tuple[str | None, int, int], ...]     # (model, input, output) per model billed
+
+
 class OtelMetrics:
     """One gateway's GenAI metrics: its own MeterProvider, the four histograms, the model -> provider names
     (meter/trace.py's PROVIDERS) and model -> upstream address, and `label` (Metrics.label: the configured names
-    as they are, anything else `other`)."""
+    as they are, anything else `other`).
+
+    The request path only queues each request's facts (`record`: a tuple); the reader's thread makes them into the
+    SDK's measurements just before each collection (`drain`), as the tracer makes its spans on the export thread:
+    the SDK's Histogram.record costs some 20-40 us a call on this project's machines and a request makes up to
+    six. At most QUEUE requests wait between two collections; beyond, the oldest are dropped."""
+
+    QUEUE = 1 << 18
 
     def __init__(self, settings: MetricSettings, providers: Mapping[str, str],
                  addresses: Mapping[str, tuple[str, int]] | None = None, label: Any = None,
@@ -125,7 +149,8 @@ class OtelMetrics:
         self.settings = settings
         self.providers = dict(providers)
         self.addresses = dict(addresses or {})
-        self.label = label if label is not None else (lambda name: name or "other")
+        self.label: Callable[[str | None], str] = label if label is not None else (lambda name: name or "other")
+        self.pending: deque[_Facts] = deque(maxlen=self.QUEUE)
         if reader is None:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
             from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -133,6 +158,13 @@ class OtelMetrics:
             reader = PeriodicExportingMetricReader(
                 OTLPMetricExporter(endpoint=settings.endpoint, timeout=settings.timeout_s),
                 export_interval_millis=settings.interval_s * 1000, export_timeout_millis=settings.timeout_s * 1000)
+        collect = reader.collect
+
+        def drained(timeout_millis: float = 10_000) -> None:    # every collection: the timer's, a flush, the last
+            self.drain()
+            collect(timeout_millis=timeout_millis)
+
+        reader.collect = drained
         self.provider = MeterProvider(metric_readers=[reader],
                                       resource=Resource.create({"service.name": settings.service_name}),
                                       shutdown_on_exit=False)        # the gateway's close shuts it down
@@ -155,34 +187,52 @@ class OtelMetrics:
     def record(self, ctx: Any, duration_s: float, tpot_s: float | None) -> None:
         """One finished request: its duration (arrival to its record, in seconds), and, when it succeeded, its
         time to first token (the usage's) and `tpot_s` (the record stage's time per output token, None when it had
-        one token per choice or none); its tokens, each model's of an answer several wrote."""
-        gen = ctx.gen
-        answered = ctx.model or None
-        attrs = {"gen_ai.operation.name": OPERATIONS.get(gen.kind, gen.kind),
-                 "gen_ai.provider.name": self.providers.get(answered or "", "tokenomy"),
-                 "gen_ai.request.model": self.label(gen.model)}
-        if answered is not None:
-            attrs["gen_ai.response.model"] = self.label(answered)
-        error = error_type(ctx)
-        self.duration.record(max(duration_s, 0.0), attrs if error is None else {**attrs, "error.type": error})
-        u = ctx.usage
-        if u is None:
-            return
-        if error is None:
-            if u.ttft_s is not None:
-                self.ttft.record(max(u.ttft_s, 0.0), attrs)
-            if tpot_s is not None:
-                self.tpot.record(max(tpot_s, 0.0), attrs)
-        for name, part in u.parts or [(answered, u)]:     # an answer several models wrote: each its own
+        one token per choice or none); the tokens billed for it (gen_ai.client.token.usage: billable tokens, as
+        the ledger counts them: none for a response-cache hit, where no model ran; each model's of an answer
+        several wrote; the discarded answers of a cascade's escalations). Queued, measured at the next `drain`."""
+        u, error, label = ctx.usage, error_type(ctx), self.label
+        ok = u is not None and error is None
+        used: list[tuple[str | None, Any]] = []
+        if u is not None and ctx.cache not in CACHE_HITS:
+            used = list(u.parts) if u.parts else [(ctx.model or None, u)]
+        tokens = tuple((label(name) if name else None, part.prompt_tokens, part.completion_tokens)
+                       for name, part in used + list(ctx.escalations))
+        self.pending.append(_Facts(ctx.gen.kind, label(ctx.gen.model), label(ctx.model) if ctx.model else None,
+                                   error, duration_s, u.ttft_s if ok else None, tpot_s if ok else None, tokens))
+
+    def drain(self) -> None:
+        """Measure the queued requests (on the reader's thread, before each collection)."""
+        while True:
+            try:
+                facts = self.pending.popleft()
+            except IndexError:
+                return
+            try:
+                self._measure(facts)
+            except Exception:          # one request that cannot be measured is dropped, not the collection
+                log.exception("a request's OTel metrics could not be measured")
+
+    def _measure(self, f: _Facts) -> None:
+        attrs = {"gen_ai.operation.name": OPERATIONS.get(f.kind, f.kind),
+                 "gen_ai.provider.name": self.providers.get(f.answered or "", "tokenomy"),
+                 "gen_ai.request.model": f.asked}
+        if f.answered is not None:
+            attrs["gen_ai.response.model"] = f.answered
+        self.duration.record(max(f.duration_s, 0.0), attrs if f.error is None else {**attrs, "error.type": f.error})
+        if f.ttft_s is not None:
+            self.ttft.record(max(f.ttft_s, 0.0), attrs)
+        if f.tpot_s is not None:
+            self.tpot.record(max(f.tpot_s, 0.0), attrs)
+        for name, prompt, completion in f.tokens:
             by = dict(attrs)
             if name is not None:
-                by["gen_ai.response.model"] = self.label(name)
+                by["gen_ai.response.model"] = name
                 by["gen_ai.provider.name"] = self.providers.get(name, "tokenomy")
                 if name in self.addresses:
                     by["server.address"], by["server.port"] = self.addresses[name]
-            self.tokens.record(part.prompt_tokens, {**by, "gen_ai.token.type": "input"})
-            if gen.kind != "embedding":
-                self.tokens.record(part.completion_tokens, {**by, "gen_ai.token.type": "output"})
+            self.tokens.record(prompt, {**by, "gen_ai.token.type": "input"})
+            if f.kind != "embedding":
+                self.tokens.record(completion, {**by, "gen_ai.token.type": "output"})
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Collect and export now; False when that did not finish within `timeout_s`."""
