@@ -155,17 +155,24 @@ def _onnx_model(model_path: str) -> str | bytes:
         return build_bert_onnx(model_path)
 
 
+def onnx_session(model: str | bytes, threads: int | None) -> Any:
+    """An onnxruntime CPU session of `model` (a path or the graph itself) as the embedder runs it: `threads`
+    intra-op threads (None or 0: onnxruntime's choice), no spinning, all graph optimisations."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or 0
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
 class _OnnxEncoder:
     def __init__(self, model_path: str, threads: int | None) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or 0
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(_onnx_model(model_path), opts, providers=["CPUExecutionProvider"])
+        self._session = onnx_session(_onnx_model(model_path), threads)
         self._tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
         self._tokenizer.enable_truncation(_max_seq_length(model_path))
         self._tokenizer.no_padding()
