@@ -240,10 +240,11 @@ def decision_latency(data: RoutingData, x: np.ndarray, kind: str, n: int) -> dic
         values = sorted(values)
         return values[min(len(values) - 1, int(q * len(values)))]
 
-    import torch
+    from tokenomy.embedder import default_embedder
 
     return {
-        "embedding": kind, "n": len(sample), "torch_threads": torch.get_num_threads(),
+        "embedding": kind, "n": len(sample),
+        "encoder": f"{default_embedder().backend}, 1 thread" if kind == "minilm" else "table lookup",
         "p50_ms": pct(wall, 0.5), "p95_ms": pct(wall, 0.95), "cpu_p50_ms": pct(cpu, 0.5),
         "cpu_p95_ms": pct(cpu, 0.95), "router_only_p50_ms": pct(own, 0.5),
         "median_prompt_chars": statistics.median(len(p) for p in sample),
@@ -294,7 +295,7 @@ def print_tables(out: dict) -> None:
     for lat in out["latency"]:
         console.print(
             f"decision latency, {lat['embedding']} embedding included ({lat['n']} unseen prompts, "
-            f"{lat['torch_threads']} torch threads): wall p50 {lat['p50_ms']:.1f} ms p95 {lat['p95_ms']:.1f} ms; "
+            f"{lat['encoder']}): wall p50 {lat['p50_ms']:.1f} ms p95 {lat['p95_ms']:.1f} ms; "
             f"CPU p50 {lat['cpu_p50_ms']:.1f} ms p95 {lat['cpu_p95_ms']:.1f} ms; with the embedding handed in "
             f"p50 {lat['router_only_p50_ms']:.2f} ms"
         )

