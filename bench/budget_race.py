@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -120,12 +121,13 @@ def answer_cost(code: Path | None) -> tuple[int, float]:
 
 def race(n: int, budget: dict[str, Any], code: Path | None, gateways: int = 1, redis: str | None = None
          ) -> dict[str, Any]:
-    cfg: dict[str, Any] = {"cache": NO_CACHE, "keys": [{"key": "sk-race", "name": "race", "budget": budget}]}
+    key = f"sk-race-{uuid.uuid4().hex}"             # a key of its own: its spend starts at 0 in a shared Redis
+    cfg: dict[str, Any] = {"cache": NO_CACHE, "keys": [{"key": key, "name": "race", "budget": budget}]}
     if redis is not None:
         cfg["limits"] = {"store": redis}
     with ExitStack() as stack:
         gws = [stack.enter_context(gateway(cfg, code)) for _ in range(gateways)]
-        answers = asyncio.run(burst([g[0] for g in gws], "sk-race", n))
+        answers = asyncio.run(burst([g[0] for g in gws], key, n))
         ledgers = [g[1] for g in gws]
     tokens, usd, served = spent(ledgers)         # the gateways have stopped: every row is committed
     assert served == sum(a.status_code == 200 for a in answers)
