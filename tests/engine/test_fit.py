@@ -94,3 +94,22 @@ def test_serve_refuses_a_model_memory_cannot_hold_in_one_line() -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("tokenomy: SmolLM2-135M-Instruct.Q4_1.gguf does not fit even with a 512-token window")
     assert "Traceback" not in done.stderr
+
+
+def test_a_window_left_to_the_model_stays_within_the_kv_budget(smollm2: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MEMORY_ENV, "64G")
+    cfg, fit = size(smollm2, EngineConfig(kv_budget_mb=256))      # 24 streams at 8,192 would take 3.2 GiB
+    assert (fit.window, fit.source) == (512, "kv_budget_mb") and fit.kv_bytes <= 256 * MIB
+    assert cfg.max_model_len == 512
+    _, asked = size(smollm2, EngineConfig(kv_budget_mb=256, max_model_len=4096))   # a window asked for is kept
+    assert (asked.window, asked.source) == (4096, "config")
+
+
+def test_sliding_window_layers_count_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner keeps sliding-window layers' whole KV (swa_full), so Gemma 3's 18 layers all count."""
+    monkeypatch.setenv(MEMORY_ENV, "64G")
+    gemma = str(resolve_gguf("gemma3-270m"))
+    shape = read_gguf(gemma)
+    assert shape.sliding_window == 512 and shape.count("sliding") == 15
+    _, fit = size(gemma, EngineConfig(n_ctx=4096, max_running=1, max_retired=0, kv_unified=True))
+    assert fit.kv_bytes == 18 * 4096 * 1 * 256 * (34 / 32 + 2)      # layers x cells x K,V dims x (q8_0 + f16) bytes

@@ -27,6 +27,10 @@ class EngineConfig(BaseModel):
                                       "with true) and the model's training context; none: as long as a sequence's "
                                       "KV can be, at most the training context (with n_ctx unset too: the training "
                                       "context, cut to what memory holds: docs/models.md)")
+    kv_budget_mb: int = Field(4096, ge=64, description="with neither n_ctx nor max_model_len set, the window is "
+                              "the model's trained context cut to what memory holds and to this much KV for all "
+                              "streams together, in MiB: a larger cache costs every start its allocation (about "
+                              "2 s per GB on 2 cores) for windows few requests fill (docs/models.md)")
     max_running: int = Field(16, ge=1, le=128, description="sequences decoded together in one step; more: higher "
                              "throughput, slower steps (each gets a KV stream with kv_unified false)")
     max_retired: int = Field(8, ge=0, le=128, description="sequence ids beyond max_running, for finished sequences "

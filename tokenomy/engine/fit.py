@@ -6,15 +6,16 @@ machine has available now (psutil's MemAvailable, or a cgroup's limit less its u
 TOKENOMY_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix) when set; a model may take MEMORY_UTILIZATION of it.
 
 The window: with neither `n_ctx` nor `max_model_len` set, the model's trained context (its GGUF's
-context_length) is the default, cut to what memory holds (in steps of 256 tokens); set either and the engine
-sizes as configured (EngineConfig.kv_cells) and the check only refuses what does not fit.
+context_length) is the default, cut (in steps of 256 tokens) to what memory holds and to engine.kv_budget_mb of
+KV; set either and the engine sizes as configured (EngineConfig.kv_cells) and the check only refuses what does
+not fit.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tokenomy.engine.config import DEFAULT_N_CTX, EngineConfig
@@ -36,7 +37,7 @@ class DoesNotFit(ValueError):
 @dataclass(frozen=True)
 class Fit:
     window: int              # the engine's max_model_len
-    source: str              # gguf: the trained context; memory: it cut to what memory holds; config: as set
+    source: str              # gguf: the trained context; memory / kv_budget_mb: it cut to fit; config: as set
     trained: int | None      # the GGUF's context_length
     cells: int               # KV cells the engine asks llama.cpp for
     weight_bytes: int        # the model's (and a draft model's) tensors
@@ -79,7 +80,10 @@ def available_memory() -> tuple[int, str]:
 
 def kv_bytes(shape: ModelShape, cfg: EngineConfig, cells: int) -> int:
     """KV bytes llama.cpp holds for `cells` cells: K at kv_type's first format and V at its second, each half of
-    formulas.kv_bytes_per_sequence; with KV streams, n_seqs streams of cells / n_seqs (padded to 256) each."""
+    formulas.kv_bytes_per_sequence; with KV streams, n_seqs streams of cells / n_seqs (padded to 256) each.
+    Sliding-window layers count as full ones: the runner keeps their whole KV (swa_full) so prefixes stay
+    reusable."""
+    shape = replace(shape, sliding_window=None)
     k, _, v = cfg.kv_type.partition("/")
     streams = 1 if cfg.kv_unified else cfg.n_seqs
     per = math.ceil(cells / streams / STEP) * STEP
@@ -128,9 +132,12 @@ def size(path: str, cfg: EngineConfig, *, committed: int = 0,
     window = trained
     full = fit(cells_for(window), trained, "gguf")
     chosen = full
-    while chosen.need > budget and window > STEP:
+    kv_budget = cfg.kv_budget_mb << 20
+    while (chosen.need > budget or chosen.kv_bytes > kv_budget) and window > STEP:
         window = (window - 1) // STEP * STEP
         chosen = fit(cells_for(window), min(window, trained), "memory")
+    if chosen.source == "memory" and full.need <= budget:
+        chosen = replace(chosen, source="kv_budget_mb")
     if chosen.need > budget or chosen.window < min(MIN_WINDOW, trained):
         least = fit(cells_for(min(MIN_WINDOW, trained)), min(MIN_WINDOW, trained), "memory")
         raise DoesNotFit(f"{Path(path).name} does not fit even with a {least.window}-token window: "
