@@ -9,7 +9,8 @@ Endpoints (as huggingface_hub 2.x calls them):
   file is a 404 with `X-Error-Code: EntryNotFound`.
 
 `drop_once` names files whose first full GET is cut off after half its bytes (the connection closes mid-body), as
-a failing network would; `requests` records (method, path, Range header) for assertions.
+a failing network would; `stall_once` files send half and then nothing until the server stops (for a client to
+be killed mid-download); `requests` records (method, path, Range header) for assertions.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class HubServer:
-    def __init__(self, repos: dict[str, dict[str, Path | bytes]], drop_once: set[str] | None = None) -> None:
+    def __init__(self, repos: dict[str, dict[str, Path | bytes]], drop_once: set[str] | None = None,
+                 stall_once: set[str] | None = None) -> None:
         self.repos = repos
         self.drop_once = set(drop_once or ())
+        self.stall_once = set(stall_once or ())
+        self._stop = threading.Event()
         self.requests: list[tuple[str, str, str | None]] = []
         hub = self
 
@@ -53,6 +57,7 @@ class HubServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -114,6 +119,13 @@ class HubServer:
             h.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
         h.end_headers()
         if not body:
+            return
+        if name in self.stall_once and not start:
+            self.stall_once.discard(name)
+            h.wfile.write(chunk[:len(chunk) // 2])
+            h.wfile.flush()
+            self._stop.wait()
+            h.close_connection = True
             return
         if name in self.drop_once and not start:
             self.drop_once.discard(name)

@@ -186,3 +186,29 @@ def test_what_is_missing_is_one_line_that_names_what_exists(hub_server: HubServe
     done = pull(ref, env_for(tempfile.mkdtemp(prefix="tokenomy-hf-home-"), hub_server.url))
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == ["tokenomy: " + line.format(url=hub_server.url)]
+
+
+def test_a_download_killed_midway_resumes_from_its_incomplete_file_on_the_next_run() -> None:
+    data = bytes(range(256)) * (24 * 4096)                      # 24 MiB: huggingface_hub writes 10 MiB chunks
+    name = "Big-Q4_0.gguf"
+    home = tempfile.mkdtemp(prefix="tokenomy-hf-home-")
+    with HubServer({"acme/Big-GGUF": {name: data}}, stall_once={name}) as server:
+        env = env_for(home, server.url)
+        first = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "pull", "hf:acme/Big-GGUF:Q4_0"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        blobs = Path(home) / "hub" / "models--acme--Big-GGUF" / "blobs"
+
+        def partial() -> int:
+            return sum(p.stat().st_size for p in blobs.glob("*.incomplete")) if blobs.is_dir() else 0
+
+        try:
+            wait_until(lambda: partial() >= 10 << 20, timeout=120, what="the first 10 MiB on disk")
+        finally:
+            first.kill()
+            first.wait()
+        kept = partial()
+        second = pull("hf:acme/Big-GGUF:Q4_0", env)
+        assert second.returncode == 0, second.stderr
+        assert Path(second.stdout.strip().splitlines()[-1]).read_bytes() == data
+    ranges = [rng for method, path, rng in server.requests if method == "GET" and path.endswith(name)]
+    assert ranges == [None, f"bytes={kept}-"]       # the second run asked only for what the first had not written

@@ -2,7 +2,7 @@
 
 Everything goes through `huggingface_hub`, so its cache (HF_HOME / HF_HUB_CACHE), HF_TOKEN, HF_ENDPOINT and
 offline mode (HF_HUB_OFFLINE=1) hold as they do for every other tool that uses it; its own progress bars show
-each file, and a download cut off resumes from its `.incomplete` file on the next try.
+each file, and a download cut off resumes from its `.incomplete` file, within a run and on the next (download).
 
 Which file: a spec ending in `.gguf` names a file (a path in the repo, or a file name found anywhere in it); any
 other spec is a quantization (Q4_K_M, q8_0, IQ4_XS, F16 ...), matched case-insensitively against the quantization
@@ -14,6 +14,7 @@ is downloaded whole and loaded from its first part (llama.cpp finds the rest bes
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -158,17 +159,72 @@ def repo_files(ref: HubRef) -> list[str]:
     return cached
 
 
+def download(ref: HubRef, filename: str) -> str:
+    """One file of the repo into the hub cache, as hf_hub_download lays it out (blobs/ETAG, snapshots/COMMIT/FILE
+    linking to it, refs/REVISION), returning its snapshot path; what is cached already is not fetched again.
+
+    huggingface_hub 2.x downloads each try into a file of its own and deletes it on failure (its PR #4228), so a
+    download killed at 90% starts again from zero. GGUF files run to many GB, so the bytes are written here to one
+    `blobs/ETAG.incomplete` per file, under the library's own lock for that blob, and a later run asks for the rest
+    with a Range request through the library's http_get (its progress bar, its retries, its size check). The
+    metadata, URL, token and endpoint are the library's; offline, without a network, or for a file the hub serves
+    through Xet with hf_xet installed, hf_hub_download does it all."""
+    from urllib.parse import urlparse
+
+    import httpx2
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.errors import OfflineModeIsEnabled
+    from huggingface_hub.file_download import http_get, repo_folder_name
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+    from huggingface_hub.utils._runtime import is_xet_available
+
+    def library() -> str:
+        return hf_hub_download(ref.repo, filename, revision=ref.revision)
+
+    if constants.HF_HUB_OFFLINE:
+        return library()
+    url = hf_hub_url(ref.repo, filename, revision=ref.revision)
+    try:
+        meta = get_hf_file_metadata(url)
+    except (httpx2.TransportError, OfflineModeIsEnabled):
+        return library()          # it serves the cached copy, or says none is there
+    if meta.commit_hash is None or meta.etag is None or (meta.xet_file_data is not None and is_xet_available()):
+        return library()
+    folder = repo_folder_name(repo_id=ref.repo, repo_type="model")
+    storage = Path(constants.HF_HUB_CACHE) / folder
+    blob = storage / "blobs" / meta.etag
+    pointer = storage / "snapshots" / meta.commit_hash / filename
+    if not blob.exists():
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        headers = build_hf_headers()
+        if urlparse(meta.location).netloc != urlparse(url).netloc:
+            headers.pop("authorization", None)      # a signed CDN URL: the token stays with the hub
+        with WeakFileLock(Path(constants.HF_HUB_CACHE) / ".locks" / folder / f"{meta.etag}.lock"):
+            if not blob.exists():
+                part = blob.with_name(blob.name + ".incomplete")
+                with open(part, "ab") as f:
+                    http_get(meta.location, f, resume_size=f.tell(), headers=headers, expected_size=meta.size,
+                             displayed_filename=PurePosixPath(filename).name)
+                os.replace(part, blob)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    if not pointer.exists():
+        pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+    if ref.revision != meta.commit_hash:
+        (storage / "refs").mkdir(parents=True, exist_ok=True)
+        (storage / "refs" / ref.revision).write_text(meta.commit_hash)
+    return str(pointer)
+
+
 @functools.lru_cache(maxsize=32)
 def resolve(ref_text: str) -> Path:
     """The local path of the model `ref_text` names (its first part when split), downloading what the cache lacks:
-    every part, each with huggingface_hub's progress bar, resuming a partial download."""
-    from huggingface_hub import hf_hub_download
+    every part, each with huggingface_hub's progress bar, resuming a partial download (download)."""
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
     ref = parse(ref_text)
     parts = choose(ref, repo_files(ref))
     try:
-        paths = [hf_hub_download(ref.repo, part, revision=ref.revision) for part in parts]
+        paths = [download(ref, part) for part in parts]
     except EntryNotFoundError:
         raise HubError(f"{ref}: the hub lists {parts[0]} but does not serve it") from None
     except LocalEntryNotFoundError as e:
