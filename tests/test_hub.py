@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -17,10 +18,12 @@ import pytest
 import yaml
 
 from tests.conftest import free_port
+from tests.gguf_split import split
 from tests.hub_server import HubServer
 from tests.wait import wait_until
 from tokenomy import hub
 from tokenomy.models import resolve_gguf
+from tokenomy.plan.gguf_file import read_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "acme/SmolLM2-135M-Instruct-GGUF"
@@ -172,6 +175,19 @@ def test_a_split_model_downloads_every_part_and_loads_from_the_first(hub_server:
     first = Path(done.stdout.strip().splitlines()[-1])
     assert first.name == Path(SPLIT[0]).name
     assert (first.parent / Path(SPLIT[1]).name).read_bytes() == b"part two"   # beside it, where llama.cpp looks
+
+
+def test_a_real_split_model_is_served_from_its_first_part(smollm2: Path, tmp_path: Path) -> None:
+    parts = split(smollm2, tmp_path, "SmolLM2-135M-Instruct-Q4_1")        # as llama.cpp's gguf-split names them
+    # the memory check counts every part's tensors (plan/gguf_file.py), as for the whole file
+    assert read_gguf(parts[0]).file == replace(read_gguf(smollm2).file, path=str(parts[0]))
+    repo = "acme/SmolLM2-split-GGUF"
+    with HubServer({repo: {f"Q4_1/{p.name}": p for p in parts}}) as server:
+        chat, models, _ = answer_one(f"hf:{repo}", env_for(tempfile.mkdtemp(prefix="tokenomy-hf-home-"), server.url))
+    assert chat["choices"][0]["message"]["content"]
+    assert models["data"][0]["id"] == repo and models["data"][0]["context_window"] == 8192
+    gets = sorted(path for method, path, _ in server.requests if method == "GET" and path.endswith(".gguf"))
+    assert gets == [f"/{repo}/resolve/main/Q4_1/{p.name}" for p in parts]
 
 
 @pytest.mark.parametrize(("ref", "line"), [
