@@ -101,6 +101,8 @@ def test_a_window_left_to_the_model_stays_within_the_kv_budget(smollm2: str, mon
     cfg, fit = size(smollm2, EngineConfig(kv_budget_mb=256))      # 24 streams at 8,192 would take 3.2 GiB
     assert (fit.window, fit.source) == (512, "kv_budget_mb") and fit.kv_bytes <= 256 * MIB
     assert cfg.max_model_len == 512
+    _, least = size(smollm2, EngineConfig(kv_budget_mb=64))        # the budget alone never cuts below 512
+    assert (least.window, least.source) == (512, "kv_budget_mb")
     _, asked = size(smollm2, EngineConfig(kv_budget_mb=256, max_model_len=4096))   # a window asked for is kept
     assert (asked.window, asked.source) == (4096, "config")
 

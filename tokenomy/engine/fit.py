@@ -25,7 +25,8 @@ from tokenomy.plan.specs import ModelShape
 
 MEMORY_UTILIZATION = 0.9   # the share of available memory weights and KV may take (the rest: the process, buffers)
 MEMORY_ENV = "TOKENOMY_MEMORY_LIMIT"
-MIN_WINDOW = 512           # a default window cut below this (or the trained context, if smaller) is refused
+MIN_WINDOW = 512           # memory cutting a default window below this (or the trained context) is a refusal;
+                           # kv_budget_mb never cuts it below
 STEP = 256                 # llama.cpp pads a stream's cells to 256
 _KV_FORMAT = {"f16": "fp16", "q8_0": "q8", "q4_0": "q4"}     # EngineConfig.kv_type -> formulas.KV_BITS
 
@@ -133,18 +134,17 @@ def size(path: str, cfg: EngineConfig, *, committed: int = 0,
     full = fit(cells_for(window), trained, "gguf")
     chosen = full
     kv_budget = cfg.kv_budget_mb << 20
-    while (chosen.need > budget or chosen.kv_bytes > kv_budget) and window > STEP:
+    least_window = min(MIN_WINDOW, trained)
+    while window > STEP and (chosen.need > budget or chosen.kv_bytes > kv_budget and window > least_window):
         window = (window - 1) // STEP * STEP
         chosen = fit(cells_for(window), min(window, trained), "memory")
     if chosen.source == "memory" and full.need <= budget:
         chosen = replace(chosen, source="kv_budget_mb")
-    if chosen.need > budget or chosen.window < min(MIN_WINDOW, trained):
-        least = fit(cells_for(min(MIN_WINDOW, trained)), min(MIN_WINDOW, trained), "memory")
+    if chosen.need > budget or chosen.window < least_window:
+        least = fit(cells_for(least_window), least_window, "memory")
         raise DoesNotFit(f"{Path(path).name} does not fit even with a {least.window}-token window: "
                          f"{_figures(least, committed)} (its trained context, {trained} tokens, would need "
                          f"{full.need / (1 << 30):.2f} GiB); free memory, lower max_running or kv_tier_ram_mb, "
                          "or pick a smaller quantization")
-    update = {"n_ctx": chosen.cells} if cfg.kv_unified else {"max_model_len": chosen.window}
-    if cfg.kv_unified:
-        update["max_model_len"] = chosen.window
+    update = {"max_model_len": chosen.window, **({"n_ctx": chosen.cells} if cfg.kv_unified else {})}
     return cfg.model_copy(update=update), chosen
