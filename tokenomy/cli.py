@@ -24,7 +24,7 @@ app.add_typer(batch_app, name="batch", help="Submit batches (OpenAI's Batch API)
 
 @app.command()
 def serve(
-    models: list[str] | None = typer.Argument(None, metavar="[MODEL]...", help="Models to serve: a packaged "
+    models: list[str] | None = typer.Argument(None, metavar="MODEL", help="Models to serve: a packaged "
                                               "name, a .gguf path or a hub model (hf:ORG/REPO:QUANT, "
                                               "hf:ORG/REPO:FILE.gguf); NAME=MODEL serves it as NAME. Added to "
                                               "--config's models (docs/models.md)."),
@@ -47,7 +47,7 @@ def serve(
 
 
 @app.command()
-def pull(models: list[str] = typer.Argument(..., metavar="MODEL...", help="hub models (hf:ORG/REPO:QUANT), "
+def pull(models: list[str] = typer.Argument(..., metavar="MODEL", help="hub models (hf:ORG/REPO:QUANT), "
                                             "packaged names or .gguf paths")) -> None:
     """Download models into the Hugging Face cache (as `serve` would) and print each one's local path."""
     from tokenomy.hub import HubError
