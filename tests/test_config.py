@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -185,3 +187,22 @@ def test_every_config_in_the_readme_and_docs_loads() -> None:
             Config.model_validate(_with_named_models(yaml.safe_load(block)))
         except ValueError as e:
             pytest.fail(f"a config in {f.name} does not load: {e}")
+
+
+def test_models_on_the_command_line_replace_the_default_or_join_the_configs(tmp_path: Path) -> None:
+
+    alone = load_config(None, ["hf:bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M", "tiny=/models/tiny.gguf",
+                               "gemma3-270m"])
+    assert [(m.name, m.gguf) for m in alone.models] == [
+        ("bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M", "hf:bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M"),
+        ("tiny", "/models/tiny.gguf"), ("gemma3-270m", "gemma3-270m")]
+    path = tmp_path / "c.yaml"
+    path.write_text("models:\n"
+                    "  - {name: remote, backend: openai, base_url: 'http://127.0.0.1:9/v1', model: m}\n"
+                    "  - {name: local, gguf: smollm2-135m-instruct, engine: {max_running: 2}}\n"
+                    "routes: {chat: {models: [remote, local]}}\n")
+    cfg = load_config(path, ["local=/models/other.gguf", "/models/extra-Q4_K_M.gguf"])
+    assert [(m.name, getattr(m, "gguf", None)) for m in cfg.models] == [
+        ("remote", None), ("local", "/models/other.gguf"), ("extra-Q4_K_M", "/models/extra-Q4_K_M.gguf")]
+    assert cfg.model("local").engine.max_running == 2          # the configured entry's other settings stay
+    assert cfg.routes["chat"].models == ["remote", "local"]

@@ -24,17 +24,39 @@ app.add_typer(batch_app, name="batch", help="Submit batches (OpenAI's Batch API)
 
 @app.command()
 def serve(
+    models: list[str] | None = typer.Argument(None, metavar="MODEL", help="Models to serve: a packaged "
+                                              "name, a .gguf path or a hub model (hf:ORG/REPO:QUANT, "
+                                              "hf:ORG/REPO:FILE.gguf); NAME=MODEL serves it as NAME. Added to "
+                                              "--config's models (docs/models.md)."),
     host: str | None = typer.Option(None, help="Address to bind (default 127.0.0.1, or the config's)."),
     port: int | None = typer.Option(None, help="Port to bind (default 8000, or the config's)."),
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (optional)."),
 ) -> None:
-    """Start the OpenAI-compatible server on the embedded default model (or the models in --config)."""
+    """Start the OpenAI-compatible server on the models named (default: the packaged smollm2-135m-instruct, or
+    the models in --config)."""
     from tokenomy.api.server import run
     from tokenomy.config import ConfigError
+    from tokenomy.engine.fit import DoesNotFit
+    from tokenomy.hub import HubError
 
     try:
-        run(host=host, port=port, config_path=config)
-    except ConfigError as e:        # a bad file, or what only shows at start (a key's variable unset)
+        run(host=host, port=port, config_path=config, models=models or [])
+    except (ConfigError, HubError, DoesNotFit, FileNotFoundError) as e:   # a bad file or model, a download that
+        typer.echo(f"tokenomy: {e}", err=True)      # failed, a model too big, a key's variable unset
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def pull(models: list[str] = typer.Argument(..., metavar="MODEL", help="hub models (hf:ORG/REPO:QUANT), "
+                                            "packaged names or .gguf paths")) -> None:
+    """Download models into the Hugging Face cache (as `serve` would) and print each one's local path."""
+    from tokenomy.hub import HubError
+    from tokenomy.models import resolve_gguf
+
+    try:
+        for model in models:
+            typer.echo(resolve_gguf(model))
+    except (HubError, FileNotFoundError) as e:
         typer.echo(f"tokenomy: {e}", err=True)
         raise typer.Exit(1) from None
 

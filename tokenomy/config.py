@@ -137,8 +137,10 @@ class EmbeddedModelSpec(_ModelSpec):
 
     backend: Literal["embedded"] = Field("embedded", description="embedded: tokenomy's own engine runs a GGUF "
                                          "model (the default when `backend` is left out)")
-    gguf: str | None = Field(None, description="a packaged model's name (smollm2-135m-instruct, gemma3-270m) or a "
-                             ".gguf path; default: `name`, when it is a packaged model's")
+    gguf: str | None = Field(None, description="a packaged model's name (smollm2-135m-instruct, gemma3-270m), a "
+                             ".gguf path, or a hub model (hf:ORG/REPO:QUANT or hf:ORG/REPO:FILE.gguf, downloaded "
+                             "to the Hugging Face cache: docs/models.md); default: `name`, when it is a packaged "
+                             "model's")
     engine: EngineConfig | None = Field(None, description="this model's engine settings, key by key over the "
                                         "top-level `engine:` section (keys left out keep its values); null: that "
                                         "section as it is")
@@ -401,8 +403,9 @@ class CompressSettings(_Strict):
     @field_validator("model")
     @classmethod
     def _model(cls, value: str) -> str:
-        if value not in PACKAGED and not value.endswith(".gguf"):
-            raise ValueError(f"compress.model must be a packaged model ({', '.join(PACKAGED)}) or a .gguf path")
+        if value not in PACKAGED and not value.endswith(".gguf") and not value.startswith("hf:"):
+            raise ValueError(f"compress.model must be a packaged model ({', '.join(PACKAGED)}), a .gguf path or "
+                             "a hub model (hf:ORG/REPO:QUANT)")
         return value
 
 
@@ -780,10 +783,46 @@ def _yaml_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(x) for x in keys) or "(top level)"
 
 
-def load_config(path: str | Path | None) -> Config:
-    """Read and validate the YAML file (safe_load only: no tags execute). None -> defaults."""
+def model_entry(ref: str) -> dict[str, Any]:
+    """A model named on the command line -> its `models:` entry: `NAME=REF` names it; a packaged model is served
+    under its name, a .gguf path under its file's stem, a hub model as ORG/REPO:QUANT (tokenomy/hub.py)."""
+    from tokenomy import hub
+
+    name, sep, gguf = ref.partition("=")
+    if not sep or hub.is_hub_ref(ref):
+        name, gguf = "", ref
+    if not name:
+        name = (hub.default_name(gguf) if hub.is_hub_ref(gguf) else gguf if gguf in PACKAGED
+                else Path(gguf).name.removesuffix(".gguf"))
+    return {"name": name, "gguf": gguf}
+
+
+def with_models(data: dict[str, Any], refs: list[str]) -> dict[str, Any]:
+    """A config's data with the models named on the command line: without a `models:` list they are the models
+    (the packaged default is not served); with one they are added after it, and one named like a configured
+    model takes its place but keeps that entry's other settings (engine, price, structured)."""
+    if not refs:
+        return data
+    models = [dict(m) if isinstance(m, dict) else m for m in data.get("models") or []]
+    for ref in refs:
+        entry = model_entry(ref)
+        same = [m for m in models if isinstance(m, dict) and m.get("name") == entry["name"]]
+        if same:
+            same[0].update(entry, backend="embedded")
+        else:
+            models.append(entry)
+    return {**data, "models": models}
+
+
+def load_config(path: str | Path | None, models: list[str] | None = None) -> Config:
+    """Read and validate the YAML file (safe_load only: no tags execute), with `models` named on the command line
+    (with_models). None -> defaults."""
     if path is None:
-        return Config()
+        try:
+            return Config.model_validate(with_models({}, models or [])) if models else Config()
+        except ValidationError as e:
+            lines = [f"  {_yaml_path(err['loc'])}: {err['msg']}" for err in e.errors()]
+            raise ConfigError("invalid models on the command line\n" + "\n".join(lines)) from e
     try:
         text = Path(path).read_text()
     except OSError as e:
@@ -795,7 +834,7 @@ def load_config(path: str | Path | None) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(with_models(data, models or []))
     except ValidationError as e:
         lines = [f"  {_yaml_path(err['loc'])}: {err['msg']}" for err in e.errors()]
         raise ConfigError(f"{path}: invalid configuration\n" + "\n".join(lines)) from e

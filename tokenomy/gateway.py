@@ -11,6 +11,7 @@ from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
 from tokenomy.config import AnthropicModelSpec, Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
+from tokenomy.engine.fit import Fit, size
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
 from tokenomy.meter import otel_metrics, pricing, trace
@@ -38,11 +39,12 @@ log = logging.getLogger("tokenomy")
 
 
 def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
-                  n_threads: int | None = None) -> Any:
+                  n_threads: int | None = None, fits: dict[str, Fit] | None = None) -> Any:
     """The backend for one configured model: the embedded engine (started here, with the model's engine and
-    structured settings; ``n_threads`` overrides the engine's threads), the OpenAI-compatible upstream (a pool of
-    them with `replicas`) or the Messages upstream. Raises ConfigError for what only shows at start (a key's
-    variable unset)."""
+    structured settings, its window from its GGUF unless set, once its weights and KV are known to fit beside the
+    models in ``fits``, where its own Fit is added: engine/fit.py; ``n_threads`` overrides the engine's threads),
+    the OpenAI-compatible upstream (a pool of them with `replicas`) or the Messages upstream. Raises ConfigError
+    for what only shows at start (a key's variable unset), DoesNotFit for a model memory cannot hold."""
     if isinstance(spec, EmbeddedModelSpec):
         cfg = spec.engine or config.engine
         if n_threads is not None:
@@ -50,7 +52,11 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
         path = str(resolve_gguf(spec.gguf))
         if cfg.draft_model:
             cfg = cfg.model_copy(update={"draft_model": str(resolve_gguf(cfg.draft_model))})
-        log.info("loading %s from %s", spec.name, path)
+        fits = {} if fits is None else fits
+        cfg, fit = size(path, cfg, committed=sum(f.need for f in fits.values()), draft_path=cfg.draft_model)
+        fits[spec.name] = fit
+        log.info("loading %s from %s: a %d-token window (%s), %.2f GiB of weights and KV", spec.name, path,
+                 fit.window, fit.source, (fit.weight_bytes + fit.kv_bytes) / (1 << 30))
         cores = os.cpu_count() or 1
         if cfg.n_threads in (0, cores) and cores > 1:
             log.warning("engine %s decodes on all %d cores: any other CPU work on this machine stalls every step "
@@ -71,9 +77,10 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
 
 
 class Gateway:
-    def __init__(self, config: Config, config_path: str | None = None) -> None:
+    def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None) -> None:
         self.config = config
         self.config_path = config_path
+        self.cli_models = models or []      # named on the command line: a reload keeps them
         self.metrics = Metrics()
         # the packaged embedding models a configured model or route does not shadow: served without config
         self.packaged_embedders = [n for n in PACKAGED_EMBEDDINGS
@@ -83,8 +90,9 @@ class Gateway:
         for spec in config.models:      # a missing upstream key stops the start before any model loads
             if isinstance(spec, AnthropicModelSpec):
                 spec.api_key()
+        self.fits: dict[str, Fit] = {}     # each embedded model's window and bytes, checked before it loads
         for spec in config.models:
-            self.registry.add(build_backend(spec, config, metrics=self.metrics))
+            self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits))
         self.metrics.watch_engines(self.engines)
         self.metrics.watch_pools(self.pools)
         for name, engine in self.engines():
@@ -346,6 +354,14 @@ class Gateway:
             return backend.engine.max_model_len or None
         return None
 
+    def window_source(self, model: str) -> dict[str, Any]:
+        """`/v1/models` fields of an embedded model: its context window and where it came from (gguf: the trained
+        context; memory: that cut to what memory holds; config: engine.n_ctx / max_model_len); {} otherwise."""
+        fit, window = self.fits.get(model), self.window(model)
+        if fit is None or window is None:
+            return {}
+        return {"context_window": window, "context_window_source": fit.source, "trained_context": fit.trained}
+
     def count_tokens(self, model: str, ctx: RequestContext) -> TokenCount:
         return self.registry.get(model).count_tokens(ctx.gen)
 
@@ -366,7 +382,7 @@ class Gateway:
         if self.config_path is None:
             raise APIError(400, "tokenomy was started without a config file; nothing to reload.")
         try:
-            new = load_config(self.config_path)
+            new = load_config(self.config_path, self.cli_models)
         except ConfigError as e:
             raise APIError(400, str(e), code="invalid_config") from e
         if [m.model_dump() for m in new.models] != [m.model_dump() for m in self.config.models]:

@@ -67,7 +67,12 @@ def cache_dir() -> Path:
 
 
 def resolve_gguf(name_or_path: str) -> Path:
-    """A packaged model name -> its GGUF file (assembling split packages once); a path -> itself."""
+    """A packaged model name -> its GGUF file (assembling split packages once); a hub reference (`hf:ORG/REPO:QUANT`)
+    -> its file in the hub cache, downloaded when missing (tokenomy/hub.py); a path -> itself."""
+    from tokenomy import hub
+
+    if hub.is_hub_ref(name_or_path):
+        return hub.resolve(name_or_path)
     if name_or_path in PACKAGED:
         pkg = PACKAGED[name_or_path]
         spec = importlib.util.find_spec(pkg.package)
@@ -84,5 +89,6 @@ def resolve_gguf(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.suffix != ".gguf" or not path.exists():
         known = ", ".join(sorted(PACKAGED))
-        raise FileNotFoundError(f"{name_or_path!r} is neither a packaged model ({known}) nor an existing .gguf file")
+        raise FileNotFoundError(f"{name_or_path!r} is neither a packaged model ({known}), a hub model "
+                                "(hf:ORG/REPO:QUANT) nor an existing .gguf file")
     return path

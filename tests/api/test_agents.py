@@ -1,5 +1,5 @@
 """The real coding agents, installed from npm by `install.sh test`, each complete a one-shot prompt against
-`tokenomy serve` on the embedded default (SmolLM2, a 4k window): Claude Code over /v1/messages, Codex CLI over
+`tokenomy serve` on the embedded default (SmolLM2, its trained 8k window): Claude Code over /v1/messages, Codex CLI over
 /v1/responses. Their requests carry thousands of tokens of system prompt and tools, which the context stage fits
 into the window (docs/agents.md). Skipped only where node is not installed."""
 
@@ -87,7 +87,8 @@ def test_claude_code_answers_a_one_shot_prompt(served: Served, tmp_path: Path) -
     assert rows and all(r["status"] == 200 for r in rows), [dict(r) for r in rows]
     # the request was fitted into the window: thousands of tokens of tools described briefly
     assert any("fit=" in (r["context_actions"] or "") for r in rows)
-    assert all(r["prompt_tokens"] < 4096 < r["context_tokens_before"] for r in rows if r["context_tokens_before"])
+    window = httpx.get(served.url + "/v1/models").json()["data"][0]["context_window"]     # the GGUF's 8,192
+    assert all(r["prompt_tokens"] < window < r["context_tokens_before"] for r in rows if r["context_tokens_before"])
 
 
 def test_codex_answers_a_one_shot_prompt(served: Served, tmp_path: Path) -> None:

@@ -58,9 +58,10 @@ async def _generate(request: Request, cls: type[ChatCompletionRequest] | type[Co
 async def models(request: Request) -> dict[str, Any]:
     if "anthropic-version" in request.headers:      # Anthropic's SDK: its own list shape
         return messages.models(request)
+    gateway = _gateway(request)
     return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy"}
-        for name in _gateway(request).models_for(request.headers.get("authorization"))]}
+        {"id": name, "object": "model", "created": 0, "owned_by": "tokenomy", **gateway.window_source(name)}
+        for name in gateway.models_for(request.headers.get("authorization"))]}
 
 
 async def model(model_id: str, request: Request) -> dict[str, Any]:
@@ -68,7 +69,8 @@ async def model(model_id: str, request: Request) -> dict[str, Any]:
         return messages.model(model_id, request)
     if model_id not in _gateway(request).models_for(request.headers.get("authorization")):
         raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
-    return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy"}
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "tokenomy",
+            **_gateway(request).window_source(model_id)}
 
 
 async def health(request: Request) -> JSONResponse:

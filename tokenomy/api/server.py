@@ -9,9 +9,11 @@ import uvicorn
 from rich.console import Console
 
 from tokenomy.api.app import create_app
-from tokenomy.config import Config, load_config
+from tokenomy.config import Config, EmbeddedModelSpec, load_config
 from tokenomy.gateway import Gateway
+from tokenomy.hub import is_hub_ref
 from tokenomy.meter.ledger import normalize_url, safe_url
+from tokenomy.models import resolve_gguf
 
 
 def state_line(config: Config) -> str:
@@ -27,12 +29,18 @@ def state_line(config: Config) -> str:
     return f"ledger: {ledger}; response cache: {cache}"
 
 
-def run(host: str | None = None, port: int | None = None, config_path: Path | None = None) -> None:
+def run(host: str | None = None, port: int | None = None, config_path: Path | None = None,
+        models: list[str] | None = None) -> None:
+    """Serve the config's models and those named in `models` (config.with_models)."""
     console = Console(stderr=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = load_config(config_path)
+    config = load_config(config_path, models)
+    for spec in config.models:      # downloads first, with their progress bars, before the spinner
+        if isinstance(spec, EmbeddedModelSpec) and spec.gguf and is_hub_ref(spec.gguf):
+            console.print(f"{spec.name}: {spec.gguf}", markup=False, highlight=False)
+            resolve_gguf(spec.gguf)
     with console.status("loading models: " + ", ".join(m.name for m in config.models)):
-        gateway = Gateway(config, str(config_path) if config_path else None)
+        gateway = Gateway(config, str(config_path) if config_path else None, models=models)
     host = host or config.server.host
     port = port or config.server.port
     console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1")

@@ -17,13 +17,20 @@ class EngineConfig(BaseModel):
 
     n_ctx: int | None = Field(None, ge=256, description="KV cells in all; with kv_unified false each of the n_seqs "
                               "(max_running + max_retired) streams gets n_ctx / n_seqs of them (rounded up to 256); "
-                              "none: room for every sequence id at max_model_len (n_seqs x max_model_len), or "
-                              f"{DEFAULT_N_CTX} when max_model_len is not set either")
+                              "none: room for every sequence id at max_model_len (n_seqs x max_model_len); when "
+                              "max_model_len is not set either, the model's trained context for each, cut to what "
+                              "memory holds (docs/models.md; "
+                              f"{DEFAULT_N_CTX} for an engine built without the server)")
     max_model_len: int | None = Field(None, ge=64, description="the longest sequence, prompt and answer, in tokens; "
                                       "granted, or the engine refuses to start and says why: it must fit a "
                                       "sequence's KV (a stream's n_ctx / n_seqs cells with kv_unified false, n_ctx "
                                       "with true) and the model's training context; none: as long as a sequence's "
-                                      "KV can be, at most the training context (4096 with the defaults)")
+                                      "KV can be, at most the training context (with n_ctx unset too: the training "
+                                      "context, cut to what memory holds: docs/models.md)")
+    kv_budget_mb: int = Field(4096, ge=64, description="with neither n_ctx nor max_model_len set, the window is "
+                              "the model's trained context cut to what memory holds and to this much KV for all "
+                              "streams together, in MiB: a larger cache costs every start its allocation (about "
+                              "2 s per GB on 2 cores) for windows few requests fill (docs/models.md)")
     max_running: int = Field(16, ge=1, le=128, description="sequences decoded together in one step; more: higher "
                              "throughput, slower steps (each gets a KV stream with kv_unified false)")
     max_retired: int = Field(8, ge=0, le=128, description="sequence ids beyond max_running, for finished sequences "

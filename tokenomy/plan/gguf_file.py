@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,13 @@ def _read(path: str, mtime: float, size: int) -> ModelShape:
     vocab = meta("vocab_size") or (len(tokens.data) if tokens is not None else 0)
     head_dim = meta("attention.key_length") or hidden // heads
 
-    names = {t.name for t in reader.tensors}
+    tensors = list(reader.tensors)
+    for shard in _other_shards(path, _value(fields, "split.count", 1)):    # a split model: every part's tensors
+        try:
+            tensors += GGUFReader(shard, "r").tensors
+        except Exception as e:
+            raise GGUFError(f"{shard} (a part of {path}) is not a readable GGUF file: {e}") from None
+    names = {t.name for t in tensors}
     has_attn = [any(f"blk.{i}.{t}" in names for t in _ATTN_TENSORS) for i in range(layers)]
     interval, window = meta("full_attention_interval"), meta("attention.sliding_window")
     if interval:
@@ -101,11 +108,11 @@ def _read(path: str, mtime: float, size: int) -> ModelShape:
                   or meta("expert_feed_forward_length", 0),
                   dense_layers=tuple(range(meta("leading_dense_block_count", 0))))
 
-    params = sum(int(t.n_elements) for t in reader.tensors)
-    total = sum(int(t.n_bytes) for t in reader.tensors)
-    experts = [t for t in reader.tensors if "_exps." in t.name]
+    params = sum(int(t.n_elements) for t in tensors)
+    total = sum(int(t.n_bytes) for t in tensors)
+    experts = [t for t in tensors if "_exps." in t.name]
     by_type: Counter[str] = Counter()
-    for t in reader.tensors:
+    for t in tensors:
         by_type[t.tensor_type.name] += int(t.n_bytes)
     weights = FileWeights(path=path, params=params, bytes=total,
                           expert_params=sum(int(t.n_elements) for t in experts),
@@ -118,10 +125,24 @@ def _read(path: str, mtime: float, size: int) -> ModelShape:
         intermediate=int(meta("feed_forward_length") or 0), tied_embeddings="output.weight" not in names,
         dtype="bf16", layer_types=kinds, sliding_window=int(window) if window and "sliding" in kinds else None,
         attn_output_gate=arch == "qwen3next", moe=moe, mla=mla, linear=linear, file=weights, source=path,
+        context_length=int(meta("context_length")) if meta("context_length") else None,
     )
 
 
-_CACHE_VERSION = 1
+def _other_shards(path: str, count: int) -> list[str]:
+    """The other parts of a split GGUF (`NAME-00001-of-0000N.gguf`, named so by llama.cpp's gguf-split), which
+    llama.cpp loads from beside the first; none for a whole file. A missing part is a GGUFError."""
+    m = re.match(r"^(.*)-00001-of-(\d{5})\.gguf$", path)
+    if int(count or 1) <= 1 or m is None:
+        return []
+    parts = [f"{m[1]}-{i:05d}-of-{m[2]}.gguf" for i in range(2, int(m[2]) + 1)]
+    missing = [p for p in parts if not os.path.exists(p)]
+    if missing:
+        raise GGUFError(f"{path} is part 1 of {m[2]}: missing {', '.join(Path(p).name for p in missing)}")
+    return parts
+
+
+_CACHE_VERSION = 2      # 2: context_length, split files
 
 
 def cache_dir() -> Path:
@@ -153,7 +174,7 @@ def read_gguf(path: str | Path) -> ModelShape:
     GGUFReader parses every tokenizer entry, which takes seconds for a large vocabulary, so the resulting spec
     is cached per (path, mtime, size) in memory and as a small JSON file under cache_dir().
     """
-    p = Path(path).expanduser().resolve()
+    p = Path(path).expanduser().absolute()     # not resolve(): a hub cache link names the file, its blob does not
     try:
         st = os.stat(p)
     except OSError as e:

@@ -77,6 +77,7 @@ class ModelShape:
     file: FileWeights | None = None
     reported_params: dict[str, float] = field(default_factory=dict)
     source: str = ""
+    context_length: int | None = None  # the trained context (a GGUF's {arch}.context_length), when known
 
     def kind(self, layer: int) -> str:
         return self.layer_types[layer] if self.layer_types else "full"
