@@ -261,11 +261,19 @@ def run_cost(rounds: int, n: int) -> dict[str, Any]:
                     for name in order:
                         console.log(f"cost round {i + 1}/{rounds}: {name}")
                         got[name] += asyncio.run(latencies(urls[name], "sk-c", n))
+        import redis as redis_lib
+
+        client = redis_lib.Redis.from_url(server.url)      # what one round trip to this Redis costs, for scale
+        pings = []
+        for _ in range(2000):
+            t0 = time.perf_counter()
+            client.ping()
+            pings.append(time.perf_counter() - t0)
     finally:
         server.stop()
     med = {name: statistics.median(v) * 1e3 for name, v in got.items()}
     return {"median_ms": med, "added_ms": {name: med[name] - med["no budget"] for name in arms if name != "no budget"},
-            "requests_per_arm": rounds * n}
+            "requests_per_arm": rounds * n, "redis_ping_ms": statistics.median(pings) * 1e3}
 
 
 def extract(ref: str) -> Path:
@@ -322,6 +330,7 @@ def main() -> None:
         for name, ms in c["median_ms"].items():
             t.add_row(name, f"{ms:.3f}", f"{c['added_ms'].get(name, 0.0):+.3f}")
         out.print(t)
+        out.print(f"one PING to the same Redis: {c['redis_ping_ms']:.3f} ms at the median")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ class Gateway:
         if self.shared is not None:
             self.metrics.watch_limits(self.shared)
             self.shared.on_recover.append(lambda: self.budgets.reseed())   # the budgets of the latest reload
-        admit = Admit(self.keyring, self.budgets, self.shared, fail_open=lim.rates_on_store_down == "open",
+        admit = Admit(self.keyring, self.shared, fail_open=lim.rates_on_store_down == "open",
                       lease_s=lim.lease_s)
         self.prices = config.prices()     # models change only with a restart
         self.meter = MeterSink(self.ledger, self.prices, self.metrics,

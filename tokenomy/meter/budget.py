@@ -10,8 +10,8 @@ its output bound, priced at the model that serves it: pipeline/reserve.py works 
 that applies, and refuses it with a 429 (`BudgetExceeded`: which budget, what is used, held and left, when it
 resets) unless spent + held + its maximum fits each. When its row is recorded, `record` replaces the hold by the
 row's actual spend. So concurrent requests can never together spend past a budget: each was admitted only if
-its worst case fitted beside everything already spent or held. `check` is the cheap early refusal at admit, once
-a budget is spent outright.
+its worst case fitted beside everything already spent or held. (`check` only says whether a budget is spent
+outright; the request path needs no call of its own for that, since a reservation refuses it too.)
 
 Holds are leases of `lease_s`: this process renews its own (`renew`) while their requests run; a hold whose lease
 ends (its gateway was killed) is dropped by the next reservation, which also raises the shared totals to the

@@ -127,23 +127,26 @@ class MeterSink:
         ctx.cost_usd = row.cost_usd
         if ctx.schema_problem and row.error_code is None:
             row.error_code, row.error = "schema_invalid", ctx.schema_problem[:500]
-        try:
-            if self.ledger is not None:
-                # bodies are kept for replay, which asks the caches and the router again: embeddings pass neither
-                keep = self.store_prompts is not None and ctx.api != "embeddings" and self.store_prompts(row.tenant)
-                self.ledger.write(row, prompt_from_context(cast(Asked, ctx), row.ts) if keep else None)
-            m = self.metrics
-            if m is not None:
-                if row.cost_usd:
-                    m.cost.labels(model).inc(row.cost_usd)
-                    m.tenant_cost.labels(row.tenant).inc(row.cost_usd)
-                for by, s in row.saved_by.items():
-                    m.saved.labels(by).inc(s["usd"])
-                    m.tokens.labels("saved", model).inc(s["tokens"])
-                if row.energy_j is not None and row.energy_source is not None:
-                    m.request_energy.labels(model, row.energy_source).inc(row.energy_j)
-        finally:              # the budgets count the spend even when the ledger or the metrics fail
-            if self.budgets is not None:
+        if self.budgets is not None:
+            # settled first: the reservation's Redis round trip must not wait behind the ledger's writer thread
+            # (which this row wakes) for the interpreter lock; a crash between the two over-counts, never loses
+            try:
                 self.budgets.record(row)
+            except Exception:
+                log.exception("budget spend of %s not counted", row.request_id)
+        if self.ledger is not None:
+            # bodies are kept for replay, which asks the caches and the router again: embeddings pass neither
+            keep = self.store_prompts is not None and ctx.api != "embeddings" and self.store_prompts(row.tenant)
+            self.ledger.write(row, prompt_from_context(cast(Asked, ctx), row.ts) if keep else None)
+        m = self.metrics
+        if m is not None:
+            if row.cost_usd:
+                m.cost.labels(model).inc(row.cost_usd)
+                m.tenant_cost.labels(row.tenant).inc(row.cost_usd)
+            for by, s in row.saved_by.items():
+                m.saved.labels(by).inc(s["usd"])
+                m.tokens.labels("saved", model).inc(s["tokens"])
+            if row.energy_j is not None and row.energy_source is not None:
+                m.request_energy.labels(model, row.energy_source).inc(row.energy_j)
         for hook in self.on_row:
             hook(row)

@@ -17,7 +17,6 @@ import hmac
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenomy.config import KeySpec, TenantSpec
 from tokenomy.errors import APIError
@@ -92,10 +91,9 @@ class Keyring:
 class Admit:
     name = "admit"
 
-    def __init__(self, keyring: Keyring, budgets: Any = None, shared: SharedCounters | None = None,
-                 fail_open: bool = True, lease_s: float = 300.0) -> None:
+    def __init__(self, keyring: Keyring, shared: SharedCounters | None = None, fail_open: bool = True,
+                 lease_s: float = 300.0) -> None:
         self.keyring = keyring
-        self.budgets = budgets
         self.shared, self.fail_open = shared, fail_open
         self.lease_s = lease_s
         self.holding: dict[str, str] = {}      # request id -> key id: this process's tpm holds in flight
@@ -112,9 +110,7 @@ class Admit:
                     raise APIError(403, f"This key may not use the model '{ctx.gen.model}'. It may use: "
                                    f"{', '.join(sorted(info.allowed))}.", param="model", code="model_not_allowed")
             self._check_limits(info, ctx)
-        if self.budgets is not None:
-            self.budgets.check(ctx.key_id, ctx.tenant)   # raises BudgetExceeded: a 429 naming the budget
-        await call_next(ctx)
+        await call_next(ctx)         # budgets: the reserve stage holds the request's worst case or refuses it
 
     def limits_tokens(self, key_id: str | None) -> bool:
         """Whether this key has a tokens-per-minute limit (else there is nothing to reserve for it)."""
