@@ -268,12 +268,12 @@ def test_a_continuation_reuses_the_first_turns_prefix_cache(keyed):
 
 def test_another_tenant_gets_404_never_the_response(keyed):
     a, b = client_for(keyed), client_for(keyed, "sk-resp-b")
-    r = a.responses.create(model=MODEL, input="A secret: 42.", max_output_tokens=4)
+    r = a.responses.create(model=MODEL, input="A secret: quokka.", max_output_tokens=4)   # no hex id holds a "q"
     for call in (lambda: b.responses.retrieve(r.id), lambda: b.responses.delete(r.id),
                  lambda: b.responses.input_items.list(r.id)):
         with pytest.raises(openai.NotFoundError) as e:
             call()
-        assert "42" not in e.value.response.text
+        assert "quokka" not in e.value.response.text
     with pytest.raises(openai.NotFoundError) as taken:
         b.responses.create(model=MODEL, input="What was the secret?", previous_response_id=r.id)
     with pytest.raises(openai.NotFoundError) as never:

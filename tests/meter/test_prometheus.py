@@ -76,6 +76,15 @@ def query(url: str, promql: str) -> list[dict[str, Any]]:
 
 def test_prometheus_scrapes_the_vllm_families_and_the_vllm_dashboards_queries_answer(
         server: LiveServer, prometheus: str) -> None:
+    def generated() -> float:
+        return float(httpx.get(server.root + "/metrics").text.split(
+            f'vllm:generation_tokens_total{{engine="0",{M}}} ')[1].split()[0])
+
+    # a rate() needs the counter scraped before the requests too: wait for a sample of it as it stands now
+    before = generated()
+    wait_until(lambda: any(float(s["value"][1]) == before for s in query(prometheus,
+                                                                          f"vllm:generation_tokens_total{{{M}}}")),
+               timeout=60, interval=0.25, what="Prometheus to scrape the counters before the requests")
     completion = 0
     with httpx.Client(base_url=server.base_url, timeout=120) as c:
         for i, question in enumerate(("Name a colour.", "Name a fruit.", "Name a tree.")):
@@ -84,9 +93,8 @@ def test_prometheus_scrapes_the_vllm_families_and_the_vllm_dashboards_queries_an
                 "messages": [{"role": "system", "content": "Answer in one word. " * 10},
                              {"role": "user", "content": question}]})
             assert r.status_code == 200
-        completion = int(float(httpx.get(server.root + "/metrics").text.split(
-            f'vllm:generation_tokens_total{{engine="0",{M}}} ')[1].split()[0]))
-    assert completion >= 18
+        completion = int(generated())
+    assert completion >= before + 18
 
     def scraped() -> bool:          # Prometheus holds the counter as it stands after the requests
         result = query(prometheus, f"vllm:generation_tokens_total{{{M}}}")
