@@ -436,6 +436,8 @@ class Gateway:
             self.semantic_cache.close()
         if self.ledger is not None:
             self.ledger.close()
+        if self.shared is not None:        # settles still queued go to Redis before the process ends
+            await asyncio.to_thread(self.shared.close)
         if self.tracer is not None:         # exports what is left, bounded by the exporter's timeout
             await asyncio.to_thread(self.tracer.shutdown)
         if self.otel_metrics is not None:   # the same for the metrics

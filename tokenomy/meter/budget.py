@@ -112,6 +112,7 @@ class Hold:
     slots: list[Slot]
     usd: float = 0.0
     tokens: float = 0.0
+    ample: bool = True      # every reservation left room for two more like it: the settle may run after the answer
 
 
 @dataclass
@@ -146,6 +147,7 @@ class Budgets:
         # in this process (store local): slot -> request id -> [usd, tokens, lease end on lease_clock]
         self._held: dict[Slot, dict[str, list[float]]] = {}
         self.holding: dict[str, Hold] = {}       # request id -> what it holds: this process's requests in flight
+        self.settling: set[str] = set()          # of those, the ones whose settle is queued (meter/shared.py)
         self.lease_s, self.lease_clock = lease_s, lease_clock
         self._lock = threading.Lock()
         self.shared, self.fail_open = shared, fail_open
@@ -196,12 +198,12 @@ class Budgets:
 
     def record(self, row: LedgerRow) -> None:
         """Settle a finished request (a record sink calls this with its ledger row): its hold, if it has one,
-        is replaced by the row's spend."""
-        hold = self.holding.pop(row.request_id, None)
-        if not self.enabled:
-            return
+        is replaced by the row's spend. In the shared store, a hold that left ample room settles after the answer
+        (meter/shared.py); it stays in `holding` (and in `settling`) until then."""
         usd, tokens = row.cost_usd, row.billed_tokens
-        if hold is None and usd == 0 and tokens == 0:
+        hold = self.holding.get(row.request_id)
+        if not self.enabled or (hold is None and usd == 0 and tokens == 0):
+            self.holding.pop(row.request_id, None)
             return
         now = self.clock()
         spent = [(s, period, *period_bounds(period, now)) for s in self._applicable(row.key_id, row.tenant)
@@ -209,6 +211,7 @@ class Budgets:
         if self.shared is not None:
             self._record_shared(row, hold, spent, usd, tokens)
             return
+        self.holding.pop(row.request_id, None)
         with self._lock:
             for slot in hold.slots if hold is not None else []:
                 self._held.get(slot, {}).pop(row.request_id, None)
@@ -221,17 +224,30 @@ class Budgets:
 
     def _record_shared(self, row: LedgerRow, hold: Hold | None, spent: list[Any], usd: float, tokens: float) -> None:
         assert self.shared is not None
-        try:
-            totals = self.shared.budget_settle(
-                hold.slots if hold is not None else [],
+        rid = row.request_id
+
+        def settled(totals: list[tuple[float, float]] | None) -> None:
+            self.holding.pop(rid, None)
+            self.settling.discard(rid)
+            if totals is None:      # the ledger has the row (the next seed counts it); the hold's lease lapses
+                log.warning("spend of %s not counted in the shared store (it did not answer)", rid)
+                return
+            with self._lock:
+                for (s, period, start, _), total in zip(spent, totals, strict=True):
+                    self._observe(s, period, start, list(total))
+
+        args = (hold.slots if hold is not None else [],
                 [((s.scope, s.ident, period, start.timestamp()), end.timestamp() + 86400)
-                 for s, period, start, end in spent], row.request_id, usd, tokens)
-        except StoreDown as e:      # the ledger has the row (the next seed counts it); the hold's lease lapses
-            log.warning("spend of %s not counted in the shared store: %s", row.request_id, e)
+                 for s, period, start, end in spent], rid, usd, tokens)
+        if hold is not None and hold.ample:
+            self.settling.add(rid)
+            self.shared.budget_settle(*args, then=settled)
             return
-        with self._lock:
-            for (s, period, start, _), total in zip(spent, totals, strict=True):
-                self._observe(s, period, start, list(total))
+        try:
+            totals: list[tuple[float, float]] | None = self.shared.budget_settle(*args)
+        except StoreDown:
+            totals = None
+        settled(totals)
 
     # --- reservations -------------------------------------------------------------------------------------------
 
@@ -254,12 +270,14 @@ class Budgets:
         slots: list[Slot] = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
         if self.shared is None:
             self._reserve_local(checks, slots, request_id, usd, tokens, now)
+            ample = False
         else:
-            self._reserve_shared(checks, slots, request_id, usd, tokens, now)
+            ample = self._reserve_shared(checks, slots, request_id, usd, tokens, now)
         hold = self.holding.setdefault(request_id, Hold(slots=[]))
         hold.slots += [s for s in slots if s not in hold.slots]
         hold.usd += usd
         hold.tokens += tokens
+        hold.ample = hold.ample and ample
 
     def _reserve_local(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
                        now: float) -> None:
@@ -283,16 +301,17 @@ class Budgets:
                 h[0], h[1], h[2] = h[0] + usd, h[1] + tokens, t + self.lease_s
 
     def _reserve_shared(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
-                        now: float) -> None:
+                        now: float) -> bool:
+        """Hold in Redis, or raise; whether every limit had room for two more like this (an ample hold)."""
         assert self.shared is not None
         limits = [(slot, s.limits.limit("usd", period), s.limits.limit("tokens", period))
                   for (s, period, _, _), slot in zip(checks, slots, strict=True)]
         expire_at = max(end.timestamp() for _, _, _, end in checks) + 86400
         try:
-            refused, expired = self.shared.budget_reserve(limits, rid, usd, tokens, self.lease_s, expire_at)
+            refused, expired, ample = self.shared.budget_reserve(limits, rid, usd, tokens, self.lease_s, expire_at)
         except StoreDown as e:
             if self.fail_open:
-                return
+                return False
             raise APIError(503, "Budgets cannot be checked: their shared store does not answer. Retry later.",
                            code="limits_unavailable", type_="server_error", headers={"retry-after": "1"}) from e
         if expired:     # a gateway died holding these: what its rows recorded comes back from the ledger
@@ -303,6 +322,7 @@ class Budgets:
             s, period, _, end = checks[i]
             raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, s.limits.limit(unit, period) or 0.0,
                                  spent, end, now, held=held, need=usd if unit == "usd" else tokens)
+        return ample
 
     def renew(self, holding: list[tuple[str, Hold]] | None = None) -> None:
         """Extend the leases of the holds this process's requests in flight have (`holding`: a snapshot of

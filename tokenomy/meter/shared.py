@@ -14,6 +14,13 @@ script over every limit that applies: it first drops holds whose lease ended (a 
 then refuses unless spent + held + this request's maximum fits every limit, and only then holds it in all of them.
 Settling is one script too: the hold goes, the actual spend is added. A live gateway renews its holds' leases.
 
+A settle that no later request can be waiting on runs off the request path: the reserve scripts say whether the
+budget or window had room for two more requests like this one after holding it ("ample"), and if so the settle is
+queued for the settler thread, which sends what is queued in one pipelined round trip after the answer has gone.
+Near a limit the settle runs before the answer, so a client that sends its next request as soon as it has the
+last answer (to this gateway or another) finds the spend settled and its room exact. Deferring only delays the
+release of a hold (never larger than the spend's bound), so it can refuse early, never overspend.
+
 A Redis that does not answer raises StoreDown; the caller applies `limits.on_store_down` (budgets closed by
 default, rate limits open). After a failure no call is tried for `retry_after_s`, so a dead Redis costs one
 socket timeout a second, not one per request.
@@ -22,6 +29,8 @@ socket timeout a second, not one per request.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,8 +70,9 @@ return 1
 
 
 # KEYS: per budget slot (spent hash, holds hash, leases zset); ARGV: now_ms, lease end ms, request id, expire-at
-# (UNIX s), need usd, need tokens, then per slot its usd and tokens limits (-1: none). Returns {0, expired} when
-# held, else {slot index, 1 usd | 2 tokens, spent, held, expired}; amounts as strings (Lua numbers would be cut).
+# (UNIX s), need usd, need tokens, then per slot its usd and tokens limits (-1: none). Returns {0, 0, '0', '0',
+# expired, ample} when held (ample: 1 when every limit had room for this and two more like it), else {slot index,
+# 1 usd | 2 tokens, spent, held, expired}; amounts as strings (Lua numbers would be cut).
 _HOLD_SUMS = """
 local function held_sums(holds, leases, now)
   local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
@@ -93,7 +103,7 @@ end
 _BUDGET_RESERVE_LUA = _HOLD_SUMS + """
 local now, lease_end, rid, expire_at = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local need_u, need_t = tonumber(ARGV[5]), tonumber(ARGV[6])
-local expired = 0
+local expired, ample = 0, 1
 for i = 1, #KEYS / 3 do
   local hu, ht, gone = held_sums(KEYS[3 * i - 1], KEYS[3 * i], now)
   expired = expired + gone
@@ -106,9 +116,13 @@ for i = 1, #KEYS / 3 do
   if lt >= 0 and need_t > 0 and st + ht + need_t > lt then
     return {i, 2, string.format('%.17g', st), string.format('%.17g', ht), expired}
   end
+  if (lu >= 0 and need_u > 0 and su + hu + 3 * need_u > lu * (1 + 1e-9))
+      or (lt >= 0 and need_t > 0 and st + ht + 3 * need_t > lt) then
+    ample = 0
+  end
 end
 for i = 1, #KEYS / 3 do hold(KEYS[3 * i - 1], KEYS[3 * i], rid, need_u, need_t, lease_end, expire_at) end
-return {0, 0, '0', '0', expired}
+return {0, 0, '0', '0', expired, ample}
 """
 
 # KEYS: per held slot (holds hash, leases zset), then per slot charged now (spent hash); ARGV: request id, number
@@ -133,8 +147,9 @@ return out
 """
 
 # A tokens-per-minute window with holds: KEYS window zset (`request_id:tokens` scored by finish ms), holds hash,
-# leases zset; ARGV now_ms, window ms, lease end ms, request id, need, limit. {0, 0, 0} when held, else
-# {1, spent + held, ms until the window's oldest entry leaves}.
+# leases zset; ARGV now_ms, window ms, lease end ms, request id, need, limit. {0, 0, 0, ample} when held (ample:
+# 1 when the window had room for this and two more like it), else {1, spent + held, ms until the window's oldest
+# entry leaves}.
 _TPM_RESERVE_LUA = _HOLD_SUMS + """
 local now, win, lease_end, rid = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local need, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -149,7 +164,8 @@ if used + held + need > limit then
   return {1, used + held, wait}
 end
 hold(KEYS[2], KEYS[3], rid, 0, need, lease_end, math.floor(lease_end / 1000) + 60)
-return {0, 0, 0}
+if used + held + 3 * need > limit then return {0, 0, 0, 0} end
+return {0, 0, 0, 1}
 """
 
 # KEYS window, holds, leases; ARGV request id, actual tokens, now_ms, window ms.
@@ -186,6 +202,10 @@ class SharedCounters:
         self._tpm_reserve = self._redis.register_script(_TPM_RESERVE_LUA)
         self._tpm_settle = self._redis.register_script(_TPM_SETTLE_LUA)
         self.on_recover: list[Callable[[], None]] = []
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()     # deferred script calls, for the settler
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._settler: threading.Thread | None = None
 
     @property
     def healthy(self) -> bool:
@@ -235,22 +255,28 @@ class SharedCounters:
         self._call(go)
 
     def reserve_tokens(self, key_id: str, request_id: str, need: int, tpm: int, window_s: float,
-                       lease_s: float) -> tuple[float, float] | None:
+                       lease_s: float) -> tuple[float, float] | bool:
         """Hold `need` tokens in the key's tokens-per-minute window unless spent + held + need exceeds `tpm`:
-        None when held, else (tokens spent and held, seconds until the window's oldest entry leaves)."""
+        when held, whether the window had room for two more like it (its settle may then be deferred); else
+        (tokens spent and held, seconds until the window's oldest entry leaves)."""
         base = f"{self.prefix}tpm:{key_id}"
         now_ms = int(time.time() * 1000)
-        full, used, wait_ms = self._call(lambda: self._tpm_reserve(
+        full, used, wait_ms, *ample = self._call(lambda: self._tpm_reserve(
             keys=[base, base + ":holds", base + ":leases"],
             args=[now_ms, int(window_s * 1000), now_ms + int(lease_s * 1000), request_id, int(need), int(tpm)]))
-        return None if full == 0 else (float(used), max(0, float(wait_ms)) / 1000)
+        return bool(ample and int(ample[0])) if full == 0 else (float(used), max(0, float(wait_ms)) / 1000)
 
-    def settle_tokens(self, key_id: str, request_id: str, tokens: int, window_s: float) -> None:
-        """Replace the request's tokens-per-minute hold by the tokens it used (counted from now)."""
+    def settle_tokens(self, key_id: str, request_id: str, tokens: int, window_s: float,
+                      then: Callable[[bool], None] | None = None) -> None:
+        """Replace the request's tokens-per-minute hold by the tokens it used (counted from now). With `then`,
+        the settle is deferred to the settler thread, which calls then(settled) once it ran."""
         base = f"{self.prefix}tpm:{key_id}"
-        self._call(lambda: self._tpm_settle(keys=[base, base + ":holds", base + ":leases"],
-                                            args=[request_id, int(tokens), int(time.time() * 1000),
-                                                  int(window_s * 1000)]))
+        keys = [base, base + ":holds", base + ":leases"]
+        args = [request_id, int(tokens), int(time.time() * 1000), int(window_s * 1000)]
+        if then is not None:
+            self._defer(self._tpm_settle, keys, args, lambda out: then(out is not None))
+            return
+        self._call(lambda: self._tpm_settle(keys=keys, args=args))
 
     def renew(self, holds: list[tuple[str, str]], lease_s: float) -> None:
         """Extend the leases of (leases key, request id) holds this gateway still serves; one that already
@@ -315,10 +341,11 @@ class SharedCounters:
 
     def budget_reserve(self, slots: list[tuple[tuple[str, str, str, float], float | None, float | None]],
                        request_id: str, usd: float, tokens: float, lease_s: float,
-                       expire_at: float) -> tuple[tuple[int, str, float, float] | None, int]:
+                       expire_at: float) -> tuple[tuple[int, str, float, float] | None, int, bool]:
         """Hold (usd, tokens) in every (slot, usd limit, tokens limit) unless spent + held + this exceeds one of
-        them: (None, holds found expired) when held, else ((index of the slot, "usd" | "tokens", spent, held),
-        expired)."""
+        them: (None, holds found expired, ample) when held, with ample True when every limit had room for two
+        more like it (its settle may then be deferred); else ((index of the slot, "usd" | "tokens", spent, held),
+        expired, False)."""
         keys: list[str] = []
         limits: list[float] = []
         for slot, usd_limit, tokens_limit in slots:
@@ -329,25 +356,32 @@ class SharedCounters:
         out = self._call(lambda: self._budget_reserve(
             keys=keys, args=[now_ms, now_ms + int(lease_s * 1000), request_id, int(expire_at), repr(float(usd)),
                              repr(float(tokens)), *[repr(float(x)) for x in limits]]))
-        which, unit, spent, held, expired = out
+        which, unit, spent, held, expired, *ample = out
         if int(which) == 0:
-            return None, int(expired)
-        return (int(which) - 1, ("usd", "tokens")[int(unit) - 1], float(spent), float(held)), int(expired)
+            return None, int(expired), bool(ample and int(ample[0]))
+        return (int(which) - 1, ("usd", "tokens")[int(unit) - 1], float(spent), float(held)), int(expired), False
 
     def budget_settle(self, held: list[tuple[str, str, str, float]],
                       charged: list[tuple[tuple[str, str, str, float], float]], request_id: str, usd: float,
-                      tokens: float) -> list[tuple[float, float]]:
+                      tokens: float, then: Callable[[list[tuple[float, float]] | None], None] | None = None,
+                      ) -> list[tuple[float, float]]:
         """Drop the request's holds in `held` and add its spend to each (slot, expire-at) in `charged`, in one
-        step; the charged slots' new totals, in order."""
+        step; the charged slots' new totals, in order. With `then`, the settle is deferred to the settler thread,
+        which calls then(totals), or then(None) when the store did not answer; this returns [] at once."""
         keys: list[str] = []
         for slot in held:
             k = self._budget_key(slot)
             keys += [k + ":holds", k + ":leases"]
         keys += [self._budget_key(s) for s, _ in charged]
-        out = self._call(lambda: self._budget_settle(
-            keys=keys, args=[request_id, len(held), repr(float(usd)), repr(float(tokens)),
-                             *[int(e) for _, e in charged]]))
-        return [(float(out[2 * i]), float(out[2 * i + 1])) for i in range(len(charged))]
+        args = [request_id, len(held), repr(float(usd)), repr(float(tokens)), *[int(e) for _, e in charged]]
+
+        def totals(out: list[Any]) -> list[tuple[float, float]]:
+            return [(float(out[2 * i]), float(out[2 * i + 1])) for i in range(len(charged))]
+
+        if then is not None:
+            self._defer(self._budget_settle, keys, args, lambda out: then(None if out is None else totals(out)))
+            return []
+        return totals(self._call(lambda: self._budget_settle(keys=keys, args=args)))
 
     def budget_held(self, slot: tuple[str, str, str, float]) -> tuple[float, float]:
         """(usd, tokens) held by requests in flight in a slot, leases lapsed or not (for reports and tests)."""
@@ -359,3 +393,73 @@ class SharedCounters:
             a, b = v.split()
             u, t = u + float(a), t + float(b)
         return u, t
+
+    # --- settling off the request path --------------------------------------------------------------------------
+
+    def _defer(self, script: Any, keys: list[str], args: list[Any], done: Callable[[Any], None]) -> None:
+        """Queue a script call for the settler thread; done(result), or done(None) when the store failed."""
+        with self._idle:
+            self._pending += 1
+            if self._settler is None:
+                self._settler = threading.Thread(target=self._settle_loop, name="limits-settler", daemon=True)
+                self._settler.start()
+        self._queue.put((script, keys, args, done))
+
+    def _settle_loop(self) -> None:
+        stop = False
+        while not stop:
+            batch = [self._queue.get()]
+            while len(batch) < 256:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in batch
+            calls = [c for c in batch if c is not None]
+            for (*_, done), out in zip(calls, self._run(calls), strict=True):
+                try:
+                    done(out)
+                except Exception:              # a callback's failure must not stop the settler
+                    log.exception("after a deferred settle")
+            with self._idle:
+                self._pending -= len(calls)
+                self._idle.notify_all()
+
+    def _run(self, calls: list[Any]) -> list[Any]:
+        """Run queued script calls in one pipelined round trip; None for each when the store failed."""
+        if not calls:
+            return []
+        from redis.exceptions import NoScriptError
+
+        def go() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=False)
+            for script, keys, args, _ in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            return pipe.execute(raise_on_error=False)
+
+        try:
+            out = self._call(go)
+        except StoreDown:
+            return [None] * len(calls)
+        for i, (r, (script, keys, args, _)) in enumerate(zip(out, calls, strict=True)):
+            if isinstance(r, NoScriptError):      # Redis restarted and lost the script: the Script object loads it
+                try:
+                    out[i] = self._call(lambda s=script, k=keys, a=args: s(keys=k, args=a))
+                except StoreDown:
+                    out[i] = None
+            elif isinstance(r, Exception):
+                log.warning("a deferred settle failed: %s", r)
+                out[i] = None
+        return out
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every deferred settle has run (or `timeout_s` passed): whether none is left."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
+
+    def close(self) -> None:
+        """Run what is deferred, then stop the settler thread."""
+        if self._settler is not None:
+            self._queue.put(None)
+            self._settler.join(10.0)
+            self._settler = None

@@ -97,6 +97,7 @@ class Admit:
         self.shared, self.fail_open = shared, fail_open
         self.lease_s = lease_s
         self.holding: dict[str, str] = {}      # request id -> key id: this process's tpm holds in flight
+        self.ample: set[str] = set()           # of those in Redis, the ones whose settle may run after the answer
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         if self.keyring.enabled:
@@ -133,8 +134,12 @@ class Admit:
                 raise APIError(503, "Rate limits cannot be checked: their shared store does not answer. Retry "
                                "later.", code="limits_unavailable", type_="server_error",
                                headers={"retry-after": "1"}) from e
-            if full is not None:
+            if not isinstance(full, bool):
                 raise self._tokens_full(info, full[0], tokens, full[1])
+            if not full or ctx.request_id in self.holding:    # two holds of one request: settle it at once
+                self.ample.discard(ctx.request_id)
+            else:
+                self.ample.add(ctx.request_id)
         else:
             now = t = time.monotonic()
             self._trim(info, now)
@@ -176,21 +181,28 @@ class Admit:
                 h[1] = until
 
     def on_record(self, ctx: RequestContext) -> None:
-        """Record sink: replace the request's tpm hold by the tokens it used (prompt + completion)."""
-        held = self.holding.pop(ctx.request_id, None) is not None
+        """Record sink: replace the request's tpm hold by the tokens it used (prompt + completion); in Redis, a
+        hold that left ample room settles after the answer, and stays in `holding` until then."""
+        rid = ctx.request_id
+        held, ample = rid in self.holding, rid in self.ample
+        self.ample.discard(rid)
         info = self.keyring.by_key_id(ctx.key_id)
-        if info is None:
-            return
         tokens = ctx.usage.prompt_tokens + ctx.usage.completion_tokens if ctx.usage is not None else 0
-        if self.shared is None:
-            info.held.pop(ctx.request_id, None)
-            if tokens:
-                self.spend(info, tokens)
-        elif info.tpm is not None and (held or tokens):
-            try:
-                self.shared.settle_tokens(info.key_id, ctx.request_id, tokens, WINDOW_S)
-            except StoreDown:
-                pass                 # logged by the store; the window forgets within a minute anyway
+        if info is None or self.shared is None or info.tpm is None or not (held or tokens):
+            self.holding.pop(rid, None)
+            if info is not None and self.shared is None:
+                info.held.pop(rid, None)
+                if tokens:
+                    self.spend(info, tokens)
+            return
+        if ample:
+            self.shared.settle_tokens(info.key_id, rid, tokens, WINDOW_S, then=lambda _: self.holding.pop(rid, None))
+            return
+        try:
+            self.shared.settle_tokens(info.key_id, rid, tokens, WINDOW_S)
+        except StoreDown:
+            pass                 # logged by the store; the window forgets within a minute anyway
+        self.holding.pop(rid, None)
 
     @staticmethod
     def _trim(info: KeyInfo, now: float) -> None:

@@ -124,7 +124,7 @@ class Reserve:
     def on_record(self, ctx: RequestContext) -> None:
         """Record sink (after the meter's, which settles): free a hold the meter could not settle (its row failed,
         logged there), and learn how many prompt tokens an upstream billed beyond the count."""
-        if ctx.request_id in self.budgets.holding:
+        if ctx.request_id in self.budgets.holding and ctx.request_id not in self.budgets.settling:
             log.warning("request %s ended without its budget hold settled: released", ctx.request_id)
             self.budgets.release(ctx.request_id)
         u = ctx.usage
