@@ -4,6 +4,7 @@ its row replaces it, in one process and in Redis, with leases that free what a d
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -124,3 +125,28 @@ def test_a_lapsed_lease_in_redis_frees_the_hold(redis_url: str) -> None:
 
     wait_until(admitted, timeout=30, interval=0.1, what="the dead gateway's hold to lapse")
     assert live.held("key", "k1", "day") == (0.0, 10)
+
+
+def test_in_redis_a_hold_far_from_the_limit_settles_after_the_answer_and_one_near_it_before(redis_url: str) -> None:
+    shared = SharedCounters(redis_url, prefix=f"tokenomy:test:{uuid.uuid4().hex[:8]}:")
+    b = Budgets(keys={"k1": BudgetLimits(tokens_per_day=100)}, shared=shared)
+    try:
+        # 20 held of 100: room for two more like it, so the settle is queued for the settler thread
+        b.reserve("k1", "acme", "far", 0.0, 20)
+        gate = threading.Event()            # the settler's first call waits here, so what follows queues behind
+        shared.settle_tokens("nobody", "x", 0, 60.0, then=lambda _: gate.wait(30))
+        try:
+            b.record(row("far", 5, 3))                              # type: ignore[arg-type]
+            assert "far" in b.settling and "far" in b.holding       # still held, until its settle has run
+        finally:
+            gate.set()
+        assert shared.drain()
+        assert not b.holding and not b.settling
+        assert b.used("key", "k1", "day")[1] == 8 and b.held("key", "k1", "day") == (0.0, 0)
+        # 40 held with 8 spent: no room for two more like it, so it settles before record returns
+        b.reserve("k1", "acme", "near", 0.0, 40)
+        b.record(row("near", 6, 4))                                  # type: ignore[arg-type]
+        assert not b.holding and not b.settling
+        assert b.used("key", "k1", "day")[1] == 18 and b.held("key", "k1", "day") == (0.0, 0)
+    finally:
+        shared.close()
