@@ -14,7 +14,10 @@ For every schema in a JSONSchemaBench file (default: the dev split), per collect
   completion tokens per answer (retries included), parse failures, retries, end-to-end seconds, field accuracy;
 - with --generate N: the first N schemas of each collection are answered greedily by SmolLM2 under the
   grammar (max --max-tokens tokens); empirical = share of schemas whose finished answer validates against the
-  original schema with jsonschema (format checked); compliance = empirical / declared over the same schemas;
+  original schema with jsonschema (format checked); compliance = valid among the answers returned. As the server
+  does for a strict json_schema (the requests here are strict), an answer that finished but does not validate
+  gets one repair, and one that still fails (or was cut) ends in a 422 rather than being returned: counted in
+  empirical as a miss, not in compliance as an answer (--no-strict: every answer returned as it is);
   TPOT with the schema vs the same prompt unconstrained, decoding as many tokens (EOS masked), each pair back
   to back; forced-token share and decode calls per token. --separators / --max-string / --max-items /
   --no-loop-breaker override tokenomy's grammar settings for comparisons. With --wrap-up S each answer's soft
@@ -162,8 +165,9 @@ def _walk(c: Constraint, steps: int, rng: np.random.Generator, full_us: list[flo
 
 def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens: int, model: str,
              console: Console, loops: bool = True, only: set[str] | None = None, wrap_up: float = 0.0,
-             tpot_pairs: int | None = None, fit: bool = True) -> dict[str, Any]:
+             tpot_pairs: int | None = None, fit: bool = True, strict: bool = True) -> dict[str, Any]:
     from tokenomy.offline.structured.greedy import GreedyRunner
+    from tokenomy.pipeline.generate import repair_messages
 
     runner = GreedyRunner(model, n_ctx=2048 + max_tokens, n_threads=THREADS)
     seen: collections.Counter[str] = collections.Counter()
@@ -182,8 +186,10 @@ def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens
             results[cat].append({"declared": False, "valid": False})
             continue
         schema_text = json.dumps(row["schema"], separators=(",", ":"))[:PROMPT_SCHEMA_CHARS]
-        prompt = runner.chat_prompt("You answer with JSON only.",
-                                    f"Write a short example JSON document for this JSON Schema:\n{schema_text}")
+        messages = [{"role": "system", "content": "You answer with JSON only."},
+                    {"role": "user", "content": f"Write a short example JSON document for this JSON Schema:\n"
+                                                f"{schema_text}"}]
+        prompt = runner.render(messages)
         try:  # what the server does: refuse when the shortest answer cannot fit, else plan wrap-up
             c = start_constraint(rec["grammar"], max_tokens, loops, wrap_up if wrap_up > 0 and fit else None)
         except NoRoom as e:
@@ -195,10 +201,22 @@ def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens
         gen = runner.generate(prompt, c, max_tokens)
         # An answer cut by max_tokens counts as a failure (it is not a complete document). Validation is
         # against the ORIGINAL schema, not the narrowed one the grammar was built from.
-        ok = gen.finish_reason == "stop" and validate(gen.text, row["schema"]).ok
+        check = validate(gen.text, row["schema"])
+        ok = gen.finish_reason == "stop" and check.ok
+        finish, repaired = gen.finish_reason, False
+        if strict and not ok:
+            # what the server does with a strict json_schema (pipeline/generate.py): a finished answer that does
+            # not validate gets one repair; whatever still fails is a 422, not an answer given
+            if gen.finish_reason == "stop":
+                fix = runner.render(repair_messages(messages, gen.text, "; ".join(check.errors)[:300]))
+                c2 = start_constraint(rec["grammar"], max_tokens, loops, wrap_up if wrap_up > 0 and fit else None)
+                gen = runner.generate(fix, c2, max_tokens)
+                ok = gen.finish_reason == "stop" and validate(gen.text, row["schema"]).ok
+                repaired = ok
+            finish = gen.finish_reason if ok else "error"
         results[cat].append({"declared": True, "valid": ok, "tokens": len(gen.tokens), "calls": gen.decode_calls,
-                             "forced": gen.forced, "finish": gen.finish_reason, "loops_broken": c.loops_broken,
-                             "wrapups": c.wrapups})
+                             "forced": gen.forced, "finish": finish, "loops_broken": c.loops_broken,
+                             "wrapups": c.wrapups, "repaired": repaired})
         line = (f"{row['id']}: {gen.finish_reason} valid={ok} tokens={len(gen.tokens)} calls={gen.decode_calls} "
                 f"soft_limit={c.soft_limit} "
                 f"forced={gen.forced} loops_broken={c.loops_broken} wrapups={c.wrapups} "
@@ -343,6 +361,8 @@ def main() -> None:
     ap.add_argument("--no-fit", action="store_true",
                     help="start wrap-up at exactly --wrap-up, not earlier for schemas whose shortest answer is long")
     ap.add_argument("--no-loop-breaker", action="store_true", help="turn the constraint's loop breaker off")
+    ap.add_argument("--no-strict", action="store_true",
+                    help="return every answer as it is: no repair, no 422 (the server's strict json_schema rule)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args()
     console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 150)
@@ -374,7 +394,7 @@ def main() -> None:
     bound = time_bound(tokenizer)
     gen = (generate(rows, recs, args.generate, args.max_tokens, model, console, loops=not args.no_loop_breaker,
                     only=set(args.collections.split(",")) if args.collections else None, wrap_up=args.wrap_up,
-                    tpot_pairs=args.tpot_pairs, fit=not args.no_fit)
+                    tpot_pairs=args.tpot_pairs, fit=not args.no_fit, strict=not args.no_strict)
            if args.generate else None)
     extract = extraction(args.extraction, compiler, model, 128, console, bounds) if args.extraction else None
 
@@ -399,10 +419,13 @@ def main() -> None:
                 valid = sum(r["valid"] for r in res)
                 declared = sum(r["declared"] for r in res)
                 finished = [r for r in res if r.get("finish") == "stop"]
-                made = [r for r in res if r["declared"] and r.get("finish") != "refused"]
+                made = [r for r in res if r["declared"] and r.get("finish") not in ("refused", "error")]
                 entry.update(generated=len(res), empirical=valid / len(res),
-                             # valid among every answer generated (cut ones included); refused ones apart
+                             # valid among every answer returned (cut ones included: with --no-strict they are
+                             # returned); requests refused up front, or ended with strict's 422, apart
                              compliance=valid / len(made) if made else None,
+                             strict_errors=sum(r.get("finish") == "error" for r in res),
+                             repaired=sum(bool(r.get("repaired")) for r in res),
                              declared_generated=declared,
                              refused_no_room=[r.get("need") for r in res if r.get("finish") == "refused"],
                              cut=sum(r.get("finish") == "length" for r in res),
@@ -449,13 +472,14 @@ def main() -> None:
 
     table = Table(title=f"structured output on {report['schemas_file']} (llguidance, SmolLM2 tokenizer)")
     for col in ("collection", "schemas", "declared", "generated", "empirical", "paper best", "compliance",
-                "compile p50 ms", "p95 ms", "refused (top reason)"):
+                "422 / repaired", "compile p50 ms", "p95 ms", "refused (top reason)"):
         table.add_column(col, justify="left" if col.startswith(("collection", "refused")) else "right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for cat, e in report["collections"].items():
         top = max(e["refused"].items(), key=lambda kv: kv[1], default=("", 0))
         table.add_row(cat, str(e["schemas"]), fmt(e["declared"]), str(e["generated"]), fmt(e["empirical"]),
                       fmt(e["paper_best_empirical"]), fmt(e["compliance"]),
+                      f"{e.get('strict_errors', '-')} / {e.get('repaired', '-')}",
                       f"{e['compile_p50_ms']:.1f}", f"{e['compile_p95_ms']:.1f}",
                       f"{top[1]}x {top[0][:50]}" if top[1] else "")
     console.print(table)

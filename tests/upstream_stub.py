@@ -61,12 +61,14 @@ async def read_body(receive: Any) -> bytes:
 class Stub:
     def __init__(self, delay: float = 0.0, fail_status: int | None = None, fail_times: int = 0,
                  no_usage: bool = False, stall_after: int | None = None, json_for_stream: bool = False,
-                 tool_arguments: str | None = None) -> None:
+                 tool_arguments: str | None = None, texts: list[str] | None = None, finish: str = "stop") -> None:
         self.delay, self.fail_status, self.fail_times = delay, fail_status, fail_times
         self.no_usage, self.stall_after = no_usage, stall_after
         self.json_for_stream = json_for_stream   # answer a streamed request with one JSON body, as some servers do
         # a chat request with tools is answered with a call of its first tool with these arguments (a JSON text)
         self.tool_arguments = tool_arguments
+        # chat and completion answers in turn (the last one again once they run out), with this finish_reason
+        self.texts, self.finish = texts, finish
         self.hits = 0
         self.bodies: list[dict[str, Any]] = []       # every request body, in order
         self.headers: list[dict[str, str]] = []      # ... and its headers (lower-cased names), in order
@@ -106,6 +108,9 @@ class Stub:
             await self._tool_call(send, req, bool(req.get("stream")) and not self.json_for_stream)
             return
         words, matched = answer(req.get("stop"))
+        if self.texts:
+            text = self.texts[min(len(self.bodies), len(self.texts)) - 1]
+            words, matched = [text[i:i + 4] for i in range(0, len(text), 4)], None
         n = int(req.get("n") or 1)                        # every choice says the same words
         usage: dict[str, Any] = {"prompt_tokens": 7, "completion_tokens": n * len(words),
                                  "total_tokens": 7 + n * len(words)}
@@ -114,7 +119,7 @@ class Stub:
         if not req.get("stream") or self.json_for_stream:
             choices = []
             for i in range(n):
-                choice: dict[str, Any] = {"index": i, "finish_reason": "stop", "logprobs": None,
+                choice: dict[str, Any] = {"index": i, "finish_reason": self.finish, "logprobs": None,
                                           "stop_reason": matched}
                 if chat:
                     choice["message"] = {"role": "assistant", "content": "".join(words)}
@@ -138,8 +143,8 @@ class Stub:
                     {"index": index, "text": w, "finish_reason": None}
                 await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [choice]})
         for index in range(n):
-            last = {"index": index, "delta": {}, "finish_reason": "stop", "stop_reason": matched} if chat else \
-                {"index": index, "text": "", "finish_reason": "stop", "stop_reason": matched}
+            last = {"index": index, "delta": {}, "finish_reason": self.finish, "stop_reason": matched} if chat else \
+                {"index": index, "text": "", "finish_reason": self.finish, "stop_reason": matched}
             await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [last]})
         if not self.no_usage and (req.get("stream_options") or {}).get("include_usage"):
             await self._event(send, {"id": "stub-1", "object": "chat.completion.chunk", "choices": [],

@@ -69,6 +69,7 @@ class Delta:
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None
+    error_code: str | None = None       # with error: its code for the client (default: the dialect's upstream error)
     stop_sequence: str | None = None    # on the last delta: the client's stop string that ended the answer, if known
     confidence: list[float] = field(default_factory=list)   # chosen-token logprobs, when the backend knows them
     token_ids: list[int] = field(default_factory=list)      # the tokens of `text`, from an embedded backend

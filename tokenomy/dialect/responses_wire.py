@@ -146,7 +146,7 @@ class ResponseEvents:
         if delta.error:
             self.finish = "error"
             out.append(self._event("response.failed", response=self.body(
-                "failed", {"code": "server_error", "message": delta.error})))
+                "failed", {"code": delta.error_code or "server_error", "message": delta.error})))
             return out
         if delta.text:
             out += self._text(delta.text)

@@ -111,7 +111,7 @@ class ChunkWriter:
         out: list[bytes] = []
         if delta.error:
             out.append(sse({"error": {"message": delta.error, "type": "server_error", "param": None,
-                                      "code": "upstream_error"}}))
+                                      "code": delta.error_code or "upstream_error"}}))
             return out
         chat = self.ctx.gen.kind == "chat"
         i = delta.index

@@ -2,6 +2,13 @@
 
 Non-streamed requests can fall back at any point (nothing has reached the client). Streamed requests fall back
 until their first delta exists; after that a failure ends the stream with an error event, never a silent cut.
+
+A `json_schema` response_format with `strict: true` is a promise: every answer the client gets parses and validates
+against the schema (formats checked, every choice), or the request ends with a 422 `schema_unsatisfied` that
+says why (the validator's errors, or the cut at max_tokens before the JSON closed); a stream ends with that error
+event in place of its finish. A finished answer that does not validate gets one repair first (its errors fed
+back, as an upstream's `schema_policy: repair`); a cut one does not, since the same max_tokens would cut it again.
+The tokens generated are billed all the same.
 """
 
 from __future__ import annotations
@@ -45,16 +52,22 @@ class Generate:
             ctx.serving = name
             stream = backend.stream(req)
             try:
+                strict = is_strict(req)
                 if ctx.stream:
                     first = await anext(stream)
-                    ctx.deltas = _continue(first, stream, ctx)
+                    ctx.deltas = _continue(first, stream, ctx, req if strict else None)
                 else:
                     ctx.result = await _collect(stream)
-                    if name in self.schema_policy:
-                        ctx.result = await self._check_schema(ctx, name, backend, req, ctx.result)
+                    if name in self.schema_policy or strict:
+                        ctx.result = await self._check_schema(ctx, name, backend, req, ctx.result,
+                                                              "repair" if strict else self.schema_policy[name])
                     ctx.usage = ctx.result.usage
                     ctx.finish_reason = ctx.result.finish_reason
                     ctx.text = ctx.result.text
+                    problem = strict_problem(req, ctx.result) if strict else None
+                    if problem is not None:
+                        ctx.model = name
+                        raise APIError(422, problem, param="response_format", code="schema_unsatisfied")
             except InvalidRequest as e:
                 raise APIError(400, str(e), param=e.param, code=e.code) from e
             except Overloaded as e:
@@ -86,17 +99,15 @@ class Generate:
         raise APIError(503, f"No backend could serve the request ({detail}).", code="no_backend", headers=headers)
 
 
-    async def _check_schema(self, ctx: RequestContext, name: str, backend: Any, req: Any, result: Result) -> Result:
-        """Upstreams are not constrained: validate their answer, then flag it or make one bounded repair."""
+    async def _check_schema(self, ctx: RequestContext, name: str, backend: Any, req: Any, result: Result,
+                            policy: str) -> Result:
+        """Validate an answer (an upstream's is not constrained; a strict request's may be cut or break what the
+        grammar does not enforce), then flag it or make one bounded repair."""
         problem = schema_problem(req, result)
         if problem is None:
             return result
-        policy = self.schema_policy[name]
-        if policy == "repair" and req.kind == "chat":
-            fix = dataclasses.replace(req, messages=list(req.messages or []) + [
-                {"role": "assistant", "content": result.text},
-                {"role": "user", "content": f"That answer is invalid: {problem}. Reply again with only the "
-                                            "corrected answer."}])
+        if policy == "repair" and req.kind == "chat" and result.finish_reason != "length":
+            fix = dataclasses.replace(req, messages=repair_messages(list(req.messages or []), result.text, problem))
             repaired = await _collect(backend.stream(fix))
             ctx.escalations.append((name, result.usage))   # the first try is paid
             if schema_problem(req, repaired) is None:
@@ -110,6 +121,43 @@ class Generate:
         ctx.response_headers["x-tokenomy-schema"] = "invalid"
         ctx.schema_problem = problem
         return result
+
+
+def repair_messages(messages: list[dict], answer: str, problem: str) -> list[dict]:
+    """The conversation of a schema repair: the invalid answer, then what is wrong with it."""
+    return [*messages, {"role": "assistant", "content": answer},
+            {"role": "user", "content": f"That answer is invalid: {problem}. Reply again with only the corrected "
+                                        "answer."}]
+
+
+def is_strict(req: Any) -> bool:
+    """Whether the request's response_format is a json_schema with strict: true."""
+    rf = req.response_format
+    return isinstance(rf, dict) and rf.get("type") == "json_schema" and isinstance(rf.get("json_schema"), dict) \
+        and rf["json_schema"].get("strict") is True
+
+
+def strict_problem(req: Any, result: Result) -> str | None:
+    """Why a strict json_schema request's answer (each of its choices) cannot be returned, or None."""
+    choices = result.choices or [result]
+    for i, c in enumerate(choices):
+        problem = answer_problem(req, c.text, c.finish_reason, c.tool_calls)
+        if problem is not None:
+            return (f"choice {i}: " if len(choices) > 1 else "") + problem
+    return None
+
+
+def answer_problem(req: Any, text: str, finish_reason: str | None, tool_calls: list[dict] | None = None,
+                   ) -> str | None:
+    """Why one finished answer to a strict json_schema request breaks its schema, in words for the client."""
+    problem = schema_problem(req, Result(text=text, finish_reason=finish_reason or "", usage=Usage(),
+                                         tool_calls=tool_calls))
+    if problem is None:
+        return None
+    if finish_reason == "length":
+        return (f"The answer was cut at max_tokens ({req.params.get('max_tokens')}) before its JSON was complete, "
+                "so it cannot match the strict json_schema; raise max_tokens.")
+    return f"The answer does not match the strict json_schema: {problem}."
 
 
 def schema_problem(req: Any, result: Result) -> str | None:
@@ -179,14 +227,30 @@ def merge_tool_calls(deltas: list[dict]) -> list[dict]:
     return [calls[i] for i in sorted(calls)]
 
 
-async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContext) -> AsyncIterator[Delta]:
-    """Replay the first delta, then the rest; a failure mid-stream becomes an error delta."""
+async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContext,
+                    strict: Any = None) -> AsyncIterator[Delta]:
+    """Replay the first delta, then the rest; a failure mid-stream becomes an error delta. With `strict` (the
+    request of a strict json_schema), the last delta is checked first: an answer that breaks its schema ends with a
+    schema_unsatisfied error delta instead of its finish."""
+    async def deltas() -> AsyncIterator[Delta]:
+        yield first
+        if not first.last:
+            async for d in rest:
+                yield d
+
     try:
-        for d in (first,):
-            yield _seen(d, ctx)
-        if first.last:
-            return
-        async for d in rest:
+        async for d in deltas():
+            if strict is not None and d.last and d.error is None:
+                _seen(d, ctx)
+                problem = answer_problem(strict, ctx.text, ctx.finish_reason)
+                if problem is not None:
+                    if d.text or d.tool_calls:
+                        yield dataclasses.replace(d, finish_reason=None, usage=None)
+                    ctx.finish_reason, ctx.stream_error = "error", problem
+                    yield Delta(error=problem, error_code="schema_unsatisfied", finish_reason="error")
+                    return
+                yield d
+                continue
             yield _seen(d, ctx)
     except BackendError as e:
         ctx.finish_reason = "error"

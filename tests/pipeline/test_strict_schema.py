@@ -1,0 +1,114 @@
+"""A strict json_schema is a promise (pipeline/generate.py): every answer returned validates against the schema, or
+the request ends with a 422 schema_unsatisfied that says why; the tokens are billed either way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
+from tests.pipeline.test_gateway_upstream import StubServer
+from tests.upstream_stub import Stub
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+
+
+def fmt(strict: bool = True) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "count", "schema": SCHEMA, "strict": strict}}
+
+
+@contextmanager
+def gateway(stub: Stub) -> Iterator[tuple[Any, Stub]]:
+    with StubServer(stub) as s:
+        cfg = {"cache": NO_CACHE, "models": [{"name": "up", "backend": "openai", "model": "stub",
+                                              "base_url": f"http://127.0.0.1:{s.port}/v1",
+                                              "tokenizer": "cl100k_base"}]}
+        with live_server(cfg) as gw:
+            yield gw, s.stub
+
+
+def ask(gw: Any, strict: bool = True, **extra: Any) -> httpx.Response:
+    return httpx.post(gw.base_url + "/chat/completions", timeout=60, json={
+        "model": "up", "messages": [{"role": "user", "content": "a number"}], "response_format": fmt(strict),
+        "max_tokens": 20, **extra})
+
+
+def row(gw: Any, r: httpx.Response) -> Any:
+    gw.gateway.ledger.flush()
+    return gw.gateway.ledger.get(r.headers["x-tokenomy-request-id"])
+
+
+def test_a_valid_answer_is_returned() -> None:
+    with gateway(Stub(texts=['{"n": 3}'])) as (gw, stub):
+        r = ask(gw)
+        assert r.status_code == 200 and json.loads(r.json()["choices"][0]["message"]["content"]) == {"n": 3}
+        assert stub.hits == 1
+
+
+def test_an_answer_that_breaks_the_schema_is_repaired_once_then_refused_with_why() -> None:
+    with gateway(Stub(texts=['{"n": "three"}'])) as (gw, stub):
+        r = ask(gw)
+        assert r.status_code == 422 and stub.hits == 2                  # the answer and one repair
+        err = r.json()["error"]
+        assert err["code"] == "schema_unsatisfied" and err["param"] == "response_format"
+        assert "$.n" in err["message"] and "three" in err["message"]
+        rec = row(gw, r)
+        assert rec.status == 422 and rec.completion_tokens > 0          # both attempts were generated: billed
+        # the same answer without strict is returned as it is (flagged), as before
+        loose = ask(gw, strict=False)
+        assert loose.status_code == 200 and loose.headers["x-tokenomy-schema"] == "invalid"
+
+
+def test_a_repair_that_validates_is_returned() -> None:
+    with gateway(Stub(texts=['{"n": "three"}', '{"n": 3}'])) as (gw, stub):
+        r = ask(gw)
+        assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired" and stub.hits == 2
+        jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), SCHEMA)
+
+
+def test_an_answer_cut_at_max_tokens_is_refused_without_a_repair() -> None:
+    with gateway(Stub(texts=['{"n": 12'], finish="length")) as (gw, stub):
+        r = ask(gw)
+        assert r.status_code == 422 and stub.hits == 1
+        assert "cut at max_tokens (20)" in r.json()["error"]["message"]
+        # the OpenAI SDK raises its own error for it, with the message
+        client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.UnprocessableEntityError, match="raise max_tokens"):
+            client.chat.completions.create(model="up", messages=[{"role": "user", "content": "a number"}],
+                                           response_format=fmt(), max_tokens=20)  # type: ignore[arg-type]
+
+
+def test_a_stream_that_breaks_the_schema_ends_with_the_error_not_a_finish() -> None:
+    with gateway(Stub(texts=['{"n": "three"}'])) as (gw, _):
+        events = []
+        with httpx.stream("POST", gw.base_url + "/chat/completions", timeout=60, json={
+                "model": "up", "messages": [{"role": "user", "content": "a number"}], "response_format": fmt(),
+                "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert events[-1]["error"]["code"] == "schema_unsatisfied" and "$.n" in events[-1]["error"]["message"]
+        assert not any(c.get("finish_reason") for e in events[:-1] for c in e.get("choices", []))
+        # the Responses API ends the same answer with response.failed
+        with httpx.stream("POST", gw.base_url + "/responses", timeout=60, json={
+                "model": "up", "input": "a number", "stream": True,
+                "text": {"format": {"type": "json_schema", "name": "count", "schema": SCHEMA, "strict": True}}}) as r:
+            last = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")][-1]
+        assert last["type"] == "response.failed"
+        assert last["response"]["error"]["code"] == "schema_unsatisfied"
+
+
+def test_the_embedded_engine_answers_a_strict_schema_with_json_that_validates() -> None:
+    with live_server({"cache": NO_CACHE, "engine": SMALL_ENGINE}) as gw:
+        client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+        r = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=[{"role": "user", "content": "How many legs has a cat? Answer in JSON."}],
+            response_format=fmt(), max_tokens=24, temperature=0)  # type: ignore[arg-type]
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMA)
