@@ -503,7 +503,7 @@ class ExactCacheSettings(_Strict):
     ttl_s: float = Field(86400.0, gt=0, description="seconds an answer stays servable")
     max_entries: int = Field(10000, ge=1, description="answers kept; the least recently used go first")
     deterministic_only: bool = Field(True, description="only cache temperature 0 or seeded requests (the others "
-                                     "asked for randomness)")
+                                     "asked for randomness); the semantic cache follows it too")
 
 
 class SemanticCacheSettings(_Strict):

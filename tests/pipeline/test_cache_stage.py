@@ -149,3 +149,26 @@ def test_a_batch_answer_is_stored_at_the_batch_price_it_was_charged(tmp_path):
     paid = asyncio.run(run())
     assert paid["req_i"][0] == pytest.approx(0.002) and paid["req_b"][0] == pytest.approx(0.001)
     assert all(charged == pytest.approx(stored) for charged, stored in paid.values())
+
+
+def test_each_cache_switches_off_on_its_own():
+    from tests.pipeline.test_gateway_upstream import StubServer
+    from tests.upstream_stub import Stub
+
+    with StubServer(Stub()) as s:
+        up = [{"name": MODEL, "backend": "openai", "model": "stub", "base_url": f"http://127.0.0.1:{s.port}/v1",
+               "tokenizer": "cl100k_base"}]
+        # the exact cache off: the semantic cache still serves a paraphrase (and the same question again)
+        cfg = {"models": up, "cache": {"exact": {"enabled": False},
+                                       "semantic": {"error_budget": 0.2, "threshold": 0.85}}}
+        with live_server(cfg) as g:
+            assert chat(g, "What is the capital city of France?").headers["x-tokenomy-cache"] == "miss"
+            assert chat(g, "what's the capital city of france?").headers["x-tokenomy-cache"] == "semantic"
+            assert chat(g, "What is the capital city of France?").headers["x-tokenomy-cache"] == "semantic"
+            assert g.gateway.exact_cache is None
+        # the semantic cache off: the exact one serves the same question, never a paraphrase
+        cfg = {"models": up, "cache": {"semantic": {"enabled": False}}}
+        with live_server(cfg) as g:
+            chat(g, "What is the capital city of France?")
+            assert chat(g, "What is the capital city of France?").headers["x-tokenomy-cache"] == "exact"
+            assert chat(g, "what's the capital city of france?").headers["x-tokenomy-cache"] == "miss"

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.cache.key import is_deterministic
 from tokenomy.generation import Delta, Usage
 from tokenomy.meter.row import CacheSaving
 from tokenomy.pipeline.chain import Next
@@ -47,9 +48,12 @@ class Cache:
     name = "cache"
 
     def __init__(self, exact: Any | None, semantic: Any | None, cost: CostFn,
-                 semantic_routes: set[str] | None = None) -> None:
+                 semantic_routes: set[str] | None = None, deterministic_only: bool = True) -> None:
+        """Either cache may be None (switched off) without the other; `deterministic_only`: only requests at
+        temperature 0 or seeded are looked up and stored (cache.exact.deterministic_only)."""
         self.exact = exact
         self.semantic = semantic
+        self.deterministic_only = deterministic_only
         self.cost = cost
         self.semantic_routes = semantic_routes   # None: every model and route may use the semantic cache
 
@@ -58,12 +62,13 @@ class Cache:
         lookup, store = "no-cache" not in control, "no-store" not in control
         msgs, params, model = cache_messages(ctx), cache_params(ctx), ctx.gen.model
         several = (params.get("n") or 1) > 1 or "best_of" in params     # an entry holds one answer
-        eligible = self.exact is not None and self.exact.cacheable(params) and not several
+        on = self.exact is not None or self.semantic is not None
+        deterministic = not self.deterministic_only or is_deterministic(params)
+        eligible = on and deterministic and not several
         use_semantic = self.semantic is not None and eligible and ctx.gen.kind == "chat" and \
             (self.semantic_routes is None or model in self.semantic_routes)
         if not eligible:
-            ctx.cache_bypass = ("disabled" if self.exact is None else "several choices" if several
-                                else "not deterministic")
+            ctx.cache_bypass = ("disabled" if not on else "several choices" if several else "not deterministic")
         elif lookup:
             hit = await asyncio.to_thread(self._lookup, ctx, msgs, params, use_semantic)
             if hit is not None:
