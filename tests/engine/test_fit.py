@@ -30,6 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _a_cpu_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the RAM arithmetic on any machine: the build is taken as a CPU one unless a test says
+    `offload=True` (a GPU build's check: test_all_layers_on_a_gpu_...)."""
+    from tokenomy.engine import vocab
+
+    monkeypatch.setattr(vocab, "gpu_offload", lambda: False)
+
+
 @pytest.fixture(scope="module")
 def smollm2() -> str:
     return str(resolve_gguf("smollm2-135m-instruct"))

@@ -48,10 +48,11 @@ class Vocab:
         self.path = path
         mparams = llama_cpp.llama_model_default_params()
         mparams.vocab_only = vocab_only
-        mparams.n_gpu_layers = 0 if vocab_only else gpu_layers
-        if mparams.n_gpu_layers != 0 and main_gpu is not None:     # a CPU build has no device to name
-            mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
-            mparams.main_gpu = main_gpu
+        if not vocab_only and gpu_offload():     # a CPU build keeps llama.cpp's defaults: it has no device to name
+            mparams.n_gpu_layers = gpu_layers
+            if gpu_layers != 0 and main_gpu is not None:
+                mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+                mparams.main_gpu = main_gpu
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
