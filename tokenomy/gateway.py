@@ -53,7 +53,8 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
         if cfg.draft_model:
             cfg = cfg.model_copy(update={"draft_model": str(resolve_gguf(cfg.draft_model))})
         fits = {} if fits is None else fits
-        cfg, fit = size(path, cfg, committed=sum(f.need for f in fits.values()), draft_path=cfg.draft_model)
+        in_ram = sum(f.need for f in fits.values() if not f.on_gpu)     # VRAM's free figure excludes its own
+        cfg, fit = size(path, cfg, committed=in_ram, draft_path=cfg.draft_model)
         fits[spec.name] = fit
         log.info("loading %s from %s: a %d-token window (%s), %.2f GiB of weights and KV", spec.name, path,
                  fit.window, fit.source, (fit.weight_bytes + fit.kv_bytes) / (1 << 30))

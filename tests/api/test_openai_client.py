@@ -8,6 +8,8 @@ import httpx
 import pytest
 
 from tests.noise import assert_same_up_to_noise
+from tokenomy import gpu
+from tokenomy.engine.vocab import gpu_offload
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name three colors."}]
@@ -17,7 +19,16 @@ def test_models_health_and_metrics(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL, "all-minilm-l6-v2"]   # the packaged embedder last
     r = httpx.get(server.root + "/health")
     assert r.status_code == 200 and r.json()["models"][MODEL] is True
+    gpus, layers = r.json()["gpu"], r.json()["engines"][MODEL]["n_gpu_layers"]
+    if gpu.memory() is None:                       # this machine: no GPU, a CPU build, nothing offloaded
+        assert gpus is None
+    else:
+        assert [g["index"] for g in gpus] == list(range(len(gpus)))
+        assert all(0 <= g["used_bytes"] <= g["total_bytes"] for g in gpus)
+    assert layers == (-1 if gpu_offload() else 0)
     text = httpx.get(server.root + "/metrics").text
+    assert "# TYPE tokenomy_gpu_memory_used_bytes gauge" in text and "# TYPE tokenomy_gpu_memory_total_bytes" in text
+    assert ("tokenomy_gpu_memory_total_bytes{gpu=" in text) == (gpus is not None)
     for name in ("tokenomy_queue_depth", "tokenomy_engine_running_seqs", "tokenomy_engine_kv_usage_ratio",
                  "tokenomy_engine_batch_tokens", "tokenomy_engine_prefix_hit_tokens_total",
                  "tokenomy_engine_preemptions_total", "tokenomy_ttft_seconds", "tokenomy_tpot_seconds",

@@ -22,3 +22,33 @@ def test_a_window_the_unified_buffer_cannot_hold_is_refused_naming_the_numbers()
     cfg = EngineConfig(n_ctx=4096, max_model_len=8192, kv_unified=True)
     with pytest.raises(ValueError, match="max_model_len 8192 does not fit in n_ctx 4096 KV cells: raise n_ctx"):
         cfg.window(seq_cells=4096, n_ctx_train=32768)
+
+
+def test_gpu_layers_are_all_on_a_gpu_build_and_none_on_a_cpu_build():
+    assert EngineConfig().gpu_layers(offload=True) == -1                       # llama.cpp's "all"
+    assert EngineConfig().gpu_layers(offload=False) == 0
+    assert EngineConfig(n_gpu_layers=20).gpu_layers(offload=True) == 20
+    assert EngineConfig(n_gpu_layers=20).gpu_layers(offload=False) == 0         # a CPU build offloads nothing
+    assert EngineConfig().main_gpu == 0
+    with pytest.raises(ValueError):
+        EngineConfig(n_gpu_layers=-2)
+
+
+def test_this_cpu_build_offloads_no_layer():
+    from tokenomy.engine.vocab import gpu_offload
+
+    if gpu_offload():
+        pytest.skip("llama-cpp-python here is built with a GPU backend")
+    assert EngineConfig().gpu_layers(gpu_offload()) == 0
+
+
+def test_a_model_can_set_its_own_gpu_layers_and_gpu(tmp_path):
+    from tokenomy.config import load_config
+
+    p = tmp_path / "c.yaml"
+    p.write_text("engine: {n_gpu_layers: 20}\n"
+                 "models:\n  - {name: a, gguf: smollm2-135m-instruct, engine: {main_gpu: 1}}\n"
+                 "  - {name: b, gguf: gemma3-270m, engine: {n_gpu_layers: 0, main_gpu: null}}\n")
+    cfg = load_config(p)
+    a, b = cfg.model("a").engine, cfg.model("b").engine
+    assert (a.n_gpu_layers, a.main_gpu) == (20, 1) and (b.n_gpu_layers, b.main_gpu) == (0, None)

@@ -13,13 +13,30 @@ from pathlib import Path
 import pytest
 
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.fit import MEMORY_ENV, MEMORY_UTILIZATION, DoesNotFit, available_memory, kv_bytes, size
+from tokenomy.engine.fit import (
+    MEMORY_ENV,
+    MEMORY_UTILIZATION,
+    DoesNotFit,
+    _figures,
+    available_memory,
+    kv_bytes,
+    size,
+)
 from tokenomy.models import resolve_gguf
 from tokenomy.plan import formulas as F
 from tokenomy.plan.gguf_file import read_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _a_cpu_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the RAM arithmetic on any machine: the build is taken as a CPU one unless a test says
+    `offload=True` (a GPU build's check: test_all_layers_on_a_gpu_...)."""
+    from tokenomy.engine import vocab
+
+    monkeypatch.setattr(vocab, "gpu_offload", lambda: False)
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +132,36 @@ def test_sliding_window_layers_count_in_full(monkeypatch: pytest.MonkeyPatch) ->
     assert shape.sliding_window == 512 and shape.count("sliding") == 15
     _, fit = size(gemma, EngineConfig(n_ctx=4096, max_running=1, max_retired=0, kv_unified=True))
     assert fit.kv_bytes == 18 * 4096 * 1 * 256 * (34 / 32 + 2)      # layers x cells x K,V dims x (q8_0 + f16) bytes
+
+
+def test_all_layers_on_a_gpu_are_checked_against_vram_without_the_ram_kv_tier(
+        smollm2: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TOKENOMY_MEMORY_LIMIT stands for the VRAM here (no GPU): room for the weights and the full window's KV, not
+    for the 1 GiB KV tier as well, which stays in host RAM."""
+    cfg0 = EngineConfig(max_running=2, max_retired=0)
+    shape = read_gguf(smollm2)
+    room = F.weight_bytes(shape, None).total + kv_bytes(shape, cfg0, 2 * 8192)
+    monkeypatch.setenv(MEMORY_ENV, str(int(room / MEMORY_UTILIZATION) + 1))
+    _, gpu = size(smollm2, cfg0, offload=True, committed=1 << 30)      # VRAM's free figure excludes the others
+    assert (gpu.on_gpu, gpu.window, gpu.source) == (True, 8192, "gguf") and gpu.need == room
+    assert "KV tier" not in _figures(gpu, 0)
+    with pytest.raises(DoesNotFit, match=r"KV tier 1\.00 GiB"):                 # in RAM the tier counts too
+        size(smollm2, cfg0, offload=False)
+    with pytest.raises(DoesNotFit, match=r"KV tier 1\.00 GiB"):
+        size(smollm2, cfg0.model_copy(update={"n_gpu_layers": 0}), offload=True)
+
+
+def test_without_nvml_or_with_some_layers_the_check_is_the_ram_one_and_says_so(
+        smollm2: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from tokenomy import gpu
+
+    if gpu.memory() is not None:
+        pytest.skip("NVML sees a GPU here")
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    cfg = EngineConfig(n_ctx=4096, kv_tier_ram_mb=0)
+    with caplog.at_level("INFO", logger="tokenomy.fit"):
+        _, fit = size(smollm2, cfg, offload=True)
+        assert not fit.on_gpu and fit.available_source != MEMORY_ENV
+        assert "NVML cannot say how much VRAM is free: VRAM not checked" in caplog.text
+        _, part = size(smollm2, cfg.model_copy(update={"n_gpu_layers": 10}), offload=True)
+        assert not part.on_gpu and "10 of its 30 layers on the GPU: VRAM not checked" in caplog.text

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tokenomy import gpu
 from tokenomy.api import batches, dashboard, embeddings, messages, openapi, responses, serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import parse_recorded
@@ -81,8 +82,10 @@ async def health(request: Request) -> JSONResponse:
     cooling = sorted(n for n in states if gateway.registry.cooling(n))
     caches = {n: getattr(store, "healthy", True) for n, store in gateway.cache_stores()}
     status = "unavailable" if not ok else "degraded" if not all(caches.values()) or cooling else "ok"
+    gpus = gpu.memory()       # None without an NVIDIA GPU (NVML)
     return JSONResponse({"status": status, "models": states, "engines": engines, "cooling": cooling,
-                         "caches": caches}, status_code=200 if ok else 503)
+                         "caches": caches, "gpu": None if gpus is None else [g.as_dict() for g in gpus]},
+                        status_code=200 if ok else 503)
 
 
 async def admin_keys(request: Request) -> dict[str, Any]:

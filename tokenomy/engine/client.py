@@ -96,7 +96,8 @@ class EngineClient:
         self.restarts = 0
         self.last_exit: str | None = None
         self.pid: int | None = None
-        self.max_model_len = self.n_ctx = 0    # the engine process reports both when it is ready (_spawn)
+        self.max_model_len = self.n_ctx = 0    # the engine process reports these when it is ready (_spawn)
+        self.n_gpu_layers = 0                  # layers it asked llama.cpp to offload (-1: all; 0: a CPU build)
         self.running = 0
         self.used_cells = 0
         self.preemptions = 0
@@ -143,6 +144,7 @@ class EngineClient:
             raise EngineStartError(f"{what} failed its start-up self-check: {msg[1]}")
         info = msg[1]
         self.max_model_len, self.n_ctx, self.pid = info["max_model_len"], info["n_ctx"], info["pid"]
+        self.n_gpu_layers = info["n_gpu_layers"]
         self.running = self._waiting = self.used_cells = 0
         self._proc, self._conn = proc, conn
         self._up_since = self._last_progress = time.monotonic()
@@ -341,4 +343,5 @@ class EngineClient:
         return self.used_cells / self.n_ctx if self.n_ctx else 0.0
 
     def describe(self) -> dict[str, Any]:
-        return {"state": self.state, "restarts": self.restarts, "last_exit": self.last_exit, "pid": self.pid}
+        return {"state": self.state, "restarts": self.restarts, "last_exit": self.last_exit, "pid": self.pid,
+                "n_gpu_layers": self.n_gpu_layers}

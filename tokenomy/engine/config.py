@@ -74,6 +74,12 @@ class EngineConfig(BaseModel):
                                     "name or a GGUF path) that drafts tokens for speculation instead of prompt "
                                     "lookup, as many as the measured cost of its steps and the target's says pay "
                                     "(engine/draft.py); its context has as many cells as this one")
+    n_gpu_layers: int | None = Field(None, ge=-1, description="model layers offloaded to the GPU, the rest run on "
+                                     "the CPU; -1: all; none: all when llama-cpp-python was built with a GPU "
+                                     "backend (CUDA, Metal, Vulkan: install.sh, docs/models.md \"GPU\"), else 0. "
+                                     "A CPU build offloads none whatever this says")
+    main_gpu: int | None = Field(0, ge=0, description="the GPU (llama.cpp's device index) that holds the whole "
+                                 "model; none: its layers split over all visible GPUs (llama.cpp's split by layer)")
     flash_attn: bool = Field(True, description="flash attention skips masked cells of the unified KV buffer")
     watchdog_s: float = Field(120.0, gt=0, description="an engine process that holds requests and finishes no "
                               "step for this long is killed and restarted")
@@ -94,6 +100,13 @@ class EngineConfig(BaseModel):
         if self.context_overflow == "shift" and self.kv_unified:
             raise ValueError("context_overflow shift needs kv_unified false (one KV stream per sequence)")
         return self
+
+    def gpu_layers(self, offload: bool) -> int:
+        """The layers llama.cpp is asked to offload, given whether the build can (vocab.gpu_offload): n_gpu_layers,
+        all (-1) when it is none, and 0 on a build without a GPU backend."""
+        if not offload:
+            return 0
+        return -1 if self.n_gpu_layers is None else self.n_gpu_layers
 
     @property
     def n_seqs(self) -> int:

@@ -319,7 +319,8 @@ def main(fd: int) -> None:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
     core = Core(conn, engine)
-    conn.send(("ready", {"max_model_len": engine.max_model_len, "n_ctx": engine.runner.n_ctx, "pid": os.getpid()}))
+    conn.send(("ready", {"max_model_len": engine.max_model_len, "n_ctx": engine.runner.n_ctx, "pid": os.getpid(),
+                         "n_gpu_layers": engine.runner.gpu_layers}))
     try:
         core.serve()
     finally:

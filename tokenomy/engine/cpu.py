@@ -53,9 +53,10 @@ def enabled_options(flags: frozenset[str]) -> list[str]:
     return on
 
 
-def cmake_args(flags: frozenset[str] | None = None) -> list[str]:
-    """CMake arguments for a portable-per-CPU-family ggml build: no -march=native, no AMX, the rest as the CPU has."""
-    if platform.machine() not in ("x86_64", "AMD64"):
+def cmake_args(flags: frozenset[str] | None = None, machine: str | None = None) -> list[str]:
+    """CMake arguments for a portable-per-CPU-family ggml build: no -march=native, no AMX, the rest as the CPU has.
+    `machine`: platform.machine() unless given."""
+    if (machine or platform.machine()) not in ("x86_64", "AMD64"):
         return ["-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF"]  # ARM and others: no AMX problem to avoid
     on = set(enabled_options(cpu_flags() if flags is None else flags))
     args = ["-DGGML_NATIVE=OFF", "-DLLAVA_BUILD=OFF"]
@@ -64,10 +65,12 @@ def cmake_args(flags: frozenset[str] | None = None) -> list[str]:
     return args
 
 
-def build_key(flags: frozenset[str] | None = None) -> str:
-    """A short name for the instruction sets a build uses, e.g. `x86_64-avx2-avx512-vnni`: the wheel cache's key."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return f"{platform.machine()}-native"
+def build_key(flags: frozenset[str] | None = None, machine: str | None = None) -> str:
+    """A short name for the instruction sets a build uses, e.g. `x86_64-avx2-avx512-vnni`: the wheel cache's key
+    (a GPU build's adds its backend: scripts/llama_wheel.py)."""
+    machine = machine or platform.machine()
+    if machine not in ("x86_64", "AMD64"):
+        return f"{machine}-native"
     on = enabled_options(cpu_flags() if flags is None else flags)
     short = [o.removeprefix("GGML_").lower().replace("_", "") for o in on]
     return "-".join(["x86_64", *short])

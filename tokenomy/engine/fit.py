@@ -5,6 +5,11 @@ kv_bytes_per_sequence for the KV cache), so `tokenomy plan` and this check canno
 machine has available now (psutil's MemAvailable, or a cgroup's limit less its use when lower), or
 TOKENOMY_MEMORY_LIMIT (bytes, or with a K/M/G/T suffix) when set; a model may take MEMORY_UTILIZATION of it.
 
+With the model's layers all on a GPU (engine.n_gpu_layers resolving to all, on a GPU build), the memory is that
+GPU's free VRAM from NVML (tokenomy/gpu.py: engine.main_gpu's, or all GPUs' together with main_gpu null), or
+TOKENOMY_MEMORY_LIMIT, and the KV tier (host RAM) does not count against it; where NVML cannot say, or with only
+some layers offloaded, the check is the RAM one, with a log line saying VRAM was not checked.
+
 The window: with neither `n_ctx` nor `max_model_len` set, the model's trained context (its GGUF's
 context_length) is the default, cut (in steps of 256 tokens) to what memory holds and to engine.kv_budget_mb of
 KV; set either and the engine sizes as configured (EngineConfig.kv_cells) and the check only refuses what does
@@ -13,6 +18,7 @@ not fit.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, replace
@@ -22,6 +28,8 @@ from tokenomy.engine.config import DEFAULT_N_CTX, EngineConfig
 from tokenomy.plan import formulas as F
 from tokenomy.plan.gguf_file import read_gguf
 from tokenomy.plan.specs import ModelShape
+
+log = logging.getLogger("tokenomy.fit")
 
 MEMORY_UTILIZATION = 0.9   # the share of available memory weights and KV may take (the rest: the process, buffers)
 MEMORY_ENV = "TOKENOMY_MEMORY_LIMIT"
@@ -46,10 +54,11 @@ class Fit:
     tier_bytes: int          # engine.kv_tier_ram_mb
     available: int           # memory available when checked
     available_source: str
+    on_gpu: bool = False     # weights and KV in VRAM (available is VRAM; the KV tier stays in RAM, uncounted)
 
     @property
     def need(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.tier_bytes
+        return self.weight_bytes + self.kv_bytes + (0 if self.on_gpu else self.tier_bytes)
 
 
 def _size(text: str) -> int:
@@ -79,6 +88,26 @@ def available_memory() -> tuple[int, str]:
     return best
 
 
+def available_vram(main_gpu: int | None) -> tuple[int, str] | None:
+    """Bytes of VRAM a fully offloaded model may use and where the figure comes from: TOKENOMY_MEMORY_LIMIT when
+    set, else NVML's free memory of main_gpu (through CUDA_VISIBLE_DEVICES when it lists indices), or of all GPUs
+    together with main_gpu None; None where NVML cannot say."""
+    if os.environ.get(MEMORY_ENV):
+        return available_memory()
+    from tokenomy import gpu
+
+    gpus = gpu.memory()
+    if not gpus:
+        return None
+    if main_gpu is None:
+        return sum(g.free_bytes for g in gpus), f"free VRAM of {len(gpus)} GPU(s), NVML"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    index = int(visible[main_gpu]) if main_gpu < len(visible) and visible[main_gpu].strip().isdigit() else main_gpu
+    if index >= len(gpus):
+        return None
+    return gpus[index].free_bytes, f"free VRAM of GPU {index}, NVML"
+
+
 def kv_bytes(shape: ModelShape, cfg: EngineConfig, cells: int) -> int:
     """KV bytes llama.cpp holds for `cells` cells: K at kv_type's first format and V at its second, each half of
     formulas.kv_bytes_per_sequence; with KV streams, n_seqs streams of cells / n_seqs (padded to 256) each.
@@ -95,27 +124,53 @@ def kv_bytes(shape: ModelShape, cfg: EngineConfig, cells: int) -> int:
 def _figures(fit: Fit, committed: int) -> str:
     gib = 1 << 30
     other = f", {committed / gib:.2f} GiB already taken by the models before it" if committed else ""
-    return (f"weights {fit.weight_bytes / gib:.2f} GiB + KV {fit.kv_bytes / gib:.2f} GiB ({fit.cells} cells) + "
-            f"KV tier {fit.tier_bytes / gib:.2f} GiB = {fit.need / gib:.2f} GiB, over the "
+    tier = "" if fit.on_gpu else f" + KV tier {fit.tier_bytes / gib:.2f} GiB"
+    return (f"weights {fit.weight_bytes / gib:.2f} GiB + KV {fit.kv_bytes / gib:.2f} GiB ({fit.cells} cells)"
+            f"{tier} = {fit.need / gib:.2f} GiB, over the "
             f"{MEMORY_UTILIZATION:.0%} of {fit.available / gib:.2f} GiB ({fit.available_source}) a model may use"
             + other)
 
 
-def size(path: str, cfg: EngineConfig, *, committed: int = 0,
-         draft_path: str | None = None) -> tuple[EngineConfig, Fit]:
+def _on_gpu(name: str, layers: int, n_layers: int, main_gpu: int | None) -> tuple[int, str] | None:
+    """The VRAM figure when all `layers` of the model go to a GPU and NVML (or TOKENOMY_MEMORY_LIMIT) has one;
+    None, with a log line where VRAM goes unchecked, when the check is the RAM one."""
+    if layers == 0:
+        return None
+    if 0 < layers < n_layers:
+        log.info("%s: %d of its %d layers on the GPU: VRAM not checked, the memory check counts all in RAM", name,
+                 layers, n_layers)
+        return None
+    vram = available_vram(main_gpu)
+    if vram is None:
+        log.info("%s: all layers on the GPU, but NVML cannot say how much VRAM is free: VRAM not checked, the "
+                 "memory check is the RAM one", name)
+    return vram
+
+
+def size(path: str, cfg: EngineConfig, *, committed: int = 0, draft_path: str | None = None,
+         offload: bool | None = None) -> tuple[EngineConfig, Fit]:
     """The engine config to load `path` with (the window from its GGUF when none is set) and the figures; raises
     DoesNotFit, naming them, when weights + KV + the KV tier exceed MEMORY_UTILIZATION of the available memory
-    less `committed` (the bytes of models loaded before it)."""
+    less `committed` (the bytes of models loaded before it in RAM). With all layers on a GPU (`offload`: whether
+    the llama.cpp build can, vocab.gpu_offload() when None) weights + KV are checked against its free VRAM,
+    which already excludes the models loaded before it."""
     shape = read_gguf(path)
     draft = read_gguf(draft_path) if draft_path else None
     weights = F.weight_bytes(shape, None).total + (F.weight_bytes(draft, None).total if draft else 0)
     tier = cfg.kv_tier_ram_mb << 20
-    available, where = available_memory()
+    if offload is None:
+        from tokenomy.engine.vocab import gpu_offload
+
+        offload = gpu_offload()
+    vram = _on_gpu(Path(path).name, cfg.gpu_layers(offload), shape.layers, cfg.main_gpu)
+    on_gpu = vram is not None
+    available, where = vram if vram is not None else available_memory()
+    committed = 0 if on_gpu else committed
     budget = available * MEMORY_UTILIZATION - committed
 
     def fit(cells: int, window: int, source: str) -> Fit:
         kv = kv_bytes(shape, cfg, cells) + (kv_bytes(draft, cfg, cells) if draft else 0)
-        return Fit(window, source, shape.context_length, cells, weights, kv, tier, available, where)
+        return Fit(window, source, shape.context_length, cells, weights, kv, tier, available, where, on_gpu)
 
     trained = shape.context_length
     if cfg.n_ctx is not None or cfg.max_model_len is not None or trained is None:

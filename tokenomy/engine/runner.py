@@ -15,7 +15,7 @@ import numpy as np
 
 from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.vocab import Vocab
+from tokenomy.engine.vocab import Vocab, gpu_offload
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
@@ -50,8 +50,10 @@ class ModelRunner(Vocab):
     """One model with one llama.cpp context over it (the vocabulary methods come from Vocab)."""
 
     def __init__(self, path: str, cfg: EngineConfig) -> None:
-        """A context of cfg.kv_cells cells for cfg.n_seqs sequences, fed up to cfg.max_batch_tokens per decode."""
-        super().__init__(path)
+        """A context of cfg.kv_cells cells for cfg.n_seqs sequences, fed up to cfg.max_batch_tokens per decode; the
+        model's layers on the GPU as cfg.gpu_layers says (none on a CPU build)."""
+        self.gpu_layers = cfg.gpu_layers(gpu_offload())
+        super().__init__(path, gpu_layers=self.gpu_layers, main_gpu=cfg.main_gpu)
         self.cfg = cfg
         cparams = llama_cpp.llama_context_default_params()
         threads = cfg.n_threads or os.cpu_count() or 1

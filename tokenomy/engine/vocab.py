@@ -30,8 +30,15 @@ llama_cpp._logger.logger.setLevel(logging.ERROR)
 _backend_ready = False
 
 
+def gpu_offload() -> bool:
+    """Whether this llama-cpp-python build can offload layers to a GPU (built with CUDA, Metal or Vulkan)."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
 class Vocab:
-    def __init__(self, path: str, vocab_only: bool = False) -> None:
+    def __init__(self, path: str, vocab_only: bool = False, gpu_layers: int = 0, main_gpu: int | None = 0) -> None:
+        """The model at `path`: its vocabulary only, or all of it with `gpu_layers` layers on the GPU (-1: all)
+        and `main_gpu` holding them (None: split over all visible GPUs)."""
         global _backend_ready
         if not _backend_ready:
             llama_cpp.llama_backend_init()
@@ -41,6 +48,11 @@ class Vocab:
         self.path = path
         mparams = llama_cpp.llama_model_default_params()
         mparams.vocab_only = vocab_only
+        if not vocab_only and gpu_offload():     # a CPU build keeps llama.cpp's defaults: it has no device to name
+            mparams.n_gpu_layers = gpu_layers
+            if gpu_layers != 0 and main_gpu is not None:
+                mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+                mparams.main_gpu = main_gpu
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")

@@ -70,20 +70,21 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(self) -> None:
-        import pynvml  # nvidia-ml-py
+        from tokenomy import gpu
 
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        if not self.handles:
-            raise RuntimeError("NVML found no GPU")
+        state = gpu.nvml()
+        if state is None:
+            raise RuntimeError("no NVML or no GPU")
+        self._nvml, self.handles = state
         self.read_joules()      # raises NVMLError_NotSupported on GPUs without the energy counter
 
     def read_joules(self) -> float:
         return sum(self._nvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in self.handles) / 1e3
 
     def memory_bytes(self) -> int | None:
-        return sum(int(self._nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self.handles)
+        from tokenomy import gpu
+
+        return sum(m.used_bytes for m in gpu.memory() or [])
 
     def power_watts(self) -> float | None:
         return sum(self._nvml.nvmlDeviceGetPowerUsage(h) for h in self.handles) / 1e3

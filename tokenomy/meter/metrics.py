@@ -130,7 +130,8 @@ class LimitsCollector:
 
 class HardwareCollector:
     """Hardware layer, read at scrape time from an EnergyMeter: energy (labelled by source: nvml | rapl |
-    estimate), power (the source's own reading, else mean power since the previous scrape), memory."""
+    estimate), power (the source's own reading, else mean power since the previous scrape), memory; and each GPU's
+    memory from NVML (tokenomy/gpu.py), whatever the energy source."""
 
     def __init__(self, meter: Any) -> None:
         self.meter = meter
@@ -156,6 +157,16 @@ class HardwareCollector:
         if rss is not None:
             memory.add_metric(["rss"], rss)
         yield memory
+        from tokenomy import gpu
+
+        used = GaugeMetricFamily("tokenomy_gpu_memory_used_bytes", "GPU memory in use, per GPU (NVML; none without "
+                                 "a GPU)", labels=["gpu"])
+        total = GaugeMetricFamily("tokenomy_gpu_memory_total_bytes", "GPU memory, per GPU (NVML)", labels=["gpu"])
+        for m in gpu.memory() or []:
+            used.add_metric([str(m.index)], m.used_bytes)
+            total.add_metric([str(m.index)], m.total_bytes)
+        yield used
+        yield total
 
 
 class LedgerCollector:
