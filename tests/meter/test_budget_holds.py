@@ -14,7 +14,7 @@ import pytest
 from tests.meter.synthetic import Spec, rows_for
 from tests.wait import wait_until
 from tokenomy.config import BudgetLimits
-from tokenomy.meter.budget import BudgetExceeded, Budgets
+from tokenomy.meter.budget import BudgetExceeded, Budgets, WindowFull
 from tokenomy.meter.shared import SharedCounters
 
 
@@ -150,3 +150,31 @@ def test_in_redis_a_hold_far_from_the_limit_settles_after_the_answer_and_one_nea
         assert b.used("key", "k1", "day")[1] == 18 and b.held("key", "k1", "day") == (0.0, 0)
     finally:
         shared.close()
+
+
+def test_in_redis_a_tpm_window_held_with_the_budgets_is_all_or_nothing(redis_url: str) -> None:
+    import redis
+
+    prefix = f"tokenomy:test:{uuid.uuid4().hex[:8]}:"
+    shared = SharedCounters(redis_url, prefix=prefix)
+    r = redis.Redis.from_url(redis_url)
+    b = Budgets(keys={"k1": BudgetLimits(tokens_per_day=100)}, shared=shared)
+    window = ("k1", 30, 50, 60.0)               # 30 tokens in a 50-tokens-per-minute window
+
+    def window_holds() -> dict[bytes, bytes]:
+        return r.hgetall(f"{prefix}tpm:k1:holds")
+
+    # both fit: both held in one step (no room for two more like it in the window: not ample)
+    assert b.reserve("k1", "acme", "r1", 0.0, 30, window=window) is False
+    assert window_holds() == {b"r1": b"0 30"} and b.held("key", "k1", "day") == (0.0, 30)
+    # the window is full: refused with what it holds, and the budget holds nothing more
+    with pytest.raises(WindowFull) as full:
+        b.reserve("k1", "acme", "r2", 0.0, 30, window=window)
+    assert full.value.used == 30 and b.held("key", "k1", "day") == (0.0, 30)
+    # the budget is full: refused, and the window holds nothing more
+    with pytest.raises(BudgetExceeded):
+        b.reserve("k1", "acme", "r3", 0.0, 80, window=("k1", 10, 50, 60.0))
+    assert window_holds() == {b"r1": b"0 30"}
+    # without a shared store nothing is held with the budgets: the caller holds its window itself
+    assert Budgets(keys={"k1": BudgetLimits(tokens_per_day=100)}).reserve("k1", "acme", "r4", 0.0, 5,
+                                                                          window=window) is None

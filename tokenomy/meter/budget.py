@@ -105,6 +105,15 @@ class BudgetExceeded(APIError):
 Slot = tuple[str, str, str, float]      # (scope, ident, period, period start as UNIX time)
 
 
+class WindowFull(Exception):
+    """A tokens-per-minute window reserved with the budgets (`reserve(window=...)`) had no room: tokens used and
+    held in it, and seconds until its oldest entry leaves. The caller words the 429 (pipeline/admit.py)."""
+
+    def __init__(self, used: float, wait_s: float) -> None:
+        super().__init__(f"tokens-per-minute window full: {used:.0f} used or held")
+        self.used, self.wait_s = used, wait_s
+
+
 @dataclass
 class Hold:
     """What one request holds: the slots it reserved in and how much, in total over its reservations."""
@@ -255,29 +264,37 @@ class Budgets:
         """Whether any budget applies to this key or tenant (else there is nothing to reserve)."""
         return any(True for _ in self._applicable(key_id, tenant))
 
-    def reserve(self, key_id: str | None, tenant: str | None, request_id: str, usd: float, tokens: float) -> None:
+    def reserve(self, key_id: str | None, tenant: str | None, request_id: str, usd: float, tokens: float,
+                window: tuple[str, int, int, float] | None = None) -> bool | None:
         """Hold `usd` and `tokens` more for a request against every budget of its key and tenant, or raise
         BudgetExceeded (a 429: nothing is held) unless spent + held + this fits each; a 503 APIError while the
         shared store does not answer and budgets fail closed. Calls for one request add up (a fallback to a
-        dearer model, a cascade's next answer); `record` settles them all."""
+        dearer model, a cascade's next answer); `record` settles them all.
+
+        `window` (key id, tokens, tpm, window seconds): in the shared store, the request's tokens-per-minute hold
+        is taken in the same atomic step (one round trip, not two), or WindowFull raised (nothing held). Returns
+        whether the window had ample room when it was held here, None when it was not (no budget applies, no
+        shared store, or the store did not answer): the caller then holds it on its own."""
         if not self.enabled or (usd <= 0 and tokens <= 0):
-            return
+            return None
         now = self.clock()
         checks = [(s, period, *period_bounds(period, now)) for s in self._applicable(key_id, tenant)
                   for period in PERIODS]
         if not checks:
-            return
+            return None
         slots: list[Slot] = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
+        window_ample = None
         if self.shared is None:
             self._reserve_local(checks, slots, request_id, usd, tokens, now)
             ample = False
         else:
-            ample = self._reserve_shared(checks, slots, request_id, usd, tokens, now)
+            ample, window_ample = self._reserve_shared(checks, slots, request_id, usd, tokens, now, window)
         hold = self.holding.setdefault(request_id, Hold(slots=[]))
         hold.slots += [s for s in slots if s not in hold.slots]
         hold.usd += usd
         hold.tokens += tokens
         hold.ample = hold.ample and ample
+        return window_ample
 
     def _reserve_local(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
                        now: float) -> None:
@@ -301,17 +318,19 @@ class Budgets:
                 h[0], h[1], h[2] = h[0] + usd, h[1] + tokens, t + self.lease_s
 
     def _reserve_shared(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
-                        now: float) -> bool:
-        """Hold in Redis, or raise; whether every limit had room for two more like this (an ample hold)."""
+                        now: float, window: tuple[str, int, int, float] | None) -> tuple[bool, bool | None]:
+        """Hold in Redis, or raise: whether every budget had room for two more like this (an ample hold), and the
+        same for the tokens-per-minute window held with it (None: not held here)."""
         assert self.shared is not None
         limits = [(slot, s.limits.limit("usd", period), s.limits.limit("tokens", period))
                   for (s, period, _, _), slot in zip(checks, slots, strict=True)]
         expire_at = max(end.timestamp() for _, _, _, end in checks) + 86400
         try:
-            refused, expired, ample = self.shared.budget_reserve(limits, rid, usd, tokens, self.lease_s, expire_at)
+            refused, expired, ample, window_ample = self.shared.budget_reserve(limits, rid, usd, tokens,
+                                                                               self.lease_s, expire_at, window)
         except StoreDown as e:
             if self.fail_open:
-                return False
+                return False, None
             raise APIError(503, "Budgets cannot be checked: their shared store does not answer. Retry later.",
                            code="limits_unavailable", type_="server_error", headers={"retry-after": "1"}) from e
         if expired:     # a gateway died holding these: what its rows recorded comes back from the ledger
@@ -319,10 +338,12 @@ class Budgets:
             threading.Thread(target=self.reseed, name="budget-reseed", daemon=True).start()
         if refused is not None:
             i, unit, spent, held = refused
+            if unit == "tpm":
+                raise WindowFull(spent, held)
             s, period, _, end = checks[i]
             raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, s.limits.limit(unit, period) or 0.0,
                                  spent, end, now, held=held, need=usd if unit == "usd" else tokens)
-        return ample
+        return ample, window_ample
 
     def renew(self, holding: list[tuple[str, Hold]] | None = None) -> None:
         """Extend the leases of the holds this process's requests in flight have (`holding`: a snapshot of

@@ -69,10 +69,6 @@ return 1
 """
 
 
-# KEYS: per budget slot (spent hash, holds hash, leases zset); ARGV: now_ms, lease end ms, request id, expire-at
-# (UNIX s), need usd, need tokens, then per slot its usd and tokens limits (-1: none). Returns {0, 0, '0', '0',
-# expired, ample} when held (ample: 1 when every limit had room for this and two more like it), else {slot index,
-# 1 usd | 2 tokens, spent, held, expired}; amounts as strings (Lua numbers would be cut).
 _HOLD_SUMS = """
 local function held_sums(holds, leases, now)
   local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
@@ -100,16 +96,41 @@ local function hold(holds, leases, rid, need_u, need_t, lease_end, expire_at)
 end
 """
 
+# KEYS: per budget slot (spent hash, holds hash, leases zset), then optionally a tokens-per-minute window's three
+# keys (window zset, holds hash, leases zset); ARGV: now_ms, lease end ms, request id, expire-at (UNIX s), need usd,
+# need tokens, number of slots n, then per slot its usd and tokens limits (-1: none), then with the window: its
+# need, limit and length in ms. The window is checked first, then every slot; all or nothing is held. Returns
+# {0, 0, '0', '0', expired, ample, window ample} when held (ample: 1 when every limit had room for this and two
+# more like it), {-1, 0, used + held, ms until the window's oldest entry leaves, 0} when the window is full, else
+# {slot index, 1 usd | 2 tokens, spent, held, expired}; amounts as strings (Lua numbers would be cut).
 _BUDGET_RESERVE_LUA = _HOLD_SUMS + """
 local now, lease_end, rid, expire_at = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local need_u, need_t = tonumber(ARGV[5]), tonumber(ARGV[6])
-local expired, ample = 0, 1
-for i = 1, #KEYS / 3 do
+local need_u, need_t, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local expired, ample, tample = 0, 1, 1
+local window = #KEYS > 3 * n
+local tneed = 0
+if window then
+  local w = KEYS[3 * n + 1]
+  local limit, win = tonumber(ARGV[9 + 2 * n]), tonumber(ARGV[10 + 2 * n])
+  tneed = tonumber(ARGV[8 + 2 * n])
+  redis.call('ZREMRANGEBYSCORE', w, '-inf', now - win)
+  local used = 0
+  local entries = redis.call('ZRANGE', w, 0, -1, 'WITHSCORES')
+  for i = 1, #entries, 2 do used = used + tonumber(string.match(entries[i], ':(%d+)$')) end
+  local _, held = held_sums(KEYS[3 * n + 2], KEYS[3 * n + 3], now)
+  if used + held + tneed > limit then
+    local wait = win
+    if #entries > 0 then wait = tonumber(entries[2]) + win - now end
+    return {-1, 0, tostring(used + held), tostring(wait), 0}
+  end
+  if used + held + 3 * tneed > limit then tample = 0 end
+end
+for i = 1, n do
   local hu, ht, gone = held_sums(KEYS[3 * i - 1], KEYS[3 * i], now)
   expired = expired + gone
   local s = redis.call('HMGET', KEYS[3 * i - 2], 'usd', 'tokens')
   local su, st = tonumber(s[1] or '0'), tonumber(s[2] or '0')
-  local lu, lt = tonumber(ARGV[5 + 2 * i]), tonumber(ARGV[6 + 2 * i])
+  local lu, lt = tonumber(ARGV[6 + 2 * i]), tonumber(ARGV[7 + 2 * i])
   if lu >= 0 and need_u > 0 and su + hu + need_u > lu * (1 + 1e-9) then
     return {i, 1, string.format('%.17g', su), string.format('%.17g', hu), expired}
   end
@@ -121,8 +142,11 @@ for i = 1, #KEYS / 3 do
     ample = 0
   end
 end
-for i = 1, #KEYS / 3 do hold(KEYS[3 * i - 1], KEYS[3 * i], rid, need_u, need_t, lease_end, expire_at) end
-return {0, 0, '0', '0', expired, ample}
+for i = 1, n do hold(KEYS[3 * i - 1], KEYS[3 * i], rid, need_u, need_t, lease_end, expire_at) end
+if window then
+  hold(KEYS[3 * n + 2], KEYS[3 * n + 3], rid, 0, tneed, lease_end, math.floor(lease_end / 1000) + 60)
+end
+return {0, 0, '0', '0', expired, ample, tample}
 """
 
 # KEYS: per held slot (holds hash, leases zset), then per slot charged now (spent hash); ARGV: request id, number
@@ -340,26 +364,37 @@ class SharedCounters:
         self._call(go)
 
     def budget_reserve(self, slots: list[tuple[tuple[str, str, str, float], float | None, float | None]],
-                       request_id: str, usd: float, tokens: float, lease_s: float,
-                       expire_at: float) -> tuple[tuple[int, str, float, float] | None, int, bool]:
-        """Hold (usd, tokens) in every (slot, usd limit, tokens limit) unless spent + held + this exceeds one of
-        them: (None, holds found expired, ample) when held, with ample True when every limit had room for two
-        more like it (its settle may then be deferred); else ((index of the slot, "usd" | "tokens", spent, held),
-        expired, False)."""
+                       request_id: str, usd: float, tokens: float, lease_s: float, expire_at: float,
+                       window: tuple[str, int, int, float] | None = None) -> tuple[Any, int, bool, bool | None]:
+        """Hold (usd, tokens) in every (slot, usd limit, tokens limit), and with `window` (key id, need, tpm,
+        window seconds) `need` tokens in that key's tokens-per-minute window, in one atomic step, unless one of
+        them has no room: (None, holds found expired, ample, window ample or None without a window) when held,
+        with ample True when every limit had room for two more like it (the settle may then be deferred); else
+        ((index of the slot, "usd" | "tokens", spent, held), expired, False, None), or, when the window is full,
+        ((-1, "tpm", tokens used and held, seconds until its oldest entry leaves), 0, False, None)."""
         keys: list[str] = []
         limits: list[float] = []
         for slot, usd_limit, tokens_limit in slots:
             k = self._budget_key(slot)
             keys += [k, k + ":holds", k + ":leases"]
             limits += [-1 if usd_limit is None else usd_limit, -1 if tokens_limit is None else tokens_limit]
+        extra: list[Any] = []
+        if window is not None:
+            key_id, need, tpm, window_s = window
+            base = f"{self.prefix}tpm:{key_id}"
+            keys += [base, base + ":holds", base + ":leases"]
+            extra = [int(need), int(tpm), int(window_s * 1000)]
         now_ms = int(time.time() * 1000)
         out = self._call(lambda: self._budget_reserve(
             keys=keys, args=[now_ms, now_ms + int(lease_s * 1000), request_id, int(expire_at), repr(float(usd)),
-                             repr(float(tokens)), *[repr(float(x)) for x in limits]]))
+                             repr(float(tokens)), len(slots), *[repr(float(x)) for x in limits], *extra]))
         which, unit, spent, held, expired, *ample = out
+        if int(which) == -1:
+            return (-1, "tpm", float(spent), max(0.0, float(held)) / 1000), 0, False, None
         if int(which) == 0:
-            return None, int(expired), bool(ample and int(ample[0]))
-        return (int(which) - 1, ("usd", "tokens")[int(unit) - 1], float(spent), float(held)), int(expired), False
+            return None, int(expired), bool(int(ample[0])), (bool(int(ample[1])) if window is not None else None)
+        return (int(which) - 1, ("usd", "tokens")[int(unit) - 1], float(spent), float(held)), int(expired), False, \
+            None
 
     def budget_settle(self, held: list[tuple[str, str, str, float]],
                       charged: list[tuple[tuple[str, str, str, float], float]], request_id: str, usd: float,

@@ -118,6 +118,29 @@ class Admit:
         info = self.keyring.by_key_id(key_id)
         return info is not None and info.tpm is not None
 
+    def window(self, ctx: RequestContext, tokens: int) -> tuple[str, int, int, float] | None:
+        """What the budgets' reservation needs to hold the request's tokens-per-minute hold in the same step
+        (Budgets.reserve(window=...)): (key id, tokens, tpm, window seconds), or None when it has nothing to hold
+        or its windows are not in the shared store."""
+        info = self.keyring.by_key_id(ctx.key_id)
+        if self.shared is None or info is None or info.tpm is None or tokens <= 0:
+            return None
+        return info.key_id, tokens, info.tpm, WINDOW_S
+
+    def held_with_budgets(self, ctx: RequestContext, ample: bool) -> None:
+        """The budgets' reservation held the request's tokens-per-minute hold (`window`): track it as ours."""
+        if not ample or ctx.request_id in self.holding:
+            self.ample.discard(ctx.request_id)
+        else:
+            self.ample.add(ctx.request_id)
+        self.holding[ctx.request_id] = ctx.key_id or ""
+
+    def window_full(self, ctx: RequestContext, used: float, tokens: int, wait: float) -> APIError:
+        """The 429 for a request whose tokens-per-minute hold did not fit (held with the budgets)."""
+        info = self.keyring.by_key_id(ctx.key_id)
+        assert info is not None
+        return self._tokens_full(info, used, tokens, wait)
+
     def reserve_tokens(self, ctx: RequestContext, tokens: int) -> None:
         """Hold `tokens` (the request's prompt and output bound) in its key's tokens-per-minute window, or raise a
         429 unless the tokens used in the last minute + held + these fit `tpm`. Calls for one request add up."""

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenomy.config import LimitsSettings
-from tokenomy.meter.budget import BudgetExceeded, Budgets
+from tokenomy.meter.budget import BudgetExceeded, Budgets, WindowFull
 from tokenomy.meter.pricing import PriceLike, cache_write_rate
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
@@ -72,18 +72,31 @@ class Reserve:
         model = self.priced_model(ctx)
         tokens, usd = self.bound(ctx, model)
         try:
-            self.budgets.reserve(ctx.key_id, ctx.tenant, ctx.request_id, usd, tokens)
+            held = self._reserve(ctx, tpm, usd, tokens)
         except BudgetExceeded as e:
             if not self.settings.shrink_to_fit or not self._shrink(ctx, model, e):
                 raise
             tokens, usd = self.bound(ctx, model)
-            self.budgets.reserve(ctx.key_id, ctx.tenant, ctx.request_id, usd, tokens)
-        if tpm:
+            held = self._reserve(ctx, tpm, usd, tokens)
+        if tpm and not held:
             self.admit.reserve_tokens(ctx, int(tokens))
         ctx.reserved = (model, usd)
         ctx.response_headers["x-tokenomy-reserved"] = f"tokens={int(tokens)}; usd={usd:.8f}; model={model}"
         ctx.cover = lambda name: self.cover(ctx, name)
         await call_next(ctx)
+
+    def _reserve(self, ctx: RequestContext, tpm: bool, usd: float, tokens: float) -> bool:
+        """Hold the budgets, and with them (one Redis round trip) the tpm window when both live in the shared store;
+        whether the tpm hold was taken here."""
+        window = self.admit.window(ctx, int(tokens)) if tpm else None
+        try:
+            ample = self.budgets.reserve(ctx.key_id, ctx.tenant, ctx.request_id, usd, tokens, window=window)
+        except WindowFull as e:
+            raise self.admit.window_full(ctx, e.used, int(tokens), e.wait_s) from None
+        if ample is None:
+            return False
+        self.admit.held_with_budgets(ctx, ample)
+        return True
 
     # ---- what a request may cost --------------------------------------------------------------------------
     def priced_model(self, ctx: RequestContext) -> str:
