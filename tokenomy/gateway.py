@@ -408,6 +408,9 @@ class Gateway:
         """Re-read the config file: keys, routes and cool-down settings change in place; models need a restart."""
         if self.config_path is None:
             raise APIError(400, "tokenomy was started without a config file; nothing to reload.")
+        if self.worker is not None:     # it would reach the one worker that took the request
+            raise APIError(400, f"tokenomy runs {self.config.server.workers} API workers; a reload would reach only "
+                           "the one that answered. Restart tokenomy to load the new config.", code="restart_needed")
         try:
             new = load_config(self.config_path, self.cli_models)
         except ConfigError as e:

@@ -120,6 +120,8 @@ class Child:
 class Supervisor:
     def __init__(self, config: Config, config_path: str | None, models: list[str], host: str, port: int,
                  workers: int) -> None:
+        # the workers' config says how many they are (--workers may override the file's)
+        config = config.model_copy(update={"server": config.server.model_copy(update={"workers": workers})})
         self.config, self.config_path, self.models = config, config_path, models
         self.host, self.port, self.n = host, port, workers
         self.stopping = threading.Event()
