@@ -182,9 +182,9 @@ class Supervisor:
                 return
             pid = child.proc.pid if child.proc is not None else None
             if not engine and pid is not None:
-                from prometheus_client import multiprocess
+                from tokenomy.meter.metrics import forget_process
 
-                multiprocess.mark_process_dead(pid, str(self.metrics_dir))
+                forget_process(pid, str(self.metrics_dir))
             failures = 0 if time.monotonic() - child.started_at > STABLE_S else failures + 1
             log.error("%s (pid %s) %s; starting it again", child.name, pid, how)
             while not self.stopping.is_set():

@@ -220,9 +220,10 @@ class Core:
             with self._peers_lock:
                 self._peers.remove(peer)
             peer.alive = False
-            for (p, _), seq in list(self._seqs.items()):
-                if p is peer:
+            for (p, rid), seq in list(self._seqs.items()):
+                if p is peer:            # its final events have nobody to go to: forget them here
                     self.engine.cancel(seq)
+                    self._forget(peer, rid)
             self._compiling = {k for k in self._compiling if k[0] is not peer}
             try:
                 conn.close()

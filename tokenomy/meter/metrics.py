@@ -185,6 +185,13 @@ class LedgerCollector:
 OTHER = "other"
 
 
+def forget_process(pid: int, directory: str) -> None:
+    """A worker that died: drop its live gauges from the multiprocess files (its counters stay, summed)."""
+    from prometheus_client import multiprocess as mp
+
+    mp.mark_process_dead(pid, directory)
+
+
 def multiprocess() -> bool:
     """Whether this process counts into prometheus-client's multiprocess files (api/workers.py sets the variable
     in each worker before anything imports prometheus_client)."""
