@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,33 +165,41 @@ def main() -> None:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # a killed run still stops its servers (finally)
     console = Console(stderr=True)
     workers = [int(x) for x in args.workers.split(",")]
     out: dict[str, Any] = {"cores": os.cpu_count()}
     if not args.skip_stub:
         out["stub"] = stub_rows(workers, [int(x) for x in args.levels.split(",")], args.requests, console)
+        if not args.json:
+            stub_table(out["stub"], args.requests, out["cores"])
     if not args.skip_engine:
         out["engine"] = engine_rows(workers, [int(x) for x in args.engine_levels.split(",")], args.tokens, console)
+        if not args.json:
+            engine_table(out["engine"], args.tokens)
     if args.json:
         print(json.dumps(out, indent=2))
-        return
-    show = Console()
-    if "stub" in out:
-        t = Table(title=f"tokenomy in front of the instant stub ({out['stub'][0]['load'] if out['stub'] else ''}, "
-                        f"{args.requests} requests a level, {out['cores']} cores shared with the load generator)")
-        for col in ("workers", "concurrency", "req/s", "p50 ms", "p99 ms", "non-200"):
-            t.add_column(col, justify="right")
-        for r in out["stub"]:
-            t.add_row(str(r["workers"]), str(r["concurrency"]), f"{r['rps']:.0f}", f"{r['p50_ms']:.2f}",
-                      f"{r['p99_ms']:.2f}", str(r["non_200"]))
-        show.print(t)
-    if "engine" in out:
-        t = Table(title=f"embedded SmolLM2, {args.tokens}-token answers: one engine process behind the workers")
-        for col in ("workers", "concurrency", "tok/s", "TTFT p50 s"):
-            t.add_column(col, justify="right")
-        for r in out["engine"]:
-            t.add_row(str(r["workers"]), str(r["concurrency"]), f"{r['tok_s']:.1f}", f"{r['ttft_p50']:.2f}")
-        show.print(t)
+
+
+def stub_table(rows: list[dict[str, Any]], requests: int, cores: int | None) -> None:
+    load = rows[0]["load"] if rows else ""
+    t = Table(title=f"tokenomy in front of the instant stub ({load}, {requests} requests a level, {cores} cores "
+                    "shared with the load generator)")
+    for col in ("workers", "concurrency", "req/s", "p50 ms", "p99 ms", "non-200"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["workers"]), str(r["concurrency"]), f"{r['rps']:.0f}", f"{r['p50_ms']:.2f}",
+                  f"{r['p99_ms']:.2f}", str(r["non_200"]))
+    Console().print(t)
+
+
+def engine_table(rows: list[dict[str, Any]], tokens: int) -> None:
+    t = Table(title=f"embedded SmolLM2, {tokens}-token answers: one engine process behind the workers")
+    for col in ("workers", "concurrency", "tok/s", "TTFT p50 s"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["workers"]), str(r["concurrency"]), f"{r['tok_s']:.1f}", f"{r['ttft_p50']:.2f}")
+    Console().print(t)
 
 
 if __name__ == "__main__":

@@ -215,6 +215,25 @@ def test_a_worker_killed_mid_request_is_replaced_and_only_its_request_fails(serv
     assert "API worker" in served.log.read_text()   # the supervisor said what happened
 
 
+def test_an_engine_killed_is_started_again_and_every_worker_reconnects(served: Served) -> None:
+    engine_a = next(p for p in served.engines() if "engine-0.sock" in " ".join(p.cmdline()))
+    conns = pinned(served)
+    engine_a.kill()
+    for c in conns.values():      # model b is untouched; model a answers 503 (engine_died) or, restarted, 200
+        assert chat(c, OPEN_KEY, model="b", content="Are you there?").status_code == 200
+        assert chat(c, OPEN_KEY, content="And model a?").status_code in (200, 503)
+
+    def a_serves_on(c: httpx.Client) -> bool:
+        engines = c.get("/health").json()["engines"]
+        return engines["a"]["state"] == "ready" and engines["a"]["pid"] not in (None, engine_a.pid)
+
+    for c in conns.values():
+        wait_until(lambda c=c: a_serves_on(c), timeout=180, interval=0.2, what="the worker to reconnect to engine a")
+        assert chat(c, OPEN_KEY, content="Back again?").status_code == 200
+        c.close()
+    assert len(served.engines()) == 2
+
+
 def test_sigterm_stops_every_process(served: Served) -> None:
     tree = served.tree()
     served.proc.send_signal(signal.SIGTERM)
