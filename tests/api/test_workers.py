@@ -240,3 +240,19 @@ def test_sigterm_stops_every_process(served: Served) -> None:
     assert served.proc.wait(60) == 0
     wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree), timeout=60,
                what="the engines and workers to stop")
+
+
+def test_workers_refuse_limits_counted_per_process_and_an_in_memory_ledger() -> None:
+    from pydantic import ValidationError
+
+    from tokenomy.config import Config
+
+    limited = {"server": {"workers": 2}, "keys": [{"key": "sk-a", "rpm": 10}]}
+    with pytest.raises(ValidationError, match="limits.store: redis://"):
+        Config.model_validate(limited)
+    assert Config.model_validate({**limited, "limits": {"store": "redis://127.0.0.1:6379/0"}}).server.workers == 2
+    with pytest.raises(ValidationError, match="in-memory ledger"):
+        Config.model_validate({"server": {"workers": 2}, "ledger": "sqlite://"})
+    # --workers on the command line is checked the same way (api/server.py)
+    assert "Redis" in (Config.model_validate({"keys": limited["keys"]}).workers_problem(3) or "")
+    assert Config.model_validate({"keys": limited["keys"]}).workers_problem(1) is None
