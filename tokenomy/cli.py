@@ -31,17 +31,23 @@ def serve(
     host: str | None = typer.Option(None, help="Address to bind (default 127.0.0.1, or the config's)."),
     port: int | None = typer.Option(None, help="Port to bind (default 8000, or the config's)."),
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML config file (optional)."),
+    workers: int | None = typer.Option(None, min=1, max=256, help="API processes on the port, in front of one "
+                                       "engine process per embedded model (default 1, or the config's "
+                                       "server.workers; docs/workers.md)."),
 ) -> None:
     """Start the OpenAI-compatible server on the models named (default: the packaged smollm2-135m-instruct, or
     the models in --config)."""
     from tokenomy.api.server import run
+    from tokenomy.api.workers import WorkerStartError
     from tokenomy.config import ConfigError
+    from tokenomy.engine.client import EngineStartError
     from tokenomy.engine.fit import DoesNotFit
     from tokenomy.hub import HubError
 
     try:
-        run(host=host, port=port, config_path=config, models=models or [])
-    except (ConfigError, HubError, DoesNotFit, FileNotFoundError) as e:   # a bad file or model, a download that
+        run(host=host, port=port, config_path=config, models=models or [], workers=workers)
+    except (ConfigError, HubError, DoesNotFit, FileNotFoundError, EngineStartError,
+            WorkerStartError) as e:   # a bad file or model, a download that
         typer.echo(f"tokenomy: {e}", err=True)      # failed, a model too big, a key's variable unset
         raise typer.Exit(1) from None
 

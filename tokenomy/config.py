@@ -677,6 +677,9 @@ class ServerSettings(_Strict):
     public: list[str] = Field(default_factory=lambda: ["/health"], description="with keys configured, these paths "
                               "answer without one; /metrics, /docs and /openapi.json need any valid key unless "
                               "listed (a Prometheus scrape can send one as a bearer token)")
+    workers: int = Field(1, ge=1, le=256, description="API processes on the port, each running the whole pipeline, "
+                         "in front of one engine process per embedded model (docs/workers.md); more than 1 needs "
+                         "limits.store on Redis when keys or tenants have limits or budgets")
 
 
 class Config(_Strict):
@@ -746,6 +749,43 @@ class Config(_Strict):
         for m in self.models:
             if isinstance(m, EmbeddedModelSpec) and m.engine is not None:
                 m.engine = self._engine_for(m.name, m.engine)
+        return self
+
+    @model_validator(mode="after")
+    def _workers(self) -> Config:
+        problem = self.workers_problem(self.server.workers)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def workers_problem(self, workers: int) -> str | None:
+        """What stops `workers` API processes from serving this config as one (state that must be one across
+        them in a store they share: docs/workers.md), or None."""
+        if workers <= 1:
+            return None
+        limited = [f"keys[{i}] ({k.name})" for i, k in enumerate(self.keys) if k.rpm or k.tpm or k.budget] + [
+            f"tenants.{t}" for t, spec in self.tenants.items()
+            if spec.budget or getattr(spec, "rpm", None) or getattr(spec, "tpm", None)]
+        if limited and self.limits.store == "local":
+            return (f"server.workers: {workers} processes count rate limits and budgets together only in Redis "
+                    f"({', '.join(limited[:3])} have limits): set limits.store: redis://host:port/db, or "
+                    "server.workers: 1")
+        url = self.ledger.url if self.ledger is not None else None
+        if url in ("sqlite://", "sqlite:///:memory:", ":memory:"):
+            return ("server.workers: an in-memory ledger would be one per worker; give ledger a file "
+                    "(sqlite:///FILE) or postgresql://")
+        return None
+        limited = [f"keys[{i}] ({k.name})" for i, k in enumerate(self.keys) if k.rpm or k.tpm or k.budget] + [
+            f"tenants.{t}" for t, spec in self.tenants.items()
+            if spec.budget or getattr(spec, "rpm", None) or getattr(spec, "tpm", None)]
+        if limited and self.limits.store == "local":
+            raise ValueError(f"server.workers: {self.server.workers} processes count rate limits and budgets "
+                             f"together only in Redis ({', '.join(limited[:3])} have limits): set limits.store: "
+                             "redis://host:port/db, or server.workers: 1")
+        url = self.ledger.url if self.ledger is not None else None
+        if url in ("sqlite://", "sqlite:///:memory:", ":memory:"):
+            raise ValueError("server.workers: an in-memory ledger would be one per worker; give ledger a file "
+                             "(sqlite:///FILE) or postgresql://")
         return self
 
     def _engine_for(self, name: str, own: EngineConfig) -> EngineConfig:

@@ -11,6 +11,8 @@ from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.registry import Registry
 from tokenomy.config import AnthropicModelSpec, Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
+from tokenomy.engine.client import EngineAddress
+from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.fit import Fit, size
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
@@ -38,31 +40,47 @@ from tokenomy.pipeline.route import Route
 log = logging.getLogger("tokenomy")
 
 
+def engine_settings(spec: EmbeddedModelSpec, config: Config, *, n_threads: int | None = None,
+                    fits: dict[str, Fit] | None = None) -> tuple[str, EngineConfig]:
+    """An embedded model's GGUF path and the engine config to load it with: the model's engine settings, its
+    window from its GGUF unless set, once its weights and KV are known to fit beside the models in ``fits``, where
+    its own Fit is added (engine/fit.py); ``n_threads`` overrides the engine's threads. DoesNotFit for a model
+    memory cannot hold."""
+    cfg = spec.engine or config.engine
+    if n_threads is not None:
+        cfg = cfg.model_copy(update={"n_threads": n_threads})
+    path = str(resolve_gguf(spec.gguf))
+    if cfg.draft_model:
+        cfg = cfg.model_copy(update={"draft_model": str(resolve_gguf(cfg.draft_model))})
+    fits = {} if fits is None else fits
+    in_ram = sum(f.need for f in fits.values() if not f.on_gpu)     # VRAM's free figure excludes its own
+    cfg, fit = size(path, cfg, committed=in_ram, draft_path=cfg.draft_model)
+    fits[spec.name] = fit
+    log.info("loading %s from %s: a %d-token window (%s), %.2f GiB of weights and KV", spec.name, path,
+             fit.window, fit.source, (fit.weight_bytes + fit.kv_bytes) / (1 << 30))
+    cores = os.cpu_count() or 1
+    if cfg.n_threads in (0, cores) and cores > 1:
+        log.warning("engine %s decodes on all %d cores: any other CPU work on this machine stalls every step "
+                    "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
+                    "engine.n_threads to %d.", spec.name, cores, cores - 1)
+    return path, cfg
+
+
 def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
-                  n_threads: int | None = None, fits: dict[str, Fit] | None = None) -> Any:
-    """The backend for one configured model: the embedded engine (started here, with the model's engine and
-    structured settings, its window from its GGUF unless set, once its weights and KV are known to fit beside the
-    models in ``fits``, where its own Fit is added: engine/fit.py; ``n_threads`` overrides the engine's threads),
-    the OpenAI-compatible upstream (a pool of them with `replicas`) or the Messages upstream. Raises ConfigError
-    for what only shows at start (a key's variable unset), DoesNotFit for a model memory cannot hold."""
+                  n_threads: int | None = None, fits: dict[str, Fit] | None = None,
+                  engines: dict[str, EngineAddress] | None = None) -> Any:
+    """The backend for one configured model: the embedded engine (started here with engine_settings, or the one
+    at ``engines[name]`` that a supervisor runs: api/workers.py), the OpenAI-compatible upstream (a pool of them
+    with `replicas`) or the Messages upstream. Raises ConfigError for what only shows at start (a key's variable
+    unset), DoesNotFit for a model memory cannot hold."""
     if isinstance(spec, EmbeddedModelSpec):
-        cfg = spec.engine or config.engine
-        if n_threads is not None:
-            cfg = cfg.model_copy(update={"n_threads": n_threads})
-        path = str(resolve_gguf(spec.gguf))
-        if cfg.draft_model:
-            cfg = cfg.model_copy(update={"draft_model": str(resolve_gguf(cfg.draft_model))})
-        fits = {} if fits is None else fits
-        in_ram = sum(f.need for f in fits.values() if not f.on_gpu)     # VRAM's free figure excludes its own
-        cfg, fit = size(path, cfg, committed=in_ram, draft_path=cfg.draft_model)
-        fits[spec.name] = fit
-        log.info("loading %s from %s: a %d-token window (%s), %.2f GiB of weights and KV", spec.name, path,
-                 fit.window, fit.source, (fit.weight_bytes + fit.kv_bytes) / (1 << 30))
-        cores = os.cpu_count() or 1
-        if cfg.n_threads in (0, cores) and cores > 1:
-            log.warning("engine %s decodes on all %d cores: any other CPU work on this machine stalls every step "
-                        "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
-                        "engine.n_threads to %d.", spec.name, cores, cores - 1)
+        remote = (engines or {}).get(spec.name)
+        if remote is not None:
+            if fits is not None:
+                fits[spec.name] = remote.fit
+            return EmbeddedBackend(spec.name, remote.path, remote.cfg, structured=spec.structured,
+                                   address=remote.address)
+        path, cfg = engine_settings(spec, config, n_threads=n_threads, fits=fits)
         return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured)
     if isinstance(spec, AnthropicModelSpec):
         from tokenomy.backends.anthropic import AnthropicBackend
@@ -78,8 +96,12 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
 
 
 class Gateway:
-    def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None) -> None:
+    def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None,
+                 engines: dict[str, EngineAddress] | None = None, worker: int | None = None) -> None:
+        """`engines` and `worker`: an API worker of `server.workers` (api/workers.py) uses the engine processes
+        its supervisor runs, and keeps its semantic index apart from the other workers'."""
         self.config = config
+        self.worker = worker
         self.config_path = config_path
         self.cli_models = models or []      # named on the command line: a reload keeps them
         self.metrics = Metrics()
@@ -93,7 +115,7 @@ class Gateway:
                 spec.api_key()
         self.fits: dict[str, Fit] = {}     # each embedded model's window and bytes, checked before it loads
         for spec in config.models:
-            self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits))
+            self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits, engines=engines))
         self.metrics.watch_engines(self.engines)
         self.metrics.watch_pools(self.pools)
         for name, engine in self.engines():
@@ -260,7 +282,9 @@ class Gateway:
                                max_entries=c.exact.max_entries, deterministic_only=c.exact.deterministic_only)
         if c.semantic.enabled:
             s = c.semantic
-            semantic = SemanticCache(path / "semantic", store=store("semantic", s.max_entries),
+            # each worker's index is its own (a Redis store's log shares entries between them: cache/replication.py)
+            index = path / ("semantic" if not self.worker else f"semantic-worker{self.worker}")
+            semantic = SemanticCache(index, store=store("semantic", s.max_entries),
                                      threshold=s.threshold, error_budget=s.error_budget, ttl_s=s.ttl_s,
                                      max_entries=s.max_entries, embed_threads=s.embed_threads,
                                      min_margin=s.min_margin)
@@ -298,15 +322,18 @@ class Gateway:
         m = self.metrics
         batch, pre, hits = m.batch_tokens.labels(name), m.preemptions.labels(name), m.prefix_hits.labels(name)
         spec = (m.spec_drafts.labels(name), m.spec_draft_tokens.labels(name), m.spec_accepted.labels(name))
-        last = (0, 0, 0, 0, 0, 0)
+        # from the counters so far: an API worker that joins a running engine counts only what comes after
+        last = (engine.preemptions, engine.prefix_hit_tokens, engine.prefix_query_tokens, *engine.spec)
 
         def on_step(n_tokens: int, n_seqs: int, dt: float) -> None:
             nonlocal last
-            batch.observe(n_tokens)
             now = (engine.preemptions, engine.prefix_hit_tokens, engine.prefix_query_tokens, *engine.spec)
             # what the engine's counters grew by (they restart with a restarted engine)
             d_pre, d_hits, d_queries, *d_spec = (max(new - old, 0) for new, old in zip(now, last, strict=True))
             last = now
+            if not engine.owns_steps:     # another API worker counts this engine's steps (api/workers.py)
+                return
+            batch.observe(n_tokens)
             pre.inc(d_pre)
             hits.inc(d_hits)
             for counter, d in zip(spec, d_spec, strict=True):
@@ -383,6 +410,9 @@ class Gateway:
         """Re-read the config file: keys, routes and cool-down settings change in place; models need a restart."""
         if self.config_path is None:
             raise APIError(400, "tokenomy was started without a config file; nothing to reload.")
+        if self.worker is not None:     # it would reach the one worker that took the request
+            raise APIError(400, f"tokenomy runs {self.config.server.workers} API workers; a reload would reach only "
+                           "the one that answered. Restart tokenomy to load the new config.", code="restart_needed")
         try:
             new = load_config(self.config_path, self.cli_models)
         except ConfigError as e:

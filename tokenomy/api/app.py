@@ -6,6 +6,7 @@ Files and Batches' when the gateway has them), the error handlers and the lifesp
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -83,8 +84,9 @@ async def health(request: Request) -> JSONResponse:
     caches = {n: getattr(store, "healthy", True) for n, store in gateway.cache_stores()}
     status = "unavailable" if not ok else "degraded" if not all(caches.values()) or cooling else "ok"
     gpus = gpu.memory()       # None without an NVIDIA GPU (NVML)
+    worker = {"worker": {"index": gateway.worker, "pid": os.getpid()}} if gateway.worker is not None else {}
     return JSONResponse({"status": status, "models": states, "engines": engines, "cooling": cooling,
-                         "caches": caches, "gpu": None if gpus is None else [g.as_dict() for g in gpus]},
+                         "caches": caches, "gpu": None if gpus is None else [g.as_dict() for g in gpus], **worker},
                         status_code=200 if ok else 503)
 
 

@@ -42,7 +42,8 @@ LIVE = ("tokenomy_queue_depth", "tokenomy_engine_running_seqs", "tokenomy_engine
 
 def _live(metrics: Any) -> dict[str, float]:
     out: dict[str, float] = {}
-    for family in metrics.registry.collect():
+    # several API workers: every worker's counts (Metrics.shared), as /metrics shows them
+    for family in (getattr(metrics, "shared", None) or metrics.registry).collect():
         if family.name in LIVE:
             for s in family.samples:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))

@@ -9,7 +9,7 @@ import uvicorn
 from rich.console import Console
 
 from tokenomy.api.app import create_app
-from tokenomy.config import Config, EmbeddedModelSpec, load_config
+from tokenomy.config import Config, ConfigError, EmbeddedModelSpec, load_config
 from tokenomy.gateway import Gateway
 from tokenomy.hub import is_hub_ref
 from tokenomy.meter.ledger import normalize_url, safe_url
@@ -30,19 +30,40 @@ def state_line(config: Config) -> str:
 
 
 def run(host: str | None = None, port: int | None = None, config_path: Path | None = None,
-        models: list[str] | None = None) -> None:
-    """Serve the config's models and those named in `models` (config.with_models)."""
+        models: list[str] | None = None, workers: int | None = None) -> None:
+    """Serve the config's models and those named in `models` (config.with_models), in `workers` API processes
+    (default: the config's server.workers; more than one: api/workers.py)."""
     console = Console(stderr=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = load_config(config_path, models)
+    workers = workers or config.server.workers
+    problem = config.workers_problem(workers)
+    if problem:
+        raise ConfigError(problem)
     for spec in config.models:      # downloads first, with their progress bars, before the spinner
         if isinstance(spec, EmbeddedModelSpec) and spec.gguf and is_hub_ref(spec.gguf):
             console.print(f"{spec.name}: {spec.gguf}", markup=False, highlight=False)
             resolve_gguf(spec.gguf)
-    with console.status("loading models: " + ", ".join(m.name for m in config.models)):
-        gateway = Gateway(config, str(config_path) if config_path else None, models=models)
     host = host or config.server.host
     port = port or config.server.port
+    if workers > 1:
+        from tokenomy.api import workers as supervisor
+
+        def ready(sup: supervisor.Supervisor) -> None:
+            names = ", ".join(m.name for m in config.models)
+            pids = sup.pids()
+            console.print(f"[bold green]tokenomy[/] serving {names} on http://{host}:{port}/v1 with {workers} "
+                          f"API workers (pids {pids['workers']}), one engine process per embedded model "
+                          f"{pids['engines']}")
+            console.print(state_line(config), markup=False, highlight=False)
+
+        console.print(f"loading {', '.join(m.name for m in config.models)} and starting {workers} API workers",
+                      markup=False, highlight=False)
+        supervisor.serve(config, str(config_path) if config_path else None, models or [], host, port, workers,
+                         ready=ready)
+        return
+    with console.status("loading models: " + ", ".join(m.name for m in config.models)):
+        gateway = Gateway(config, str(config_path) if config_path else None, models=models)
     console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1")
     console.print(state_line(config), markup=False, highlight=False)
     uvicorn.run(create_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

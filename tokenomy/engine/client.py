@@ -5,12 +5,17 @@ keeps only the vocabulary (tokenizing, chat templates). When the child dies (a n
 kill -9) or stops making progress for `watchdog_s` while it holds requests, every request it held ends with an
 error event (error_code "engine_died"), and the child is started again with exponential backoff. Submissions
 while it restarts raise EngineUnavailable at once, so other models keep serving and callers can fall back.
+
+With an `address` the client does not start the engine but connects to one that a supervisor runs
+(`server.workers`, api/workers.py), as each of several API workers does: a closed connection fails the requests
+it held in the same way, and the client connects again once the supervisor has the engine back.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -35,7 +40,7 @@ from tokenomy.engine.vocab import Vocab
 
 log = logging.getLogger("tokenomy.engine")
 
-ENTRY = "import sys; from tokenomy.engine.core import main; main(int(sys.argv[1]))"
+ENTRY = "import sys; from tokenomy.engine.core import main; main(int(sys.argv[1]), *sys.argv[2:])"
 
 
 class EngineStartError(RuntimeError):
@@ -74,6 +79,17 @@ def _reap(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.wait()
 
 
+@dataclass(frozen=True)
+class EngineAddress:
+    """An engine process that another process runs (the supervisor of `server.workers`): where it listens, and
+    the GGUF, engine config and sizing it was started with."""
+
+    address: str          # its Unix socket
+    path: str
+    cfg: EngineConfig
+    fit: Any              # engine.fit.Fit
+
+
 @dataclass(eq=False)
 class Handle:
     """One submitted request, as the gateway sees it."""
@@ -85,10 +101,13 @@ class Handle:
 
 
 class EngineClient:
-    def __init__(self, model_path: str, cfg: EngineConfig | None = None, name: str = "model") -> None:
+    def __init__(self, model_path: str, cfg: EngineConfig | None = None, name: str = "model",
+                 address: str | None = None) -> None:
         self.cfg = cfg = cfg or EngineConfig()
         self.name = name
         self.path = model_path
+        self.address = address            # an engine process to connect to (server.workers); None: start one
+        self.owns_steps = True            # whether this client counts the engine's steps (StepReport.owner)
         self.vocab = Vocab(model_path, vocab_only=True)
         self.tokenizer = Tokenizer(self.vocab)
         self.stats = StepStats()          # its callbacks run on the reader thread, once per engine step
@@ -122,6 +141,9 @@ class EngineClient:
     # ---- process lifecycle -----------------------------------------------------------------------------
     def _spawn(self) -> None:
         """Start the engine process and wait for its self-check; raise EngineStartError naming the cause."""
+        if self.address is not None:
+            self._attach(self.address)
+            return
         # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's __main__) on one end of
         # a socket pair; the child exits when the gateway's end closes.
         ours, theirs = socket.socketpair()
@@ -142,17 +164,37 @@ class EngineClient:
         if msg[0] != "ready":
             _reap(proc)
             raise EngineStartError(f"{what} failed its start-up self-check: {msg[1]}")
-        info = msg[1]
+        self._ready(msg[1], proc, conn)
+
+    def _attach(self, address: str) -> None:
+        """Connect to the engine process at `address` (a Unix socket) and read what it is; EngineStartError when
+        it does not answer (not up yet, or restarting)."""
+        from multiprocessing.connection import Client
+
+        what = f"the engine process for {self.name!r} at {address}"
+        try:
+            conn = Client(address, family="AF_UNIX")
+            if not conn.poll(self.cfg.start_timeout_s):
+                conn.close()
+                raise EngineStartError(f"{what} did not answer in {self.cfg.start_timeout_s:g} s")
+            msg = conn.recv()
+        except (EOFError, OSError) as e:
+            raise EngineStartError(f"{what} is not reachable: {e}") from None
+        self._ready(msg[1], None, conn)
+
+    def _ready(self, info: dict[str, Any], proc: subprocess.Popen | None, conn: Connection) -> None:
         self.max_model_len, self.n_ctx, self.pid = info["max_model_len"], info["n_ctx"], info["pid"]
         self.n_gpu_layers = info["n_gpu_layers"]
         self.running = self._waiting = self.used_cells = 0
+        if info.get("report") is not None:   # an engine that ran before we came: its counters so far
+            self._apply(info["report"])
         self._proc, self._conn = proc, conn
         self._up_since = self._last_progress = time.monotonic()
         self.state = "ready"
         threading.Thread(target=self._read, args=(proc, conn), name=f"engine-reader-{self.name}",
                          daemon=True).start()
 
-    def _read(self, proc: Any, conn: Connection) -> None:
+    def _read(self, proc: subprocess.Popen | None, conn: Connection) -> None:
         while True:
             try:
                 msg = conn.recv()
@@ -160,7 +202,7 @@ class EngineClient:
                 break
             except Exception:             # a message we cannot read: the channel is no longer trustworthy
                 log.exception("engine %s sent an unreadable message; restarting it", self.name)
-                proc.kill()
+                self._kill(proc)
                 break
             self._last_progress = time.monotonic()
             if msg[0] == "step":
@@ -174,9 +216,24 @@ class EngineClient:
                     fut.set_result(msg[2])
                 elif fut is not None:
                     fut.set_exception(RuntimeError(f"the engine for model {self.name!r} could not answer: {msg[3]}"))
+        if proc is None:
+            conn.close()
+            if self.state != "stopped":
+                self._crashed("closed its connection (the engine process ended; its supervisor starts it again)")
+            return
         _reap(proc)
         if self.state != "stopped":
             self._crashed(describe_exit(proc.returncode))
+
+    def _kill(self, proc: subprocess.Popen | None) -> None:
+        """Kill the engine process: ours, or the supervisor's (which starts it again) by its pid."""
+        if proc is not None:
+            proc.kill()
+        elif self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def _crashed(self, reason: str) -> None:
         with self._lock:
@@ -200,7 +257,9 @@ class EngineClient:
     def _restart(self) -> None:
         attempt = self._failures
         while self.state == "restarting":
-            time.sleep(tuning.BACKOFF_S[min(attempt, len(tuning.BACKOFF_S) - 1)])
+            wait = tuning.BACKOFF_S[min(attempt, len(tuning.BACKOFF_S) - 1)]
+            # connecting is cheap: try often, so requests resume as soon as the supervisor's engine is back
+            time.sleep(min(wait, tuning.BACKOFF_S[0]) if self.address is not None else wait)
             if self.state != "restarting":
                 return
             try:
@@ -216,11 +275,11 @@ class EngineClient:
         while self.state != "stopped":
             time.sleep(min(1.0, self.cfg.watchdog_s / 4))
             proc = self._proc
-            if (self.state == "ready" and self._pending and proc is not None
+            if (self.state == "ready" and self._pending and (proc is not None or self.address is not None)
                     and time.monotonic() - self._last_progress > self.cfg.watchdog_s):
                 log.error("engine %s made no progress for %.0f s with %d requests: killing it", self.name,
                           self.cfg.watchdog_s, len(self._pending))
-                proc.kill()          # the reader sees the pipe close and restarts it
+                self._kill(proc)     # the reader sees the pipe close and restarts it
                 self._last_progress = time.monotonic()
 
     def stop(self) -> None:
@@ -231,6 +290,8 @@ class EngineClient:
             pass
         if self._proc is not None:
             _reap(self._proc)
+        elif self._conn is not None:    # a supervisor's engine: we leave it, it serves the other workers on
+            self._conn.close()
         self.vocab.close()
 
     # ---- requests ----------------------------------------------------------------------------------------
@@ -313,6 +374,7 @@ class EngineClient:
         self.preemptions, self.prefix_hit_tokens = r.preemptions, r.prefix_hit_tokens
         self.prefix_query_tokens = r.prefix_query_tokens
         self.spec = r.spec
+        self.owns_steps = r.owner
         if r.tiers is not None:
             self.tier_stats = r.tiers
         if r.n_tokens:

@@ -14,6 +14,9 @@ many sequences it ran; a request that is not streamed gets one event, at its end
 the cores with the step loop) wakes once per answer instead of once per token. A crash on either side is a
 closed pipe on the other: the client (client.py) turns it into errors and a restart, and this process exits when
 the gateway goes away.
+
+With `server.workers` > 1 the same messages run over a Unix socket that every API worker connects to (each a
+Peer, its request ids its own; main's `address`): one engine, one batch, whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class StepReport:
     prefix_query_tokens: int = 0
     spec: tuple[int, int, int] = (0, 0, 0)   # speculation since start: drafts, draft tokens, accepted tokens
     tiers: TierStats | None = None           # KV tiers since start
+    owner: bool = True                       # whether this peer counts the step's engine-wide figures (the oldest
+    #                                          of several peers does: each step is counted once between them)
 
 
 def self_check(engine: Engine) -> None:
@@ -102,26 +107,41 @@ def merged(events: list[TokenEvent], last: TokenEvent) -> TokenEvent:
         signals=[c for e in every for c in e.signals])
 
 
-class Core:
-    def __init__(self, conn: Connection, engine: Engine) -> None:
+class Peer:
+    """One gateway process on the other end of a pipe: its channel, and the events of its sequences that the
+    current step produced (flushed after the step, as one message)."""
+
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.outbox: list[tuple[int, TokenEvent]] = []
+        self.alive = True
+        self._lock = threading.Lock()
+
+    def send(self, msg: tuple) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
+
+class Core:
+    """The engine's side of the pipes. One peer (the gateway that started this process), or several (the API
+    workers of `server.workers`, each connected to this process's socket: serve_socket). Request ids are each
+    peer's own; a peer that goes away has its sequences cancelled."""
+
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._send_lock = threading.Lock()
-        self._outbox: list[tuple[int, TokenEvent]] = []
+        self._peers: list[Peer] = []               # oldest first; the first counts the steps (StepReport.owner)
+        self._peers_lock = threading.Lock()
         self._report = StepReport()
-        self._seqs: dict[int, Any] = {}
-        self._compiling: set[int] = set()          # constrained submissions whose grammar is being compiled
-        self._cancelled_early: set[int] = set()    # ... and were cancelled meanwhile
+        self._seqs: dict[tuple[Peer, int], Any] = {}
+        self._key_peer: dict[Any, tuple[Peer, int]] = {}   # a step's tokens_by_seq key -> its peer, live sequences
+        self._compiling: set[tuple[Peer, int]] = set()        # constrained submissions whose grammar is compiling
+        self._cancelled_early: set[tuple[Peer, int]] = set()  # ... and were cancelled meanwhile
         self._compile_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar")
         self._compiler: Any = None
         self._compiler_lock = threading.Lock()
         engine.stats.on_step.append(self._on_step)
         engine.stats.on_step_seqs.append(self._on_step_seqs)
         engine.after_step.append(self._flush)
-
-    def send(self, msg: tuple) -> None:
-        with self._send_lock:
-            self.conn.send(msg)
 
     # ---- engine thread ---------------------------------------------------------------------------------
     def _on_step(self, n_tokens: int, n_seqs: int, dt: float) -> None:
@@ -130,56 +150,121 @@ class Core:
     def _on_step_seqs(self, dt: float, by_seq: dict[Any, int]) -> None:
         self._report.tokens_by_seq = dict(by_seq)
 
-    def _flush(self) -> None:
+    def snapshot(self) -> StepReport:
+        """The engine's state and its counters since start, with no step in it."""
         s = self.engine.scheduler
-        r, self._report = self._report, StepReport()
-        r.running, r.waiting, r.used_cells = len(s.running), self.engine.queue_depth, s.used_cells
-        r.preemptions, r.prefix_hit_tokens = s.preemptions, s.prefix_hit_tokens
-        r.prefix_query_tokens = s.prefix_query_tokens
+        r = StepReport(running=len(s.running), waiting=self.engine.queue_depth, used_cells=s.used_cells,
+                       preemptions=s.preemptions, prefix_hit_tokens=s.prefix_hit_tokens,
+                       prefix_query_tokens=s.prefix_query_tokens)
         st = self.engine.stats
         r.spec = (st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens)
         r.tiers = self.engine.tiers.stats
-        out, self._outbox = self._outbox, []
-        if not out and not r.n_tokens:
-            return
-        for rid, ev in out:
-            if ev.finish_reason is not None:
-                self._seqs.pop(rid, None)
-        self.send(("step", r, out))
+        return r
 
-    # ---- the pipe ----------------------------------------------------------------------------------------
-    def serve(self) -> None:
+    def _flush(self) -> None:
+        step, snap = self._report, self.snapshot()
+        self._report = StepReport()
+        r = dataclasses.replace(snap, n_tokens=step.n_tokens, n_seqs=step.n_seqs, dt=step.dt,
+                                tokens_by_seq=step.tokens_by_seq)
+        peers = list(self._peers)
+        for i, peer in enumerate(peers):
+            out, peer.outbox = peer.outbox, []
+            if not out and not r.n_tokens:
+                continue
+            for rid, ev in out:
+                if ev.finish_reason is not None:
+                    self._forget(peer, rid)
+            # several peers: the first counts the step's engine-wide figures, and each gets the tokens of its own
+            # sequences (the others' under the key None, so a step's energy is still shared by all its tokens)
+            mine = r if len(peers) == 1 else dataclasses.replace(
+                r, owner=i == 0, tokens_by_seq=self._split(peer, r.tokens_by_seq))
+            try:
+                peer.send(("step", mine, out))
+            except (OSError, ValueError):   # it went away: its reader thread drops it
+                pass
+
+    def _split(self, peer: Peer, by_seq: dict[Any, int]) -> dict[Any, int]:
+        out: dict[Any, int] = {}
+        rest = 0
+        for key, n in by_seq.items():
+            owner = self._key_peer.get(key)
+            if owner is not None and owner[0] is peer:
+                out[key] = n
+            else:
+                rest += n
+        if rest:
+            out[None] = rest
+        return out
+
+    def _forget(self, peer: Peer, rid: int) -> None:
+        seq = self._seqs.pop((peer, rid), None)
+        if seq is None:
+            return
+        key = seq.request_id or seq.seq_id
+        owner = self._key_peer.get(key)
+        if owner is not None:
+            if owner[1] <= 1:
+                self._key_peer.pop(key, None)
+            else:
+                self._key_peer[key] = (owner[0], owner[1] - 1)
+
+    # ---- the pipes ---------------------------------------------------------------------------------------
+    def serve(self, conn: Connection) -> None:
+        """Read one peer's messages until its pipe closes or it says stop; then cancel what it left running."""
+        peer = Peer(conn)
+        with self._peers_lock:
+            self._peers.append(peer)
+        try:
+            self._serve(peer)
+        finally:
+            with self._peers_lock:
+                self._peers.remove(peer)
+            peer.alive = False
+            for (p, rid), seq in list(self._seqs.items()):
+                if p is peer:            # its final events have nobody to go to: forget them here
+                    self.engine.cancel(seq)
+                    self._forget(peer, rid)
+            self._compiling = {k for k in self._compiling if k[0] is not peer}
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def _serve(self, peer: Peer) -> None:
         while True:
             try:
-                msg = self.conn.recv()
+                msg = peer.conn.recv()
             except (EOFError, OSError):
                 return                       # the gateway is gone
             kind = msg[0]
             if kind == "submit":
-                self._submit(*msg[1:])
+                self._submit(peer, *msg[1:])
             elif kind == "cancel":
-                seq = self._seqs.get(msg[1])
+                key = (peer, msg[1])
+                seq = self._seqs.get(key)
                 if seq is not None:
                     self.engine.cancel(seq)
-                elif msg[1] in self._compiling:
-                    self._cancelled_early.add(msg[1])
+                elif key in self._compiling:
+                    self._cancelled_early.add(key)
             elif kind == "call":
                 try:
-                    self.send(("reply", msg[1], self._call(msg[2], *msg[3:]), None))
+                    peer.send(("reply", msg[1], self._call(msg[2], *msg[3:]), None))
+                except (OSError, ValueError):
+                    return
                 except Exception as e:       # a failed call fails that call, not the process
-                    self.send(("reply", msg[1], None, f"{type(e).__name__}: {e}"))
+                    peer.send(("reply", msg[1], None, f"{type(e).__name__}: {e}"))
             elif kind == "stop":
                 return
 
-    def _submit(self, rids: list[int], prompt: list[int], params: list[SamplingParams], spec: ConstraintSpec | None,
-                request_id: str | None, stream: bool) -> None:
+    def _submit(self, peer: Peer, rids: list[int], prompt: list[int], params: list[SamplingParams],
+                spec: ConstraintSpec | None, request_id: str | None, stream: bool) -> None:
         if spec is None:
-            self._start(rids, prompt, params, None, request_id, stream)
+            self._start(peer, rids, prompt, params, None, request_id, stream)
         else:
-            self._compiling.update(rids)
-            self._compile_pool.submit(self._start_constrained, rids, prompt, params, spec, request_id, stream)
+            self._compiling.update((peer, rid) for rid in rids)
+            self._compile_pool.submit(self._start_constrained, peer, rids, prompt, params, spec, request_id, stream)
 
-    def _start_constrained(self, rids: list[int], prompt: list[int], params: list[SamplingParams],
+    def _start_constrained(self, peer: Peer, rids: list[int], prompt: list[int], params: list[SamplingParams],
                            spec: ConstraintSpec, request_id: str | None, stream: bool) -> None:
         from tokenomy.structured import ConstraintError, NoRoom, SchemaError, start_constraint
 
@@ -187,25 +272,27 @@ class Core:
             grammar = self.compiler().compile(spec.fmt)
             constraints = [start_constraint(grammar, p.max_tokens, spec.break_loops, spec.wrap_up) for p in params]
         except NoRoom as e:
-            self._reject_all(rids, "invalid_request", str(e), param="max_tokens")
+            self._reject_all(peer, rids, "invalid_request", str(e), param="max_tokens")
             return
         except ConstraintError as e:   # no answer can end: _error reports it as an unsatisfiable schema
-            self._reject_all(rids, "invalid_schema", str(e), param="response_format")
+            self._reject_all(peer, rids, "invalid_schema", str(e), param="response_format")
             return
         except SchemaError as e:
-            self._reject_all(rids, "invalid_schema", f"Invalid schema: {e.reason}", param=e.param)
+            self._reject_all(peer, rids, "invalid_schema", f"Invalid schema: {e.reason}", param=e.param)
             return
         except Exception as e:
-            self._reject_all(rids, "invalid_schema", f"the schema could not be prepared: {e}")
+            self._reject_all(peer, rids, "invalid_schema", f"the schema could not be prepared: {e}")
             return
-        self._start(rids, prompt, params, constraints, request_id, stream)
-        self._compiling.difference_update(rids)
+        if not peer.alive:                 # it went away while the grammar compiled
+            return
+        self._start(peer, rids, prompt, params, constraints, request_id, stream)
+        self._compiling.difference_update((peer, rid) for rid in rids)
 
-    def _start(self, rids: list[int], prompt: list[int], params: list[SamplingParams], constraints: list[Any] | None,
-               request_id: str | None, stream: bool) -> None:
-        if any(rid in self._cancelled_early for rid in rids):
-            self._cancelled_early.difference_update(rids)
-            self._reject_all(rids, "cancelled", "cancelled before it started")
+    def _start(self, peer: Peer, rids: list[int], prompt: list[int], params: list[SamplingParams],
+               constraints: list[Any] | None, request_id: str | None, stream: bool) -> None:
+        if any((peer, rid) in self._cancelled_early for rid in rids):
+            self._cancelled_early.difference_update((peer, rid) for rid in rids)
+            self._reject_all(peer, rids, "cancelled", "cancelled before it started")
             return
 
         def on_event_of(rid: int) -> Any:
@@ -213,34 +300,39 @@ class Core:
 
             def on_event(ev: TokenEvent) -> None:     # engine thread, inside a step: flushed after it
                 if stream:
-                    self._outbox.append((rid, ev))
+                    peer.outbox.append((rid, ev))
                 elif ev.finish_reason is None:
                     held.append(ev)
                 else:
-                    self._outbox.append((rid, merged(held, ev)))
+                    peer.outbox.append((rid, merged(held, ev)))
             return on_event
 
         try:
             seqs = self.engine.submit_n(prompt, params, [on_event_of(rid) for rid in rids], constraints,
                                         request_id=request_id)
             for rid, seq in zip(rids, seqs, strict=True):
-                self._seqs[rid] = seq
+                self._seqs[(peer, rid)] = seq
+                key = seq.request_id or seq.seq_id
+                held = self._key_peer.get(key)
+                self._key_peer[key] = (peer, (held[1] if held else 0) + 1)
                 if seq.is_finished:          # it ended before it was filed here: _flush found nothing to drop
-                    self._seqs.pop(rid, None)
+                    self._forget(peer, rid)
+                elif not peer.alive:         # it went away meanwhile
+                    self.engine.cancel(seq)
         except QueueFull as e:
-            self._reject_all(rids, "queue_full", str(e))
+            self._reject_all(peer, rids, "queue_full", str(e))
         except ValueError as e:
-            self._reject_all(rids, "invalid_request", str(e))
+            self._reject_all(peer, rids, "invalid_request", str(e))
 
-    def _reject_all(self, rids: list[int], code: str, message: str, param: str | None = None) -> None:
-        self._compiling.difference_update(rids)
+    def _reject_all(self, peer: Peer, rids: list[int], code: str, message: str, param: str | None = None) -> None:
+        self._compiling.difference_update((peer, rid) for rid in rids)
         for rid in rids:
-            self._reject(rid, code, message, param)
-
-    def _reject(self, rid: int, code: str, message: str, param: str | None = None) -> None:
-        ev = TokenEvent(text="", token_ids=[], logprobs=[], finish_reason="error", error=message, error_code=code,
-                        error_param=param)
-        self.send(("step", None, [(rid, ev)]))
+            ev = TokenEvent(text="", token_ids=[], logprobs=[], finish_reason="error", error=message,
+                            error_code=code, error_param=param)
+            try:
+                peer.send(("step", None, [(rid, ev)]))
+            except (OSError, ValueError):
+                return
 
     def compiler(self) -> Any:
         """Grammar compiler over this model's vocabulary, built on first use (llguidance)."""
@@ -303,10 +395,24 @@ def surprisal(engine: Engine, ids: list[int], window: int) -> tuple[np.ndarray, 
     return out, time.perf_counter() - t0
 
 
-def main(fd: int) -> None:
+def info(engine: Engine, core: Core | None = None) -> dict[str, Any]:
+    """What a peer learns when it connects: the window, the KV cells, the pid, and (with `core`) the engine's
+    counters so far (a gateway that joins a running engine counts from them, not from zero)."""
+    out: dict[str, Any] = {"max_model_len": engine.max_model_len, "n_ctx": engine.runner.n_ctx, "pid": os.getpid(),
+                           "n_gpu_layers": engine.runner.gpu_layers}
+    if core is not None:
+        out["report"] = core.snapshot()
+    return out
+
+
+def main(fd: int, address: str | None = None) -> None:
     """The engine process (client.ENTRY runs it on one end of a socket pair): read (model path, EngineConfig,
-    name), load, self-check, report ready, serve until the pipe closes. Interrupts are the gateway's to handle:
-    it stops this process by closing the pipe."""
+    name), load, self-check, report ready, serve until the pipe closes. Interrupts are its parent's to handle: it
+    stops this process by closing the pipe.
+
+    With `address` (a Unix socket path: the engine of `server.workers`, api/workers.py) the pipe only starts and
+    stops it: the API workers connect to `address`, each a peer of the same Core, and a worker that goes away has
+    its sequences cancelled while the others go on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
     model_path, cfg, name = conn.recv()
@@ -318,11 +424,43 @@ def main(fd: int) -> None:
     except Exception as e:  # a native crash never gets here: the client reads the exit signal instead
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    core = Core(conn, engine)
-    conn.send(("ready", {"max_model_len": engine.max_model_len, "n_ctx": engine.runner.n_ctx, "pid": os.getpid(),
-                         "n_gpu_layers": engine.runner.gpu_layers}))
+    core = Core(engine)
     try:
-        core.serve()
+        if address is None:
+            conn.send(("ready", info(engine)))
+            core.serve(conn)
+        else:
+            serve_socket(core, conn, address)
     finally:
         engine.stop()
 
+
+def serve_socket(core: Core, parent: Connection, address: str) -> None:
+    """Accept peers on `address` until the parent's pipe closes, each served on a thread of its own."""
+    from multiprocessing.connection import Listener
+
+    listener = Listener(address, family="AF_UNIX", backlog=64)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return                   # the listener was closed: the process is stopping
+            try:
+                conn.send(("ready", info(core.engine, core)))
+            except (OSError, ValueError):
+                continue
+            threading.Thread(target=core.serve, args=(conn,), name="engine-peer", daemon=True).start()
+
+    threading.Thread(target=accept, name="engine-accept", daemon=True).start()
+    parent.send(("ready", info(core.engine)))
+    try:
+        while True:
+            msg = parent.recv()             # EOFError when the parent goes away
+            if msg[0] == "stop":
+                return
+    except (EOFError, OSError):
+        return
+    finally:
+        listener.close()

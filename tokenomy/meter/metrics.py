@@ -1,10 +1,17 @@
 """Prometheus metrics, grouped by eight layers: hardware, communication, scheduling, engine, model, token, cost and
 business (deploy/grafana/tokenomy.json has a row for each). One registry per app (tests run several). Every
 metric tokenomy exports is defined here, and the embedded engines' families in vLLM's names in vllm_metrics.py; the
-stages and backends that count into one take the `Metrics`."""
+stages and backends that count into one take the `Metrics`.
+
+Several API workers (`server.workers`, api/workers.py) share one exposition through prometheus-client's
+multiprocess mode: with PROMETHEUS_MULTIPROC_DIR set before the import, every counter, histogram and gauge
+defined here writes to a file per process, and `render` sums them over every worker, the ones that died too (a
+counter never goes back). The collectors read at scrape time (engines, caches, limits, ledger, pools, hardware)
+show the state of the worker that answers the scrape; the engines' state is the same in every worker."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -189,6 +196,19 @@ class LedgerCollector:
 OTHER = "other"
 
 
+def forget_process(pid: int, directory: str) -> None:
+    """A worker that died: drop its live gauges from the multiprocess files (its counters stay, summed)."""
+    from prometheus_client import multiprocess as mp
+
+    mp.mark_process_dead(pid, directory)
+
+
+def multiprocess() -> bool:
+    """Whether this process counts into prometheus-client's multiprocess files (api/workers.py sets the variable
+    in each worker before anything imports prometheus_client)."""
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
 class Metrics:
     def __init__(self) -> None:
         # Configured model and route names: the only values a client's request may put in a label (label()).
@@ -196,6 +216,13 @@ class Metrics:
         self.names: set[str] | None = None
         self.vllm: VllmMetrics | None = None      # vLLM's families, once there are engines (watch_engines)
         r = self.registry = CollectorRegistry()
+        # several workers: what /metrics renders (every worker's counts, and this one's collectors)
+        self.shared: CollectorRegistry | None = None
+        if multiprocess():
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            self.shared = CollectorRegistry()
+            MultiProcessCollector(self.shared)
         # scheduling
         self.queue_wait = Histogram("tokenomy_queue_wait_seconds", "Time from arrival to first schedule",
                                     ["model"], buckets=LATENCY_BUCKETS, registry=r)
@@ -260,11 +287,12 @@ class Metrics:
                                        registry=r)
         self.cache_requests = Counter("tokenomy_cache_requests_total", "Requests by what the response cache did "
                                       "(miss | exact | semantic | bypass)", ["model", "cache"], registry=r)
-        self.engine_gauge = Gauge("tokenomy_engine_info", "Embedded engines loaded", ["model"], registry=r)
+        self.engine_gauge = Gauge("tokenomy_engine_info", "Embedded engines loaded", ["model"], registry=r,
+                                  multiprocess_mode="max")
         self.feedback = Histogram("tokenomy_feedback_score", "Feedback scores (-1 to 1) joined to requests",
                                   buckets=(-1, -0.5, 0, 0.5, 1), registry=r)
         self.budget_used = Gauge("tokenomy_budget_used_ratio", "Share of a spend budget used this period",
-                                 ["scope", "id", "period", "unit"], registry=r)
+                                 ["scope", "id", "period", "unit"], registry=r, multiprocess_mode="mostrecent")
         self.budget_warnings = Counter("tokenomy_budget_warnings_total", "Budgets that crossed their warning "
                                        "threshold", ["scope", "period", "unit"], registry=r)
         # hardware: joules attributed to requests (shares of engine steps), by source
@@ -273,27 +301,35 @@ class Metrics:
 
     def watch_engines(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         """The engines' live state as tokenomy_engine_* gauges and, when there are engines, vLLM's families."""
-        self.registry.register(EngineCollector(engines))
+        self._watch(EngineCollector(engines))
         if any(True for _ in engines()):
             self.vllm = VllmMetrics(self.registry, engines)
+            for c in self.vllm.collectors:
+                if self.shared is not None:
+                    self.shared.register(c)
 
     def watch_caches(self, stores: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         """Response-cache store health: errors and whether each store answers (a dead Redis is never silent)."""
-        self.registry.register(CacheCollector(stores))
+        self._watch(CacheCollector(stores))
 
     def watch_pools(self, pools: Callable[[], Iterable[Any]]) -> None:
         """Per-replica figures of pooled models (backends/pool.py)."""
-        self.registry.register(PoolCollector(pools))
+        self._watch(PoolCollector(pools))
 
     def watch_limits(self, shared: Any) -> None:
-        self.registry.register(LimitsCollector(shared))
+        self._watch(LimitsCollector(shared))
 
     def watch_hardware(self, meter: Any) -> None:
         """Export the hardware layer from an energy.EnergyMeter."""
-        self.registry.register(HardwareCollector(meter))
+        self._watch(HardwareCollector(meter))
 
     def watch_ledger(self, ledger: Any) -> None:
-        self.registry.register(LedgerCollector(ledger))
+        self._watch(LedgerCollector(ledger))
+
+    def _watch(self, collector: Any) -> None:
+        self.registry.register(collector)
+        if self.shared is not None:
+            self.shared.register(collector)
 
     def label(self, name: str | None) -> str:
         """A model or route name as a label value: a configured name as it is, anything else (a name a client
@@ -303,4 +339,4 @@ class Metrics:
         return name if self.names is None or name in self.names else OTHER
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.shared if self.shared is not None else self.registry)

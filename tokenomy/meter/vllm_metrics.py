@@ -22,6 +22,7 @@ gaps of one request spread around their mean is not seen.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -67,8 +68,19 @@ class SpreadHistogram:
         self.name, self.documentation, self.buckets = name, documentation, buckets
         self._series: dict[tuple[str, ...], tuple[list[float], list[float]]] = {}   # labels -> (counts, [sum])
         self._lock = threading.Lock()
+        # several workers (meter/metrics.py): the counts go to prometheus-client's files, where every worker's
+        # are summed, as a Histogram's own (its buckets are per bucket until exposed, as ours)
+        self._shared: Histogram | None = None
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            self._shared = Histogram(name, documentation, LABELS, buckets=buckets, registry=None)
 
     def observe(self, labels: tuple[str, ...], value: float, count: int = 1) -> None:
+        if self._shared is not None:
+            child = self._shared.labels(*labels)
+            i = next((i for i, le in enumerate(self.buckets) if value <= le), len(self.buckets))
+            child._buckets[i].inc(count)
+            child._sum.inc(value * count)
+            return
         with self._lock:
             counts, total = self._series.setdefault(labels, ([0.0] * (len(self.buckets) + 1), [0.0]))
             i = next((i for i, le in enumerate(self.buckets) if value <= le), len(self.buckets))
@@ -76,6 +88,8 @@ class SpreadHistogram:
             total[0] += value * count
 
     def collect(self) -> Iterable[HistogramMetricFamily]:
+        if self._shared is not None:
+            return
         family = HistogramMetricFamily(self.name, self.documentation, labels=LABELS)
         with self._lock:
             series = [(labels, list(counts), total[0]) for labels, (counts, total) in self._series.items()]
@@ -160,8 +174,9 @@ class VllmMetrics:
                                 "request.", REQUEST_LATENCY_BUCKETS)
         self.itl = SpreadHistogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
                                    "seconds.", TOKEN_LATENCY_BUCKETS)
-        r.register(self.itl)
-        r.register(EngineGauges(engines))
+        self.collectors = [self.itl, EngineGauges(engines)]   # read at scrape time (Metrics.shared has them too)
+        for c in self.collectors:
+            r.register(c)
         # each engine's series, bound once (as vLLM's make_per_engine): they exist from the start, and a request
         # costs no label lookups
         self._bound = {name: self._bind(name) for name in self.models}
