@@ -184,7 +184,7 @@ def test_a_worker_killed_mid_request_is_replaced_and_only_its_request_fails(serv
     conns = pinned(served)
     (victim, cv), (other, co) = conns.items()
     body = {"model": "a", "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
-            "max_tokens": 400, "temperature": 0, "stream": True, "logit_bias": {"2": -100}}
+            "max_tokens": 960, "temperature": 0, "stream": True, "logit_bias": {"2": -100}}
     chunks = 0
     with pytest.raises(httpx.HTTPError):
         with cv.stream("POST", "/v1/chat/completions", json=body,
