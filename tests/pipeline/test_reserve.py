@@ -149,6 +149,8 @@ def test_holds_settle_after_a_disconnect_a_failure_and_a_cache_hit() -> None:
                         break
                 assert chunks == 2 and budgets.holding
             wait_until(lambda: settled(g), what="the cut stream's hold to settle")
+            # the meter settles the hold a moment before it queues the row: wait for the row too
+            wait_until(lambda: len(ledger_rows(g)) == 1, what="the cut stream's ledger row")
             [cut] = ledger_rows(g)
             assert cut.status == 499 and budgets.used("key", cut.key_id, "day")[1] == cut.billed_tokens > 0
             # the upstream fails: nothing generated, nothing spent, nothing held
