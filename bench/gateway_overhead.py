@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -371,6 +372,8 @@ def main() -> None:
         return bare_proxy(int(args.bare_proxy[0]), args.bare_proxy[1])
     if args.load and args.levels == "1,10,100":
         args.levels = "1,16,64"
+    if args.load and shutil.which("hey") is None:
+        sys.exit("--load hey needs hey on PATH (Debian/Ubuntu: apt-get install hey; `bash install.sh test` does it)")
     stub_port, gw_port, traced_port, sink_port = free_port(), free_port(), free_port(), free_port()
     bare_port, keyed_port = free_port(), free_port()
     models = (f"models:\n  - {{name: up, backend: openai, base_url: 'http://127.0.0.1:{stub_port}/v1', "
