@@ -48,6 +48,8 @@ apt_install() {   # apt_install PACKAGE WHAT-NEEDS-IT FIX [APT-OPTION...]: apt-g
 if [[ ",$extras," == *",test,"* ]]; then
   have_chromium || apt_install chromium "the dashboard's browser test" "a Chromium is installed (or \
 '.venv/bin/playwright install chromium' ran, or TOKENOMY_TEST_CHROMIUM=/path/to/chromium is set)"
+  # bench/gateway_overhead.py --load hey drives its load with hey (a native load generator; docs/hardening.md)
+  command -v hey >/dev/null || apt_install hey "bench/gateway_overhead.py --load hey" "hey is on PATH"
   have_prometheus || apt_install prometheus "the Prometheus scrape test (skipped outside CI)" "a prometheus binary is on PATH (or \
 TOKENOMY_TEST_PROMETHEUS=/path/to/prometheus is set)" --no-install-recommends
 fi

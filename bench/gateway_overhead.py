@@ -6,10 +6,17 @@ rounds, and the added median latency of each dialect over the chat completion. `
 cost (docs/telemetry.md): two gateways in front of the same stub, one with tracing off and one exporting every
 span to an OTLP/HTTP sink on loopback (a fourth process that reads and drops them), the same streamed chat request
 to each, one at a time in alternating rounds, and the added median latency of tracing on.
+`--load hey` puts tokenomy beside the floor of its own stack (issue 37): a native load generator (`hey`, the Debian
+package) against four endpoints in alternating rounds: the stub itself, a bare proxy (BARE_PROXY: a Starlette app
+that forwards the body with httpx, under uvicorn as tokenomy runs), tokenomy (no keys; default caches and ledger)
+and tokenomy with a key and a budget; non-streamed chat at each concurrency level: req/s, p50, p99 and the ratio
+to the bare proxy. Then the same four streamed, with a small raw-socket client (hey cannot see the first byte):
+time to first byte and content chunks a second.
 
     .venv/bin/python bench/gateway_overhead.py [--requests 300] [--json]
     .venv/bin/python bench/gateway_overhead.py --dialects [--requests 2000]
     .venv/bin/python bench/gateway_overhead.py --tracing [--requests 2000]
+    .venv/bin/python bench/gateway_overhead.py --load hey [--levels 1,16,64] [--seconds 5] [--rounds 3] [--json]
 """
 
 from __future__ import annotations
@@ -18,10 +25,14 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -149,6 +160,193 @@ def tracing(roots: dict[str, str], n: int, as_json: bool) -> None:
     Console().print(t)
 
 
+# ---- --load hey: tokenomy beside the floor of its own stack ---------------------------------------------------
+HEY_BODY = {"model": "up", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+BENCH_KEY = "sk-bench-overhead"
+ENDPOINTS = ("stub", "bare proxy", "tokenomy", "tokenomy keys+budget")
+
+
+def bare_proxy(port: int, upstream: str) -> None:
+    """BARE_PROXY: the floor for any Python gateway on this stack. One pooled httpx client; the body goes to the
+    upstream as it came, the answer comes back as it went (a stream chunk by chunk); served by uvicorn as
+    `tokenomy serve` serves (asyncio, h11, log level warning)."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.requests import Request
+    from starlette.responses import Response, StreamingResponse
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(base_url=upstream, timeout=60,
+                               limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
+
+    async def forward(request: Request) -> Response:
+        sent = client.build_request("POST", "/chat/completions", content=await request.body(),
+                                    headers={"content-type": "application/json"})
+        r = await client.send(sent, stream=True)
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            return StreamingResponse(r.aiter_raw(), media_type="text/event-stream", background=BackgroundTask(r.aclose))
+        body = await r.aread()
+        return Response(body, status_code=r.status_code, media_type="application/json")
+
+    async def health(_: Request) -> Response:
+        return Response("ok")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", forward, methods=["POST"]), Route("/health", health)])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def hey(url: str, concurrency: int, seconds: float, key: str | None = None) -> dict[str, float]:
+    """One `hey` run of non-streamed chat requests for `seconds` at `concurrency`: req/s, p50 and p99 (ms), and
+    the answers that were not 200."""
+    cmd = ["hey", "-z", f"{seconds}s", "-c", str(concurrency), "-m", "POST", "-T", "application/json",
+           "-d", json.dumps(HEY_BODY)]
+    if key:
+        cmd += ["-H", f"Authorization: Bearer {key}"]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, check=True).stdout
+
+    def num(pattern: str, fallback: str | None = None) -> float:
+        m = re.search(pattern, out) or (re.search(fallback, out) if fallback else None)
+        if m is None:
+            raise RuntimeError(f"hey's summary has no {pattern!r}:\n{out}")
+        return float(m.group(1))
+
+    codes = {int(c): int(n) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out)}
+    return {"rps": num(r"Requests/sec:\s+([\d.]+)"), "p50_ms": num(r"50%+ in ([\d.]+) secs") * 1e3,
+            "p99_ms": num(r"99%+ in ([\d.]+) secs", r"Slowest:\s+([\d.]+) secs") * 1e3,
+            "requests": sum(codes.values()), "not_200": sum(n for c, n in codes.items() if c != 200)}
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc): work done, which a busy machine's
+    wall clock does not show."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CONTENT = re.compile(rb'"content": ?"[^"]')       # an SSE event with text (a role chunk's "" is not one)
+
+
+async def stream_load(port: int, concurrency: int, seconds: float, key: str | None = None) -> dict[str, float]:
+    """Streamed chat for `seconds` at `concurrency`, each connection kept alive, read with raw sockets (a client
+    whose own cost stays small beside a Python server's): streams/s, time to first body byte p50/p99 (ms), and
+    content chunks (events with text) a second over the run."""
+    body = json.dumps({**HEY_BODY, "stream": True}).encode()
+    auth = f"authorization: Bearer {key}\r\n" if key else ""
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
+               f"{auth}content-length: {len(body)}\r\n\r\n").encode() + body
+    ttfb: list[float] = []
+    counts = {"streams": 0, "chunks": 0, "not_200": 0}
+    end = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                writer.write(request)
+                status = int((await reader.readline()).split()[1])
+                chunked, length = False, 0
+                while (line := await reader.readline()) != b"\r\n":
+                    name, _, value = line.decode("latin-1").partition(":")
+                    name, value = name.strip().lower(), value.strip().lower()
+                    chunked |= name == "transfer-encoding" and "chunked" in value
+                    length = int(value) if name == "content-length" else length
+                first = None
+                if chunked:
+                    while size := int((await reader.readline()).split(b";")[0], 16):
+                        data = await reader.readexactly(size + 2)
+                        first = first or time.perf_counter()
+                        counts["chunks"] += len(CONTENT.findall(data))
+                    await reader.readline()
+                else:
+                    await reader.readexactly(length)
+                if status != 200:
+                    counts["not_200"] += 1
+                    continue
+                ttfb.append((first or time.perf_counter()) - t0)
+                counts["streams"] += 1
+        finally:
+            writer.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    wall = time.perf_counter() - t0
+    return {"streams_per_s": counts["streams"] / wall, "ttfb_p50_ms": pct(ttfb, .5) * 1e3,
+            "ttfb_p99_ms": pct(ttfb, .99) * 1e3, "chunks_per_s": counts["chunks"] / wall,
+            "streams": counts["streams"], "stream_not_200": counts["not_200"]}
+
+
+def load_hey(ports: dict[str, int], pids: dict[str, int], levels: list[int], seconds: float,
+             rounds: int) -> list[dict[str, Any]]:
+    """Every endpoint at every level, non-streamed by hey then streamed by stream_load, in `rounds` rounds whose
+    endpoint order rotates (drift on the machine falls on all alike); each figure is the median of its rounds,
+    but `cpu_ms` (the endpoint's own process: CPU ms a request, non-streamed; `stream_cpu_ms` a stream), which
+    is over all rounds."""
+    keys = {name: BENCH_KEY if "keys" in name else None for name in ports}
+    names = list(ports)
+    rows = []
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("warming up", total=None)
+        for name in names:       # warm-up: connections, first-request imports, the tokenizer
+            hey(f"http://127.0.0.1:{ports[name]}/v1/chat/completions", 4, 1, keys[name])
+            asyncio.run(stream_load(ports[name], 4, 1, keys[name]))
+        for c in levels:
+            runs: dict[tuple[str, str], list[dict[str, float]]] = {}
+            for mode in ("hey", "stream"):
+                for i in range(rounds):
+                    k = i % len(names)
+                    for name in names[k:] + names[:k]:
+                        progress.update(task, description=f"concurrency {c}, {mode}, round {i + 1}: {name}")
+                        cpu0 = cpu_s(pids[name])
+                        run = (hey(f"http://127.0.0.1:{ports[name]}/v1/chat/completions", c, seconds, keys[name])
+                               if mode == "hey" else asyncio.run(stream_load(ports[name], c, seconds, keys[name])))
+                        run["cpu_s"] = cpu_s(pids[name]) - cpu0
+                        runs.setdefault((name, mode), []).append(run)
+            for name in names:
+                row: dict[str, Any] = {"concurrency": c, "endpoint": name}
+                for mode in ("hey", "stream"):
+                    for field in runs[name, mode][0]:
+                        xs = [r[field] for r in runs[name, mode]]
+                        summed = field.endswith("not_200") or field in ("requests", "streams", "cpu_s")
+                        row[field] = sum(xs) if summed else statistics.median(xs)
+                    done = sum(r["requests" if mode == "hey" else "streams"] for r in runs[name, mode])
+                    row["cpu_ms" if mode == "hey" else "stream_cpu_ms"] = \
+                        sum(r["cpu_s"] for r in runs[name, mode]) * 1e3 / max(done, 1)
+                    del row["cpu_s"]
+                rows.append(row)
+            bare = next(r for r in rows[-len(names):] if r["endpoint"] == "bare proxy")
+            stub = next(r for r in rows[-len(names):] if r["endpoint"] == "stub")
+            for r in rows[-len(names):]:
+                r["rps_vs_bare"] = r["rps"] / bare["rps"]
+                added, bare_added = r["p50_ms"] - stub["p50_ms"], bare["p50_ms"] - stub["p50_ms"]
+                r["added_p50_ms"] = added
+                r["added_p50_vs_bare"] = added / bare_added if bare_added > 0 else float("nan")
+    return rows
+
+
+def print_load(rows: list[dict[str, Any]], seconds: float, rounds: int) -> None:
+    t = Table(title=f"Non-streamed chat by hey, {seconds:g} s a run, median of {rounds} alternating rounds")
+    for col in ("c", "endpoint", "req/s", "x bare", "p50 ms", "p99 ms", "added p50 ms", "x bare's added",
+                "CPU ms/req", "not 200"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["concurrency"]), r["endpoint"], f"{r['rps']:,.0f}", f"{r['rps_vs_bare']:.2f}",
+                  f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.1f}", f"{r['added_p50_ms']:.2f}",
+                  f"{r['added_p50_vs_bare']:.2f}", f"{r['cpu_ms']:.3f}", str(r["not_200"]))
+    console = Console(width=160)
+    console.print(t)
+    t = Table(title="Streamed chat (raw-socket client): time to first byte and content chunks a second")
+    for col in ("c", "endpoint", "streams/s", "TTFB p50 ms", "TTFB p99 ms", "chunks/s", "CPU ms/stream", "not 200"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["concurrency"]), r["endpoint"], f"{r['streams_per_s']:,.0f}", f"{r['ttfb_p50_ms']:.2f}",
+                  f"{r['ttfb_p99_ms']:.1f}", f"{r['chunks_per_s']:,.0f}", f"{r['stream_cpu_ms']:.3f}",
+                  str(r["stream_not_200"]))
+    console.print(t)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))]
@@ -157,19 +355,34 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--levels", default="1,10,100")
+    ap.add_argument("--levels", default="1,10,100", help="concurrency levels (--load: default 1,16,64)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dialects", action="store_true", help="the added latency of Messages and Responses over chat")
     ap.add_argument("--tracing", action="store_true", help="the added latency of tracing on (an OTLP sink) over off")
+    ap.add_argument("--load", choices=["hey"], help="stub, bare proxy, tokenomy and tokenomy with keys and a "
+                    "budget side by side under a native load generator (hey)")
+    ap.add_argument("--seconds", type=float, default=5, help="--load: seconds a run")
+    ap.add_argument("--rounds", type=int, default=3, help="--load: alternating rounds")
     ap.add_argument("--otlp-sink", type=int, help=argparse.SUPPRESS)     # run as the --tracing sink process
+    ap.add_argument("--bare-proxy", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.otlp_sink:
         return otlp_sink(args.otlp_sink)
+    if args.bare_proxy:
+        return bare_proxy(int(args.bare_proxy[0]), args.bare_proxy[1])
+    if args.load and args.levels == "1,10,100":
+        args.levels = "1,16,64"
+    if args.load and shutil.which("hey") is None:
+        sys.exit("--load hey needs hey on PATH (Debian/Ubuntu: apt-get install hey; `bash install.sh test` does it)")
     stub_port, gw_port, traced_port, sink_port = free_port(), free_port(), free_port(), free_port()
+    bare_port, keyed_port = free_port(), free_port()
     models = (f"models:\n  - {{name: up, backend: openai, base_url: 'http://127.0.0.1:{stub_port}/v1', "
               f"model: stub, tokenizer: cl100k_base}}\n")
     configs = {"off": models, "on": models + f"telemetry: {{traces: true, endpoint: "
-                                              f"'http://127.0.0.1:{sink_port}/v1/traces'}}\n"}
+                                              f"'http://127.0.0.1:{sink_port}/v1/traces'}}\n",
+               # a budget that never runs out, so every request is held, settled and charged
+               "keyed": models + f"keys: [{{key: {BENCH_KEY}, name: bench, budget: {{tokens_per_day: 1000000000000, "
+                                 f"usd_per_day: 1000000}}}}]\n"}
     files = {}
     for name, text in configs.items():
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
@@ -188,10 +401,25 @@ def main() -> None:
     if args.tracing:
         procs += [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--otlp-sink", str(sink_port)]),
                   gateway(traced_port, files["on"])]
+    if args.load:
+        procs += [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--bare-proxy", str(bare_port),
+                                    f"http://127.0.0.1:{stub_port}/v1"]),
+                  gateway(keyed_port, files["keyed"])]
     rows = []
     try:
         wait_up(f"http://127.0.0.1:{stub_port}/v1/models")
         wait_up(f"http://127.0.0.1:{gw_port}/health")
+        if args.load:
+            wait_up(f"http://127.0.0.1:{bare_port}/health")
+            wait_up(f"http://127.0.0.1:{keyed_port}/health")
+            ports = dict(zip(ENDPOINTS, (stub_port, bare_port, gw_port, keyed_port), strict=True))
+            pids = dict(zip(ENDPOINTS, (procs[0].pid, procs[-2].pid, procs[1].pid, procs[-1].pid), strict=True))
+            rows = load_hey(ports, pids, [int(x) for x in args.levels.split(",")], args.seconds, args.rounds)
+            if args.json:
+                print(json.dumps(rows, indent=2))
+            else:
+                print_load(rows, args.seconds, args.rounds)
+            return
         if args.dialects:
             return dialects(asyncio.run(measure_dialects(f"http://127.0.0.1:{gw_port}", args.requests)), args.json)
         if args.tracing:

@@ -3,10 +3,11 @@
     .venv/bin/python bench/ledger_write.py [--rows 20000] [--json]
 
 Three timings of --rows calls each, in one process: the baseline, a bare `queue.Queue.put_nowait` of the same row
-(what `Ledger.write` does at heart); `Ledger.write` to a SQLite ledger whose writer thread commits as rows come;
-and `Ledger.write` to a ledger whose database has stalled (its commit waits until the bench ends), so the queue is
-full and every row is dropped and counted. Reported: microseconds per call and the ratio to the baseline. That a
-write returns while the database is stalled is a test (tests/meter/test_ledger.py); this is what it costs.
+(what `Ledger.write` did at heart before it became a deque append); `Ledger.write` to a SQLite ledger whose
+writer thread commits as rows come; and `Ledger.write` to a ledger whose database has stalled (its commit waits
+until the bench ends), so the queue is full and every row is dropped and counted. Reported: microseconds per call
+and the ratio to the baseline. That a write returns while the database is stalled is a test
+(tests/meter/test_ledger.py); this is what it costs.
 """
 
 from __future__ import annotations
