@@ -3,21 +3,18 @@ what the SDK's exporter sends from a live tokenomy, on the embedded engine and i
 
 from __future__ import annotations
 
-import gzip
 import json
 import secrets
-import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import SMALL_ENGINE, free_port, live_server
+from tests.otlp_receiver import OTLPReceiver, attributes
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 from tests.wait import wait_until
@@ -57,72 +54,30 @@ class Span:
         return found
 
 
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
-
-
-class Collector:
-    """An OTLP/HTTP receiver: POST /v1/traces with an ExportTraceServiceRequest; every span kept, decoded."""
+class Collector(OTLPReceiver):
+    """An OTLP/HTTP trace receiver: POST /v1/traces with an ExportTraceServiceRequest; every span kept, decoded."""
 
     def __init__(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-            ExportTraceServiceResponse,
-        )
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
         from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
         self.spans: list[Span] = []
-        self.posts = 0
-        lock = threading.Lock()
-        outer = self
+        self._kind = ProtoSpan.SpanKind.Name
+        super().__init__("/v1/traces", ExportTraceServiceRequest)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:   # noqa: N802 (http.server's name)
-                raw = self.rfile.read(int(self.headers.get("content-length", 0)))
-                encoding = self.headers.get("content-encoding", "")
-                if encoding == "gzip":
-                    raw = gzip.decompress(raw)
-                elif encoding == "deflate":
-                    raw = zlib.decompress(raw)
-                if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                got = []
-                for rs in ExportTraceServiceRequest.FromString(raw).resource_spans:
-                    service = {a.key: _value(a.value) for a in rs.resource.attributes}.get("service.name", "")
-                    for ss in rs.scope_spans:
-                        for s in ss.spans:
-                            got.append(Span(
-                                name=s.name, kind=ProtoSpan.SpanKind.Name(s.kind).removeprefix("SPAN_KIND_"),
-                                trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                                parent=s.parent_span_id.hex() or None,
-                                attributes={a.key: _value(a.value) for a in s.attributes},
-                                error=s.status.code == s.status.STATUS_CODE_ERROR, start=s.start_time_unix_nano,
-                                end=s.end_time_unix_nano, service=service))
-                with lock:
-                    outer.spans.extend(got)
-                    outer.posts += 1
-                body = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def receive(self, request: Any) -> None:
+        got = []
+        for rs in request.resource_spans:
+            service = attributes(rs.resource.attributes).get("service.name", "")
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    got.append(Span(
+                        name=s.name, kind=self._kind(s.kind).removeprefix("SPAN_KIND_"), trace_id=s.trace_id.hex(),
+                        span_id=s.span_id.hex(), parent=s.parent_span_id.hex() or None,
+                        attributes=attributes(s.attributes), error=s.status.code == s.status.STATUS_CODE_ERROR,
+                        start=s.start_time_unix_nano, end=s.end_time_unix_nano, service=service))
+        with self.lock:
+            self.spans.extend(got)
 
     def tree(self, trace_id: str, service: str | None = None) -> list[Span]:
         """The trace's root spans (those whose parent this collector did not receive), children linked."""
