@@ -19,7 +19,7 @@ from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 from tests.wait import wait_until
 from tokenomy.config import TelemetrySettings
-from tokenomy.meter import trace
+from tokenomy.meter import otlp, trace
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name a color."}]
@@ -176,6 +176,46 @@ def test_the_export_thread_makes_sdk_spans_ending_a_late_span_with_its_request()
     assert spans["generate"].end_time == root.end_time and spans["generate"].parent.span_id == root.context.span_id
     assert late.end is None and not spans["generate"].parent.is_remote
     tracer.shutdown()
+
+
+def test_the_otlp_tokenomy_writes_is_what_the_sdks_encoder_writes_for_the_same_spans() -> None:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from tokenomy.generation import GenRequest
+    from tokenomy.pipeline.request import RequestContext
+
+    settings = trace.resolve(TelemetrySettings(traces=True), {})
+    assert settings is not None
+    tracer = trace.Tracer(settings, {}, exporter=InMemorySpanExporter())
+    export = trace._Export(InMemorySpanExporter(), Resource.create({"service.name": "edge", "deployment.n": 3}),
+                           InstrumentationScope("tokenomy", "1.2.3"))
+    _, parent = caller()
+    ctx = RequestContext(gen=GenRequest(model="m"), headers={"traceparent": parent, "tracestate": "a=1, b=2"})
+    tracer.start(ctx)
+    t = ctx.trace
+    t.root.attributes.update({"s": "naïve ✓", "t": True, "f": False, "i": 7, "neg": -3, "big": 2 ** 62,
+                              "x": 0.25, "words": ["a", "b"], "nums": [1, 2], "gone": None, "empty": ""})
+    call = t.root.child("chat 模型", kind="client", attributes={"server.port": 443})
+    call.fail("rate_limit_exceeded", "slow down")
+    call.finish()
+    t.root.child("generate")                   # never finished: ends with the request
+    t.finish(ctx, time.perf_counter())
+
+    ours = ExportTraceServiceRequest.FromString(export._encoder.request(export._encoded(t)))
+    sdk = encode_spans(export._spans(t))
+    for span in sdk.resource_spans[0].scope_spans[0].spans:
+        if span.status.code == span.status.STATUS_CODE_UNSET:
+            span.ClearField("status")          # the SDK writes an empty status; an absent one reads the same
+    assert len(ours.resource_spans[0].scope_spans[0].spans) == 4
+    assert ours == sdk
+    tracer.shutdown()
+    # a client's string with a lone surrogate (valid JSON, not UTF-8): "?" in its place (the SDK drops the attribute)
+    assert attributes(ProtoSpan.FromString(otlp.attributes({"s": "a\ud800b"})).attributes) == {"s": "a?b"}
 
 
 # ---- the embedded engine ------------------------------------------------------------------------------------------
