@@ -5,6 +5,7 @@ Anthropic Messages request and a Responses request to the same gateway and stub,
 rounds, and the added median latency of each dialect over the chat completion. `--tracing` measures what traces
 cost (docs/telemetry.md): two gateways in front of the same stub, one with tracing off and one exporting every
 span to an OTLP/HTTP sink on loopback (a fourth process that reads and drops them), the same streamed chat request
+<<<<<<< HEAD
 to each, one at a time in alternating rounds, and the added median latency of tracing on.
 `--load hey` puts tokenomy beside the floor of its own stack (issue 37): a native load generator (`hey`, the Debian
 package) against four endpoints in alternating rounds: the stub itself, a bare proxy (BARE_PROXY: a Starlette app
@@ -12,6 +13,10 @@ that forwards the body with httpx, under uvicorn as tokenomy runs), tokenomy (no
 and tokenomy with a key and a budget; non-streamed chat at each concurrency level: req/s, p50, p99 and the ratio
 to the bare proxy. Then the same four streamed, with a small raw-socket client (hey cannot see the first byte):
 time to first byte and content chunks a second.
+=======
+to each, one at a time in alternating rounds, and the added median latency of tracing on, with each gateway's
+CPU time per request (its event loop's, its other threads': the export) from the process's thread counters.
+>>>>>>> trace
 
     .venv/bin/python bench/gateway_overhead.py [--requests 300] [--json]
     .venv/bin/python bench/gateway_overhead.py --dialects [--requests 2000]
@@ -32,9 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
+import psutil
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -94,9 +101,11 @@ async def measure_dialects(root: str, n: int, rounds: int = 20) -> dict[str, lis
     return lat
 
 
-async def measure_alternating(roots: dict[str, str], n: int, rounds: int = 20) -> dict[str, list[float]]:
+async def measure_alternating(roots: dict[str, str], n: int, rounds: int = 20,
+                              warm: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Seconds per streamed chat request to each gateway (by name), one request at a time, the gateways taking
-    turns in rounds (the order rotating), so drift on the machine falls on all of them alike."""
+    turns in rounds (the order rotating), so drift on the machine falls on all of them alike. `warm` is called
+    after the warm-up requests."""
     lat: dict[str, list[float]] = {name: [] for name in roots}
     names = list(roots)
     path, body = DIALECTS["chat"]
@@ -111,6 +120,8 @@ async def measure_alternating(roots: dict[str, str], n: int, rounds: int = 20) -
             return time.perf_counter() - t0
         for name in names * 20:              # warm-up
             await one(name)
+        if warm is not None:
+            warm()
         per = max(1, n // rounds)
         for i in range(rounds):
             k = i % len(names)
@@ -143,20 +154,53 @@ def otlp_sink(port: int) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), Sink).serve_forever()
 
 
-def tracing(roots: dict[str, str], n: int, as_json: bool) -> None:
-    lat = asyncio.run(measure_alternating(roots, n, rounds=n))      # on and off take turns request by request
+def cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) a process has used so far: (its main thread's, its other threads')."""
+    main = other = 0.0
+    for t in psutil.Process(pid).threads():
+        if t.id == pid:
+            main += t.user_time + t.system_time
+        else:
+            other += t.user_time + t.system_time
+    return main, other
+
+
+def settled_cpu_s(pid: int, quiet_s: float = 1.0, timeout_s: float = 30.0) -> tuple[float, float]:
+    """`cpu_s` once the process has stopped working: no CPU used for `quiet_s` (after the requests, the batch
+    processor's last export; its schedule delay is 5 s unless OTEL_BSP_SCHEDULE_DELAY says otherwise)."""
+    time.sleep(float(os.environ.get("OTEL_BSP_SCHEDULE_DELAY", 5000)) / 1000 + 0.5)
+    deadline, last = time.monotonic() + timeout_s, cpu_s(pid)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = cpu_s(pid)
+        if sum(now) - sum(last) < 0.005:
+            return now
+        last = now
+    return last
+
+
+def tracing(roots: dict[str, str], pids: dict[str, int], n: int, as_json: bool) -> None:
+    before: dict[str, tuple[float, float]] = {}
+    lat = asyncio.run(measure_alternating(roots, n, rounds=n,     # on and off take turns request by request
+                                          warm=lambda: before.update({k: settled_cpu_s(p) for k, p in pids.items()})))
+    after = {name: settled_cpu_s(pid) for name, pid in pids.items()}
     off = pct(lat["off"], .5)
-    rows = [{"tracing": name, "requests": len(xs), "p50_ms": pct(xs, .5) * 1e3, "p99_ms": pct(xs, .99) * 1e3,
-             "added_p50_ms": (pct(xs, .5) - off) * 1e3} for name, xs in lat.items()]
+    rows = []
+    for name, xs in lat.items():
+        main, other = (after[name][i] - before[name][i] for i in (0, 1))
+        rows.append({"tracing": name, "requests": len(xs), "p50_ms": pct(xs, .5) * 1e3, "p99_ms": pct(xs, .99) * 1e3,
+                     "added_p50_ms": (pct(xs, .5) - off) * 1e3, "cpu_main_ms": main / len(xs) * 1e3,
+                     "cpu_threads_ms": other / len(xs) * 1e3})
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     t = Table(title="Tracing cost: one streamed chat request at a time through tokenomy to an instant stub (ms)")
-    for col in ("tracing", "requests", "p50", "p99", "added p50 over off"):
+    for col in ("tracing", "requests", "p50", "p99", "added p50 over off", "CPU/request: event loop",
+                "other threads"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r["tracing"], str(r["requests"]), f"{r['p50_ms']:.3f}", f"{r['p99_ms']:.3f}",
-                  f"{r['added_p50_ms']:+.3f}")
+                  f"{r['added_p50_ms']:+.3f}", f"{r['cpu_main_ms']:.3f}", f"{r['cpu_threads_ms']:.3f}")
     Console().print(t)
 
 
@@ -215,14 +259,6 @@ def hey(url: str, concurrency: int, seconds: float, key: str | None = None) -> d
     return {"rps": num(r"Requests/sec:\s+([\d.]+)"), "p50_ms": num(r"50%+ in ([\d.]+) secs") * 1e3,
             "p99_ms": num(r"99%+ in ([\d.]+) secs", r"Slowest:\s+([\d.]+) secs") * 1e3,
             "requests": sum(codes.values()), "not_200": sum(n for c, n in codes.items() if c != 200)}
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far (Linux /proc): work done, which a busy machine's
-    wall clock does not show."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 CONTENT = re.compile(rb'"content": ?"[^"]')       # an SSE event with text (a role chunk's "" is not one)
@@ -299,10 +335,10 @@ def load_hey(ports: dict[str, int], pids: dict[str, int], levels: list[int], sec
                     k = i % len(names)
                     for name in names[k:] + names[:k]:
                         progress.update(task, description=f"concurrency {c}, {mode}, round {i + 1}: {name}")
-                        cpu0 = cpu_s(pids[name])
+                        cpu0 = sum(cpu_s(pids[name]))
                         run = (hey(f"http://127.0.0.1:{ports[name]}/v1/chat/completions", c, seconds, keys[name])
                                if mode == "hey" else asyncio.run(stream_load(ports[name], c, seconds, keys[name])))
-                        run["cpu_s"] = cpu_s(pids[name]) - cpu0
+                        run["cpu_s"] = sum(cpu_s(pids[name])) - cpu0
                         runs.setdefault((name, mode), []).append(run)
             for name in names:
                 row: dict[str, Any] = {"concurrency": c, "endpoint": name}
@@ -396,11 +432,13 @@ def main() -> None:
                                  config], cwd=ROOT, stderr=subprocess.DEVNULL,
                                 env={**env, "TOKENOMY_HOME": tempfile.mkdtemp(prefix="tokenomy-bench-")})
 
+    off_gateway = gateway(gw_port, files["off"])
     procs = [subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(stub_port)], cwd=ROOT),
-             gateway(gw_port, files["off"])]
+             off_gateway]
     if args.tracing:
+        on_gateway = gateway(traced_port, files["on"])
         procs += [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--otlp-sink", str(sink_port)]),
-                  gateway(traced_port, files["on"])]
+                  on_gateway]
     if args.load:
         procs += [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--bare-proxy", str(bare_port),
                                     f"http://127.0.0.1:{stub_port}/v1"]),
@@ -426,7 +464,7 @@ def main() -> None:
             wait_up(f"http://127.0.0.1:{sink_port}/")
             wait_up(f"http://127.0.0.1:{traced_port}/health")
             return tracing({"off": f"http://127.0.0.1:{gw_port}", "on": f"http://127.0.0.1:{traced_port}"},
-                           args.requests, args.json)
+                           {"off": off_gateway.pid, "on": on_gateway.pid}, args.requests, args.json)
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("measuring", total=None)
             for c in [int(x) for x in args.levels.split(",")]:

@@ -4,19 +4,16 @@ an upstream."""
 
 from __future__ import annotations
 
-import gzip
-import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import SMALL_ENGINE, free_port, live_server
+from tests.otlp_receiver import OTLPReceiver, attributes
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 from tests.wait import wait_until
@@ -43,63 +40,28 @@ class Point:
     service: str
 
 
-class Collector:
-    """An OTLP/HTTP receiver: POST /v1/metrics with an ExportMetricsServiceRequest; the latest point of every
+class Collector(OTLPReceiver):
+    """An OTLP/HTTP metrics receiver: POST /v1/metrics with an ExportMetricsServiceRequest; the latest point of every
     (metric, attributes) kept, decoded."""
 
     def __init__(self) -> None:
-        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-            ExportMetricsServiceRequest,
-            ExportMetricsServiceResponse,
-        )
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
         self.points: dict[tuple[str, frozenset[tuple[str, Any]]], Point] = {}
-        self.posts = 0
-        self.lock = threading.Lock()
-        outer = self
+        super().__init__("/v1/metrics", ExportMetricsServiceRequest)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:   # noqa: N802 (http.server's name)
-                raw = self.rfile.read(int(self.headers.get("content-length", 0)))
-                encoding = self.headers.get("content-encoding", "")
-                if encoding == "gzip":
-                    raw = gzip.decompress(raw)
-                elif encoding == "deflate":
-                    raw = zlib.decompress(raw)
-                if self.path != "/v1/metrics" or self.headers.get("content-type") != "application/x-protobuf":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                got = {}
-                for rm in ExportMetricsServiceRequest.FromString(raw).resource_metrics:
-                    service = {a.key: _value(a.value) for a in rm.resource.attributes}.get("service.name", "")
-                    for sm in rm.scope_metrics:
-                        for m in sm.metrics:
-                            assert m.WhichOneof("data") == "histogram", m.name
-                            for p in m.histogram.data_points:
-                                attrs = frozenset((a.key, _value(a.value)) for a in p.attributes)
-                                got[(m.name, attrs)] = Point(m.unit, p.count, p.sum, tuple(p.explicit_bounds),
-                                                             service)
-                with outer.lock:
-                    outer.points.update(got)
-                    outer.posts += 1
-                body = ExportMetricsServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/metrics"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def receive(self, request: Any) -> None:
+        got = {}
+        for rm in request.resource_metrics:
+            service = attributes(rm.resource.attributes).get("service.name", "")
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    assert m.WhichOneof("data") == "histogram", m.name
+                    for p in m.histogram.data_points:
+                        attrs = frozenset(attributes(p.attributes).items())
+                        got[(m.name, attrs)] = Point(m.unit, p.count, p.sum, tuple(p.explicit_bounds), service)
+        with self.lock:
+            self.points.update(got)
 
     def of(self, name: str) -> dict[frozenset[tuple[str, Any]], Point]:
         with self.lock:
@@ -107,11 +69,6 @@ class Collector:
 
     def count(self, name: str) -> int:
         return sum(p.count for p in self.of(name).values())
-
-
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    return getattr(v, kind) if kind else None
 
 
 def find(points: dict[frozenset[tuple[str, Any]], Point],

@@ -3,26 +3,23 @@ what the SDK's exporter sends from a live tokenomy, on the embedded engine and i
 
 from __future__ import annotations
 
-import gzip
 import json
 import secrets
-import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import SMALL_ENGINE, free_port, live_server
+from tests.otlp_receiver import OTLPReceiver, attributes
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 from tests.wait import wait_until
 from tokenomy.config import TelemetrySettings
-from tokenomy.meter import trace
+from tokenomy.meter import otlp, trace
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name a color."}]
@@ -57,72 +54,30 @@ class Span:
         return found
 
 
-def _value(v: Any) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    return getattr(v, kind) if kind else None
-
-
-class Collector:
-    """An OTLP/HTTP receiver: POST /v1/traces with an ExportTraceServiceRequest; every span kept, decoded."""
+class Collector(OTLPReceiver):
+    """An OTLP/HTTP trace receiver: POST /v1/traces with an ExportTraceServiceRequest; every span kept, decoded."""
 
     def __init__(self) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-            ExportTraceServiceResponse,
-        )
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
         from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
         self.spans: list[Span] = []
-        self.posts = 0
-        lock = threading.Lock()
-        outer = self
+        self._kind = ProtoSpan.SpanKind.Name
+        super().__init__("/v1/traces", ExportTraceServiceRequest)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:   # noqa: N802 (http.server's name)
-                raw = self.rfile.read(int(self.headers.get("content-length", 0)))
-                encoding = self.headers.get("content-encoding", "")
-                if encoding == "gzip":
-                    raw = gzip.decompress(raw)
-                elif encoding == "deflate":
-                    raw = zlib.decompress(raw)
-                if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
-                    self.send_response(404)
-                    self.end_headers()
-                    return
-                got = []
-                for rs in ExportTraceServiceRequest.FromString(raw).resource_spans:
-                    service = {a.key: _value(a.value) for a in rs.resource.attributes}.get("service.name", "")
-                    for ss in rs.scope_spans:
-                        for s in ss.spans:
-                            got.append(Span(
-                                name=s.name, kind=ProtoSpan.SpanKind.Name(s.kind).removeprefix("SPAN_KIND_"),
-                                trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                                parent=s.parent_span_id.hex() or None,
-                                attributes={a.key: _value(a.value) for a in s.attributes},
-                                error=s.status.code == s.status.STATUS_CODE_ERROR, start=s.start_time_unix_nano,
-                                end=s.end_time_unix_nano, service=service))
-                with lock:
-                    outer.spans.extend(got)
-                    outer.posts += 1
-                body = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def receive(self, request: Any) -> None:
+        got = []
+        for rs in request.resource_spans:
+            service = attributes(rs.resource.attributes).get("service.name", "")
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    got.append(Span(
+                        name=s.name, kind=self._kind(s.kind).removeprefix("SPAN_KIND_"), trace_id=s.trace_id.hex(),
+                        span_id=s.span_id.hex(), parent=s.parent_span_id.hex() or None,
+                        attributes=attributes(s.attributes), error=s.status.code == s.status.STATUS_CODE_ERROR,
+                        start=s.start_time_unix_nano, end=s.end_time_unix_nano, service=service))
+        with self.lock:
+            self.spans.extend(got)
 
     def tree(self, trace_id: str, service: str | None = None) -> list[Span]:
         """The trace's root spans (those whose parent this collector did not receive), children linked."""
@@ -221,6 +176,46 @@ def test_the_export_thread_makes_sdk_spans_ending_a_late_span_with_its_request()
     assert spans["generate"].end_time == root.end_time and spans["generate"].parent.span_id == root.context.span_id
     assert late.end is None and not spans["generate"].parent.is_remote
     tracer.shutdown()
+
+
+def test_the_otlp_tokenomy_writes_is_what_the_sdks_encoder_writes_for_the_same_spans() -> None:
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    from tokenomy.generation import GenRequest
+    from tokenomy.pipeline.request import RequestContext
+
+    settings = trace.resolve(TelemetrySettings(traces=True), {})
+    assert settings is not None
+    tracer = trace.Tracer(settings, {}, exporter=InMemorySpanExporter())
+    export = trace._Export(InMemorySpanExporter(), Resource.create({"service.name": "edge", "deployment.n": 3}),
+                           InstrumentationScope("tokenomy", "1.2.3"))
+    _, parent = caller()
+    ctx = RequestContext(gen=GenRequest(model="m"), headers={"traceparent": parent, "tracestate": "a=1, b=2"})
+    tracer.start(ctx)
+    t = ctx.trace
+    t.root.attributes.update({"s": "naïve ✓", "t": True, "f": False, "i": 7, "neg": -3, "big": 2 ** 62,
+                              "x": 0.25, "words": ["a", "b"], "nums": [1, 2], "gone": None, "empty": ""})
+    call = t.root.child("chat 模型", kind="client", attributes={"server.port": 443})
+    call.fail("rate_limit_exceeded", "slow down")
+    call.finish()
+    t.root.child("generate")                   # never finished: ends with the request
+    t.finish(ctx, time.perf_counter())
+
+    ours = ExportTraceServiceRequest.FromString(export._encoder.request(export._encoded(t)))
+    sdk = encode_spans(export._spans(t))
+    for span in sdk.resource_spans[0].scope_spans[0].spans:
+        if span.status.code == span.status.STATUS_CODE_UNSET:
+            span.ClearField("status")          # the SDK writes an empty status; an absent one reads the same
+    assert len(ours.resource_spans[0].scope_spans[0].spans) == 4
+    assert ours == sdk
+    tracer.shutdown()
+    # a client's string with a lone surrogate (valid JSON, not UTF-8): "?" in its place (the SDK drops the attribute)
+    assert attributes(ProtoSpan.FromString(otlp.attributes({"s": "a\ud800b"})).attributes) == {"s": "a?b"}
 
 
 # ---- the embedded engine ------------------------------------------------------------------------------------------

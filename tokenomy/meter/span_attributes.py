@@ -16,18 +16,21 @@ OPERATIONS = {"chat": "chat", "completion": "text_completion", "embedding": "emb
 RESPONSE_PREFIX = {"chat.completions": "chatcmpl-", "completions": "cmpl-", "messages": "msg_", "responses": "resp_"}
 
 
+# the request parameters that are numbers, and their attribute names
+_NUMBERS = tuple((key, "gen_ai.request." + key) for key in ("max_tokens", "temperature", "top_p", "seed", "top_k",
+                                                             "frequency_penalty", "presence_penalty"))
+
+
 def request_attributes(gen: GenRequest, provider: str, model: str | None = None, operation: str | None = None,
                        stream: bool | None = None) -> dict[str, Any]:
     """gen_ai.operation.name, gen_ai.provider.name and the gen_ai.request.* attributes of a request."""
     p = gen.params
     attrs: dict[str, Any] = {"gen_ai.operation.name": operation or OPERATIONS.get(gen.kind, gen.kind),
                              "gen_ai.provider.name": provider, "gen_ai.request.model": model or gen.model}
-    for key, name in (("max_tokens", "max_tokens"), ("temperature", "temperature"), ("top_p", "top_p"),
-                      ("seed", "seed"), ("top_k", "top_k"), ("frequency_penalty", "frequency_penalty"),
-                      ("presence_penalty", "presence_penalty")):
+    for key, name in _NUMBERS:
         v = p.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            attrs["gen_ai.request." + name] = v
+        if v is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+            attrs[name] = v
     n = p.get("n")
     if isinstance(n, int) and n != 1:
         attrs["gen_ai.request.choice.count"] = n

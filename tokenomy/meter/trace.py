@@ -17,17 +17,21 @@ Tracing is on with `telemetry.traces: true`, or with `traces` left null and an O
 environment variables; OTEL_SDK_DISABLED=true turns it off. Spans go through the SDK's BatchSpanProcessor to its
 OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request. The
 request path records plain `Span`s and hands each finished request's trace to the processor whole; its thread
-makes the SDK's ReadableSpans of them (the SDK's own span objects cost about 40 us each on this project's
-machines, a traced request has eight or more, and the issue allows 0.2 ms). What the spans say is
-meter/span_attributes.py.
+writes them as OTLP (meter/otlp.py) and the exporter's HTTP client sends them. Neither side uses the SDK's span
+objects or its encoder: a traced request has eight spans or more, the issue allows it 0.2 ms, and those cost
+about 40 us (a span object on the request path) and 100 us (a ReadableSpan encoded, on a thread that holds the
+interpreter lock the request path needs) a span on this project's machines (docs/telemetry.md). What the spans
+say is meter/span_attributes.py.
 
-The stages do not call this module: the pipeline's chain runs each stage inside `RequestTrace.stage`, the record
-stage starts and finishes the request's trace, and a backend hands its calls to `client_stream` / `client_call`
-and the engine's timings to `engine`, with the parent it finds in `GenRequest.trace` (None: not traced).
+The stages do not call this module: the pipeline's chain tells the request's trace when each stage starts and
+returns (`RequestTrace.enter` / `left`; a stage's span ends when the next one starts, `handed`), the record stage
+starts and finishes the request's trace, and a backend hands its calls to `client_stream` / `client_call` and the
+engine's timings to `engine`, with the parent it finds in `GenRequest.trace` (None: not traced).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -39,6 +43,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tokenomy.generation import Delta, GenRequest, Usage
+from tokenomy.meter import otlp
 from tokenomy.meter.span_attributes import (
     OPERATIONS,
     answer_attributes,
@@ -155,11 +160,12 @@ class Tracer:
         it sent a valid one: sets `ctx.trace` and `ctx.trace_id`. The request's span starts at its arrival."""
         caller = _parse(ctx.headers.get("traceparent", ""))
         if caller is not None:
-            trace_id, parent_id, flags = caller
+            trace_id, parent, flags = caller
+            parent_id: int | None = int(parent, 16)
             sampled = bool(flags & 1) if self.parent_based else int(trace_id[16:], 16) < self.bound
         else:
-            trace_id, parent_id = f"{random.getrandbits(128) or 1:032x}", None
-            sampled = int(trace_id[16:], 16) < self.bound
+            bits = random.getrandbits(128) or 1
+            trace_id, parent_id, sampled = f"{bits:032x}", None, bits & 0xFFFFFFFFFFFFFFFF < self.bound
         t = RequestTrace(self, trace_id, sampled, ctx.headers.get("tracestate") if caller is not None else None)
         kind = "internal" if getattr(ctx, "batch_id", None) else "server"
         t.root = Span(t, f"{OPERATIONS.get(ctx.gen.kind, ctx.gen.kind)} {ctx.gen.model}".rstrip(), kind, parent_id,
@@ -175,17 +181,17 @@ class Tracer:
 
 
 class Span:
-    """One span as the request path records it: plain fields (times are perf_counter seconds), made into the SDK's
-    ReadableSpan on the export thread. A span that never ended when its trace is exported ends with the request."""
+    """One span as the request path records it: plain fields (ids are ints, times perf_counter seconds), written as
+    OTLP on the export thread. A span that never ended when its trace is exported ends with the request."""
 
     __slots__ = ("trace", "name", "kind", "span_id", "parent_id", "start", "end", "attributes", "error")
 
-    def __init__(self, trace: RequestTrace, name: str, kind: str, parent_id: str | None, start: float,
+    def __init__(self, trace: RequestTrace, name: str, kind: str, parent_id: int | None, start: float,
                  attributes: dict[str, Any] | None = None) -> None:
         self.trace, self.name, self.kind, self.parent_id, self.start = trace, name, kind, parent_id, start
-        self.span_id = f"{random.getrandbits(64) or 1:016x}"
+        self.span_id = random.getrandbits(64) or 1
         self.end: float | None = None
-        self.attributes = attributes if attributes is not None else {}
+        self.attributes = {} if attributes is None else attributes
         self.error: str | None = None          # the status message of a span that failed (error.type says why)
         if trace.sampled:
             trace.spans.append(self)
@@ -209,7 +215,7 @@ class Span:
     def traceparent(self) -> dict[str, str]:
         """The headers that continue the trace under this span (W3C trace context; the caller's tracestate on)."""
         t = self.trace
-        headers = {"traceparent": f"00-{t.trace_id}-{self.span_id}-{'01' if t.sampled else '00'}"}
+        headers = {"traceparent": f"00-{t.trace_id}-{self.span_id:016x}-{'01' if t.sampled else '00'}"}
         if t.tracestate:
             headers["tracestate"] = t.tracestate
         return headers
@@ -224,56 +230,55 @@ class _Sampled:
 
 class RequestTrace:
     """One request's trace: its id and the caller's tracestate, whether it is kept, its spans (none when it is
-    not: it still propagates), the stage spans still at work (a stage that hands on a stream works until the
-    stream ends), and the clock that turns perf_counter times into UNIX nanoseconds."""
+    not: it still propagates), the stage at work (`at_work`: entered, not yet handed on) and those still at work
+    after handing on (a stage that hands on a stream works until the stream ends), and the clock that turns
+    perf_counter times into UNIX nanoseconds."""
 
-    __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "root", "spans", "open", "anchor_ns", "anchor")
+    __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "root", "spans", "at_work", "open", "anchor_ns",
+                 "anchor")
     context = _Sampled()
 
     def __init__(self, tracer: Tracer, trace_id: str, sampled: bool, tracestate: str | None) -> None:
         self.tracer, self.trace_id, self.sampled, self.tracestate = tracer, trace_id, sampled, tracestate
         self.spans: list[Span] = []
-        self.open: list[tuple[str, Span]] = []
+        self.at_work: Span | None = None
+        self.open: list[Span] = []
         self.anchor_ns, self.anchor = time.time_ns(), time.perf_counter()
         self.root: Span
 
     def ns(self, t: float) -> int:
         return self.anchor_ns + int((t - self.anchor) * 1e9)
 
-    async def stage(self, stage: Any, ctx: Any, call_next: Callable[[Any], Awaitable[None]]) -> None:
-        """Run a pipeline stage inside its span: the span ends when the stage hands on (or returns, or raises), or
-        when the request ends if the stage leaves an answer streaming; the stage's backends see it as the parent
-        of their spans (`GenRequest.trace`)."""
+    def enter(self, name: str, ctx: Any) -> Span | None:
+        """A pipeline stage starts (the one at work before it has handed on: `handed`): its span, None when the
+        trace is not kept, is the parent its backends see for their spans (`GenRequest.trace`). The span ends when
+        the stage hands on, or returns or raises (`left`), or when the request ends if the stage leaves an answer
+        streaming."""
         if not self.sampled:           # no spans, but upstreams still learn the trace
             ctx.gen.trace = self.root
-            await stage(ctx, call_next)
-            return
-        name = stage.name
-        span = self.root.child(name)
-        handed = False
-
-        async def hand_on(c: Any) -> None:
-            nonlocal handed
-            if not handed:
-                handed = True
-                self._stage_done(name, span, c)
-            await call_next(c)
-
+            return None
+        self.handed(ctx)
+        span = self.at_work = Span(self, name, "internal", self.root.span_id, time.perf_counter())
         ctx.gen.trace = span
-        try:
-            await stage(ctx, hand_on)
-        except BaseException as e:
-            if not handed:
-                _failed(span, e)
-                self._stage_done(name, span, ctx)
-            raise
-        if not handed:
-            self._stage_done(name, span, ctx)
+        return span
 
-    def _stage_done(self, name: str, span: Span, ctx: Any) -> None:
-        _observe(span, stage_attributes, name, ctx)
+    def left(self, span: Span | None, ctx: Any, error: BaseException | None = None) -> None:
+        """The stage of `span` (`enter`'s) returned, or raised `error`: its span ends if it never handed on."""
+        if span is not None and self.at_work is span:
+            if error is not None:
+                _failed(span, error)
+            self.handed(ctx)
+
+    def handed(self, ctx: Any) -> None:
+        """The stage at work, if any, handed the request on (or returned): its span says what it decided, and ends
+        unless its answer is still streaming. The chain calls this too before a stage that has no span."""
+        span = self.at_work
+        if span is None:
+            return
+        self.at_work = None
+        _observe(span, stage_attributes, span.name, ctx)
         if ctx.deltas is not None:     # its answer is still streaming: at work until the stream ends
-            self.open.append((name, span))
+            self.open.append(span)
         else:
             span.finish()
 
@@ -282,18 +287,21 @@ class RequestTrace:
         perf_counter time), and the request's span with its attributes; then hand it to the exporter."""
         if not self.sampled:
             return
-        for name, span in self.open:
-            _observe(span, stage_attributes, name, ctx)
+        if self.at_work is not None:
+            self.handed(ctx)
+        for span in self.open:
+            _observe(span, stage_attributes, span.name, ctx)
             span.finish()
         self.open = []
         self.root.child("record", start=record_started).finish()
         root = self.root
-        attrs = request_attributes(ctx.gen, self.tracer.providers.get(ctx.model or "", "tokenomy"), stream=ctx.stream)
+        attrs = root.attributes
+        attrs.update(request_attributes(ctx.gen, self.tracer.providers.get(ctx.model or "", "tokenomy"),
+                                        stream=ctx.stream))
         attrs.update(answer_attributes(ctx))
         content = self.tracer.content
         if content is not None and content(ctx.tenant):
             attrs.update(content_attributes(ctx))
-        root.attributes.update(attrs)
         error = error_type(ctx)
         if error is not None:
             root.fail(error, ctx.error.message if ctx.error is not None else error)
@@ -302,14 +310,26 @@ class RequestTrace:
 
 
 class _Export:
-    """The exporter the batch processor's thread calls: each request's spans as the SDK's ReadableSpans, to the
-    OTLP exporter in one export."""
+    """The exporter the batch processor's thread calls with finished request traces. With the SDK's OTLP/HTTP
+    exporter (its `_client`: the HTTP client that sends, with its retries, compression, headers and TLS as the
+    OTEL_EXPORTER_OTLP_* variables set them) the spans are written as OTLP by meter/otlp.py and sent by that
+    client in one request; any other exporter (an older SDK's, a test's in-memory one) gets the SDK's
+    ReadableSpans, which cost ten times as much to make and encode."""
 
     def __init__(self, exporter: Any, resource: Any, scope: Any) -> None:
         from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.trace.export import SpanExportResult
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
         self.exporter, self.resource, self.scope = exporter, resource, scope
+        self._result = SpanExportResult
+        try:
+            from opentelemetry.exporter.otlp.common.http import _OTLPHTTPClient
+        except ImportError:
+            _OTLPHTTPClient = None    # noqa: N806 (the SDK's class name)
+        client = getattr(exporter, "_client", None)
+        self._send = client.export if _OTLPHTTPClient is not None and isinstance(client, _OTLPHTTPClient) else None
+        self._encoder = otlp.Encoder(resource.attributes, scope.name, scope.version)
         self._readable, self._context, self._state = ReadableSpan, SpanContext, TraceState
         self._kinds = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
         self._flags = TraceFlags(TraceFlags.SAMPLED)
@@ -317,13 +337,26 @@ class _Export:
         self._status = Status
 
     def export(self, traces: Sequence[RequestTrace]) -> Any:
-        spans = []
+        encode = self._encoded if self._send is not None else self._spans
+        spans: list[Any] = []
         for t in traces:
             try:
-                spans += self._spans(t)
+                spans += encode(t)
             except Exception:            # one trace that cannot be read is dropped, not the batch
                 log.exception("a request's trace could not be exported")
-        return self.exporter.export(spans)
+        if self._send is None:
+            return self.exporter.export(spans)
+        if getattr(self.exporter, "_shutdown", False):
+            return self._result.FAILURE
+        return self._result.SUCCESS if self._send(self._encoder.request(spans)).success else self._result.FAILURE
+
+    def _encoded(self, t: RequestTrace) -> list[bytes]:
+        tid, state = bytes.fromhex(t.trace_id), otlp.Encoder.trace_state(t.tracestate)
+        ends = t.root.end if t.root.end is not None else time.perf_counter()
+        span, root, ns = self._encoder.span, t.root, t.ns
+        # a copy of the list: a span of a stream that ends late may still be added (otlp copies attributes too)
+        return [span(s, tid, state, ns(s.start), ns(s.end if s.end is not None else ends), s is root)
+                for s in list(t.spans)]
 
     def _spans(self, t: RequestTrace) -> list[Any]:
         tid = int(t.trace_id, 16)
@@ -332,9 +365,9 @@ class _Export:
         out = []
         for s in list(t.spans):         # copies, list and attributes: a span that ends late may still write
             attributes = {k: v for k, v in dict(s.attributes).items() if v is not None}
-            context = self._context(tid, int(s.span_id, 16), False, self._flags, state)
+            context = self._context(tid, s.span_id, False, self._flags, state)
             remote = s is t.root
-            parent = (self._context(tid, int(s.parent_id, 16), remote, self._flags, state)
+            parent = (self._context(tid, s.parent_id, remote, self._flags, state)
                       if s.parent_id is not None else None)
             out.append(self._readable(
                 s.name, context=context, parent=parent, resource=self.resource, kind=self._kinds[s.kind],
@@ -360,21 +393,11 @@ class Call:
 
     def __init__(self, parent: Span, operation: str, model: str, provider: str, url: str, req: GenRequest) -> None:
         attrs = request_attributes(req, provider, model=model, operation=operation)
-        where = urlsplit(url)
-        if where.hostname:
-            attrs["server.address"] = where.hostname
-            attrs["server.port"] = where.port or (443 if where.scheme == "https" else 80)
+        attrs.update(_server(url))
         self.span = parent.child(f"{operation} {model}", kind="client", attributes=attrs)
         self.headers = self.span.traceparent()
         self.finishes: list[str] = []
         self.usage: Usage | None = None
-
-    def see(self, d: Delta) -> Delta:
-        if d.finish_reason is not None:
-            self.finishes.append(d.finish_reason)
-        if d.usage is not None:
-            self.usage = d.usage
-        return d
 
     def end(self, error: BaseException | None = None) -> None:
         if self.usage is not None:
@@ -384,6 +407,15 @@ class Call:
         if error is not None:
             _failed(self.span, error)
         self.span.finish()
+
+
+@functools.lru_cache(maxsize=256)
+def _server(url: str) -> tuple[tuple[str, Any], ...]:
+    """server.address and server.port of an upstream's URL (none without a host)."""
+    where = urlsplit(url)
+    if not where.hostname:
+        return ()
+    return ("server.address", where.hostname), ("server.port", where.port or (443 if where.scheme == "https" else 80))
 
 
 def client_stream(parent: Span | None, make: Callable[[dict[str, str] | None], AsyncIterator[Delta]],
@@ -407,7 +439,11 @@ async def _traced_stream(call: Call, make: Callable[[dict[str, str] | None], Asy
     inner = make(call.headers)
     try:
         async for d in inner:
-            yield call.see(d)
+            if d.finish_reason is not None:
+                call.finishes.append(d.finish_reason)
+            if d.usage is not None:
+                call.usage = d.usage
+            yield d
     except BaseException as e:
         call.end(e)
         raise

@@ -2,9 +2,9 @@
 
 Each stage is `async def __call__(ctx, call_next)`. A stage may end the request early by returning without
 calling `call_next` (a cache hit does). Stages never import each other; the chain is built from config.
-A traced request (`ctx.trace`, meter/trace.py) runs each stage inside its span; a stage with `traced = False`
-(the record stage, which makes its own) runs as it is, and one whose `traced` is a method runs in a span only for
-the requests it says (the reserve stage: those it holds anything for).
+A traced request (`ctx.trace`, meter/trace.py) runs each stage in its span (`enter` ... `left`); a stage with
+`traced = False` (the record stage, which makes its own) runs as it is, and one whose `traced` is a method runs in a
+span only for the requests it says (the reserve stage: those it holds anything for).
 """
 
 from __future__ import annotations
@@ -47,8 +47,19 @@ def _bind(stage: Stage, nxt: Next) -> Next:
     wants = getattr(stage, "traced", None)
 
     async def traced(ctx: RequestContext) -> None:
-        if ctx.trace is None or (callable(wants) and not wants(ctx)):
+        t = ctx.trace
+        if t is None:
             await stage(ctx, nxt)
-        else:
-            await ctx.trace.stage(stage, ctx, nxt)
+            return
+        if callable(wants) and not wants(ctx):
+            t.handed(ctx)             # the stage before it handed on: its span ends here
+            await stage(ctx, nxt)
+            return
+        span = t.enter(stage.name, ctx)
+        try:
+            await stage(ctx, nxt)
+        except BaseException as e:
+            t.left(span, ctx, e)
+            raise
+        t.left(span, ctx)
     return traced
