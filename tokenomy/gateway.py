@@ -39,12 +39,13 @@ log = logging.getLogger("tokenomy")
 
 
 def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
-                  n_threads: int | None = None, fits: dict[str, Fit] | None = None) -> Any:
+                  n_threads: int | None = None, fits: dict[str, Fit] | None = None, wait: bool = True) -> Any:
     """The backend for one configured model: the embedded engine (started here, with the model's engine and
     structured settings, its window from its GGUF unless set, once its weights and KV are known to fit beside the
     models in ``fits``, where its own Fit is added: engine/fit.py; ``n_threads`` overrides the engine's threads),
     the OpenAI-compatible upstream (a pool of them with `replicas`) or the Messages upstream. Raises ConfigError
-    for what only shows at start (a key's variable unset), DoesNotFit for a model memory cannot hold."""
+    for what only shows at start (a key's variable unset), DoesNotFit for a model memory cannot hold. Without
+    `wait` an embedded engine is left starting: its backend's engine.wait_ready() finishes the start."""
     if isinstance(spec, EmbeddedModelSpec):
         cfg = spec.engine or config.engine
         if n_threads is not None:
@@ -62,7 +63,7 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
             log.warning("engine %s decodes on all %d cores: any other CPU work on this machine stalls every step "
                         "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
                         "engine.n_threads to %d.", spec.name, cores, cores - 1)
-        return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured)
+        return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured, wait=wait)
     if isinstance(spec, AnthropicModelSpec):
         from tokenomy.backends.anthropic import AnthropicBackend
 
@@ -77,7 +78,11 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
 
 
 class Gateway:
-    def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None) -> None:
+    def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None,
+                 wait: bool = True) -> None:
+        """Start every model and build the pipeline. The engine processes load their models while the rest is
+        built here (the semantic cache's embedder among it); `wait`: return once they have passed their self-checks
+        (raising EngineStartError for one that failed), else the caller calls wait_ready() before serving."""
         self.config = config
         self.config_path = config_path
         self.cli_models = models or []      # named on the command line: a reload keeps them
@@ -92,7 +97,7 @@ class Gateway:
                 spec.api_key()
         self.fits: dict[str, Fit] = {}     # each embedded model's window and bytes, checked before it loads
         for spec in config.models:
-            self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits))
+            self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits, wait=False))
         self.metrics.watch_engines(self.engines)
         self.metrics.watch_pools(self.pools)
         for name, engine in self.engines():
@@ -154,6 +159,13 @@ class Gateway:
 
         self.batches, self.batch_runner = self._batch(config)
         self.responses = self._responses()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for every embedded engine to pass its start-up self-check (EngineStartError for one that failed)."""
+        for _, engine in self.engines():
+            engine.wait_ready()
 
     def _tracer(self, config: Config) -> trace.Tracer | None:
         """The request tracer (meter/trace.py); None when tracing is off. Prompts and answers go on spans only

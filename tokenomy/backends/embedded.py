@@ -75,11 +75,12 @@ def logit_bias(bias: dict[str, Any], n_vocab: int) -> dict[int, float]:
 
 class EmbeddedBackend:
     def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None,
-                 structured: StructuredSettings | None = None) -> None:
+                 structured: StructuredSettings | None = None, wait: bool = True) -> None:
+        """`wait`: as EngineClient's (False: the engine finishes starting in self.engine.wait_ready())."""
         self.name = name
         self.structured = structured or StructuredSettings()
         self.path = gguf_path
-        self.engine = EngineClient(gguf_path, cfg, name=name)
+        self.engine = EngineClient(gguf_path, cfg, name=name, wait=wait)
         self._wait_ewma = 0.0
 
     # ---- structured output -------------------------------------------------------------------------------
