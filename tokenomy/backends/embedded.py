@@ -75,13 +75,15 @@ def logit_bias(bias: dict[str, Any], n_vocab: int) -> dict[int, float]:
 
 class EmbeddedBackend:
     def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None,
-                 structured: StructuredSettings | None = None, address: str | None = None) -> None:
+                 structured: StructuredSettings | None = None, address: str | None = None,
+                 wait: bool = True) -> None:
         """`address`: the Unix socket of an engine process already running this model (server.workers), which
-        the backend connects to instead of starting its own."""
+        the backend connects to instead of starting its own; `wait`: as EngineClient's (False: the engine finishes
+        starting in self.engine.wait_ready())."""
         self.name = name
         self.structured = structured or StructuredSettings()
         self.path = gguf_path
-        self.engine = EngineClient(gguf_path, cfg, name=name, address=address)
+        self.engine = EngineClient(gguf_path, cfg, name=name, address=address, wait=wait)
         self._wait_ewma = 0.0
 
     # ---- structured output -------------------------------------------------------------------------------

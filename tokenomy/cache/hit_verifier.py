@@ -25,6 +25,7 @@ query has its answer stored) the same operating points give far fewer wrong hits
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -178,13 +179,61 @@ def pair_features(query: str, candidate: str, cos: float, second_cos: float | No
     ], dtype=np.float64)
 
 
-def jeffreys_upper(wrong: int, total: int, confidence: float) -> float:
-    """Upper bound of a binomial proportion: the ``confidence`` quantile of Beta(wrong + 1/2, right + 1/2)."""
-    from scipy.special import betaincinv  # scipy comes with scikit-learn
+def beta_cdf(x: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The regularised incomplete beta function I_x(a, b) (Beta(a, b)'s CDF at x, 0 < x < 1) for arrays of a and
+    b: the continued fraction of Numerical Recipes' betacf, by the modified Lentz method, on the side of the
+    mean where it converges fast (I_x(a, b) = 1 - I_1-x(b, a)); to 1e-15 relative, as scipy.special.betainc."""
+    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+    flip = x >= (a + 1) / (a + b + 2)
+    p, q, z = np.where(flip, b, a), np.where(flip, a, b), np.where(flip, 1.0 - x, x)
+    lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+    front = np.exp(lgamma(p + q) - lgamma(p) - lgamma(q) + p * np.log(z) + q * np.log1p(-z)) / p
+    tiny = 1e-300
+    c = np.ones_like(p)
+    d = 1.0 - (p + q) * z / (p + 1)
+    d = 1.0 / np.where(np.abs(d) < tiny, tiny, d)
+    f = d.copy()
+    done = np.zeros(p.shape, dtype=bool)
+    for m in range(1, 10_000):
+        for num in (m * (q - m) * z / ((p + 2 * m - 1) * (p + 2 * m)),
+                    -(p + m) * (p + q + m) * z / ((p + 2 * m) * (p + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / np.where(np.abs(d) < tiny, tiny, d)
+            c = 1.0 + num / c
+            c = np.where(np.abs(c) < tiny, tiny, c)
+            step = c * d
+            f = np.where(done, f, f * step)
+            done |= np.abs(step - 1.0) < 1e-16
+        if done.all():
+            break
+    cdf = front * f
+    return np.where(flip, 1.0 - cdf, cdf)
 
+
+def jeffreys_upper(wrong: int, total: int, confidence: float) -> float:
+    """Upper bound of a binomial proportion: the ``confidence`` quantile of Beta(wrong + 1/2, right + 1/2)
+    (bisection on beta_cdf to float precision)."""
     if total <= 0:
         return 1.0
-    return float(betaincinv(wrong + 0.5, total - wrong + 0.5, confidence))
+    a, b = np.array([wrong + 0.5]), np.array([total - wrong + 0.5])
+    lo, hi = 0.0, 1.0
+    while True:
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            return hi
+        if beta_cdf(mid, a, b)[0] >= confidence:
+            hi = mid
+        else:
+            lo = mid
+
+
+def jeffreys_within(wrong: np.ndarray, total: np.ndarray, confidence: float, bound: float) -> np.ndarray:
+    """``jeffreys_upper(wrong, total, confidence) <= bound`` for arrays of counts (total >= 1), without the
+    inversion: the quantile lies at or below `bound` exactly when the CDF there reaches `confidence`."""
+    wrong, total = np.asarray(wrong, dtype=np.float64), np.asarray(total, dtype=np.float64)
+    if bound >= 1:
+        return np.ones(wrong.shape, dtype=bool)
+    return beta_cdf(bound, wrong + 0.5, total - wrong + 0.5) >= confidence
 
 
 class Verifier:
@@ -269,13 +318,10 @@ class Verifier:
             order = np.argsort(-self._p[gate], kind="stable")
             ps, wrong = self._p[gate][order], self._wrong[gate][order]
             n_wrong = np.cumsum(wrong)
-            best = 1.01
-            for i in range(len(ps)):
-                if i + 1 < len(ps) and ps[i + 1] == ps[i]:
-                    continue  # ties are served together
-                if jeffreys_upper(int(n_wrong[i]), i + 1, self.confidence) <= error_budget:
-                    best = float(ps[i])
-            self._points[key] = best
+            # the last of each run of ties (ties are served together) whose upper bound is within the budget
+            ends = np.flatnonzero(np.append(ps[1:] != ps[:-1], True)) if len(ps) else np.zeros(0, dtype=int)
+            ok = ends[jeffreys_within(n_wrong[ends], ends + 1, self.confidence, error_budget)]
+            self._points[key] = float(ps[ok[-1]]) if len(ok) else 1.01
         return self._points[key]
 
 

@@ -102,13 +102,22 @@ class Handle:
 
 class EngineClient:
     def __init__(self, model_path: str, cfg: EngineConfig | None = None, name: str = "model",
-                 address: str | None = None) -> None:
+                 address: str | None = None, wait: bool = True) -> None:
+        """Start the engine process (or, with `address`, connect to the one a supervisor runs: server.workers)
+        and, with `wait`, wait for its self-check (raising EngineStartError); without, the caller does other work
+        meanwhile and calls wait_ready() before the first submit."""
         self.cfg = cfg = cfg or EngineConfig()
         self.name = name
         self.path = model_path
         self.address = address            # an engine process to connect to (server.workers); None: start one
         self.owns_steps = True            # whether this client counts the engine's steps (StepReport.owner)
-        self.vocab = Vocab(model_path, vocab_only=True)
+        self._starting: tuple[subprocess.Popen, Connection] | None = self._start() if address is None else None
+        try:                 # the child loads the model while this process reads the vocabulary
+            self.vocab = Vocab(model_path, vocab_only=True)
+        except BaseException:
+            if self._starting is not None:
+                self._starting[0].kill()
+            raise
         self.tokenizer = Tokenizer(self.vocab)
         self.stats = StepStats()          # its callbacks run on the reader thread, once per engine step
         self.state = "starting"           # starting | ready | restarting | stopped
@@ -135,24 +144,44 @@ class EngineClient:
         self._last_progress = time.monotonic()
         self._up_since = 0.0
         self._failures = 0
-        self._spawn()
+        if wait:
+            self.wait_ready()
         threading.Thread(target=self._watchdog, name=f"engine-watchdog-{name}", daemon=True).start()
 
     # ---- process lifecycle -----------------------------------------------------------------------------
+    def wait_ready(self) -> None:
+        """Wait for the start that __init__ began (with wait=False) to pass its self-check; raise EngineStartError
+        naming the cause. Returns at once when it has."""
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            self._finish(*starting)
+        elif self.address is not None and self.state == "starting":
+            self._attach(self.address)
+
     def _spawn(self) -> None:
         """Start the engine process and wait for its self-check; raise EngineStartError naming the cause."""
         if self.address is not None:
             self._attach(self.address)
             return
+        self._finish(*self._start())
+
+    def _start(self) -> tuple[subprocess.Popen, Connection]:
+        """Start the engine process and send it the model to load; _finish waits for its answer."""
         # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's __main__) on one end of
         # a socket pair; the child exits when the gateway's end closes.
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-c", ENTRY, str(theirs.fileno())], pass_fds=[theirs.fileno()])
         theirs.close()
         conn = Connection(ours.detach())
-        what = f"the engine process for {self.name!r} ({self.path})"
         try:
             conn.send((self.path, self.cfg, self.name))
+        except OSError:
+            pass                  # the child died at once: _finish reads why
+        return proc, conn
+
+    def _finish(self, proc: subprocess.Popen, conn: Connection) -> None:
+        what = f"the engine process for {self.name!r} ({self.path})"
+        try:
             if not conn.poll(self.cfg.start_timeout_s):
                 proc.kill()
                 raise EngineStartError(
@@ -284,6 +313,10 @@ class EngineClient:
 
     def stop(self) -> None:
         self.state = "stopped"
+        starting, self._starting = self._starting, None
+        if starting is not None:            # started without waiting, never waited for
+            starting[1].close()
+            _reap(starting[0])
         try:
             self._send(("stop",))
         except EngineUnavailable:

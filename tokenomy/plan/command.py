@@ -118,6 +118,7 @@ def plan(
     plans = [_plan(m, h, w, label) for m, h, w, label in resolved]
 
     if plot is not None:
+        from tokenomy.extras import MissingExtra
         from tokenomy.plan.roofline import write_roofline
 
         sweeps = [batch_sweep(m, h, w) for m, h, w, _ in resolved]
@@ -125,6 +126,8 @@ def plan(
             write_roofline(plans, sweeps, plot)
         except OSError as e:
             raise typer.BadParameter(f"cannot write {plot}: {e.strerror or e}", param_hint="--plot") from None
+        except MissingExtra as e:
+            raise typer.BadParameter(str(e), param_hint="--plot") from None
 
     if as_json:
         out = plans[0].to_dict()

@@ -75,9 +75,9 @@ def _geomspace(lo: float, hi: float, n: int = 200) -> list[float]:
 
 
 def write_matplotlib(chart: Chart, path: Path) -> None:
-    import matplotlib
+    from tokenomy.extras import require
 
-    matplotlib.use("Agg")
+    require("matplotlib", f"a {path.suffix} chart").use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 6))

@@ -29,6 +29,7 @@ import numpy as np
 
 from tokenomy.cache.hit_verifier import DEFAULT_VERIFIER, FEATURES, features_matrix
 from tokenomy.cache.key import normalise
+from tokenomy.extras import MissingExtra, require
 
 EMBED_CACHE = Path("/tmp/tokenomy-embeddings")
 MIN_GATE = 0.70
@@ -169,7 +170,7 @@ def fit_model(x: np.ndarray, y: np.ndarray, kind: str, c: float = 1.0) -> dict:
     regression with inverse strength ``c``.
     """
     if kind == "logistic":
-        from sklearn.linear_model import LogisticRegression
+        LogisticRegression = require("sklearn.linear_model", "calibrating the verifier").LogisticRegression
 
         mean, scale = x.mean(axis=0), x.std(axis=0)
         scale[scale == 0] = 1.0
@@ -178,7 +179,8 @@ def fit_model(x: np.ndarray, y: np.ndarray, kind: str, c: float = 1.0) -> dict:
                 "coef": model.coef_[0].tolist(), "intercept": float(model.intercept_[0])}
     if kind != "trees":
         raise ValueError(f"unknown model kind {kind!r}")
-    from sklearn.ensemble import HistGradientBoostingClassifier
+    HistGradientBoostingClassifier = require("sklearn.ensemble",
+                                             "calibrating the verifier").HistGradientBoostingClassifier
 
     model = HistGradientBoostingClassifier(random_state=0, early_stopping=False, **TREE_PARAMS).fit(x, y)
     trees = []
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         spec = calibrate(args.data, args.out, args.model, args.C, args.confidence)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: {spec['source']}")

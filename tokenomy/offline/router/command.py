@@ -30,6 +30,7 @@ def _guard(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from tokenomy.config import ConfigError
+        from tokenomy.extras import MissingExtra
         from tokenomy.offline.router.calibrate import CalibrationError
         from tokenomy.offline.router.dataset import RoutingDataError
         from tokenomy.offline.router.evaluate import NoGapError
@@ -40,7 +41,7 @@ def _guard(fn):
         try:
             return fn(*args, **kwargs)
         except (RoutingDataError, RouterFileError, RouterTrainingError, CalibrationError, NoGapError, FloorError,
-                ConfigError, _UserError) as exc:
+                ConfigError, MissingExtra, _UserError) as exc:
             raise _fail(str(exc)) from None
         except OSError as exc:
             raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None

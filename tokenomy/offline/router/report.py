@@ -191,9 +191,9 @@ def write_plot(report: dict, path: Path) -> None:
         figure.write_html(str(path), include_plotlyjs=True)
         return
 
-    import matplotlib
+    from tokenomy.extras import require
 
-    matplotlib.use("Agg")
+    require("matplotlib", "a .png plot").use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(slices), figsize=(5.5 * len(slices), 4.5), squeeze=False)

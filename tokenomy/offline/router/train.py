@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from tokenomy.extras import require
 from tokenomy.offline.router.dataset import RoutingData
 from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, TrainedRouter, dense_features
 from tokenomy.router.features import EMBEDDINGS, embed_prompts
@@ -38,7 +39,7 @@ def train_classifier(
     threshold is set so that `strong_share` of the training prompts go strong. `word_problem` adds the
     word-problem features (classifier.dense_features; in cross-validation they lift GSM8K on either embedding
     and leave MMLU as it was, docs/routing.md)."""
-    from sklearn.decomposition import PCA
+    PCA = require("sklearn.decomposition", "training a router").PCA
 
     if embedding not in EMBEDDINGS:
         raise RouterTrainingError(f"unknown embedding {embedding!r}; known: {', '.join(EMBEDDINGS)}")
@@ -103,8 +104,7 @@ def train_router(
 
 def logistic(c: float):
     """The multinomial logistic regression the classifier is, at inverse regularisation strength `c`."""
-    from sklearn.linear_model import LogisticRegression
-
+    LogisticRegression = require("sklearn.linear_model", "training a router").LogisticRegression
     return LogisticRegression(C=c, max_iter=5000)
 
 
