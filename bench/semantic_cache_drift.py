@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of duplicate pairs in the second half (QQP held-out half thinned)")
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--explore", type=float, default=0.02, help="explore floor of the online arm")
-    ap.add_argument("--explore-window", type=int, default=1000)
+    ap.add_argument("--explore-window", type=int, default=100,
+                    help="memory of explore outcomes: weight e^(-age / window)")
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--margin", type=float, default=0.02)
     ap.add_argument("--window", type=int, default=1000)

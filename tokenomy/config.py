@@ -524,7 +524,8 @@ class SemanticCacheSettings(_Strict):
     explore: float = Field(0.0, ge=0, le=1, description="online error control (docs/cache.md): the least share of "
                            "would-be hits sent to the model anyway and compared, to keep error_budget on live "
                            "traffic (all of them until the cache has evidence); 0: the calibration alone")
-    explore_window: int = Field(1000, ge=5, description="explore outcomes remembered by online error control")
+    explore_window: int = Field(100, ge=5, description="memory of online error control: an explore outcome weighs "
+                                "e^(-age / explore_window), age in outcomes observed since")
 
     @model_validator(mode="after")
     def _explore(self) -> SemanticCacheSettings:

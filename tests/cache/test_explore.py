@@ -89,12 +89,12 @@ def test_evidence_lets_it_serve_and_a_wrong_answer_found_by_exploring_stops_the_
 
 
 def test_wrong_outcomes_raise_the_bar_for_everyone_below_them() -> None:
-    control = ErrorControl(0.1, 0.02, rng=random.Random(1))
+    control = ErrorControl(0.1, 0.02, window=1000, rng=random.Random(1))
     assert control.serve(0.99) is False                  # no evidence: explore
     for _ in range(40):
         control.observe(0.9, wrong=False)
     tau, n = control.state()
-    assert tau <= 0.9 and n == 40
+    assert tau <= 0.9 and 38 < n <= 40
     served = sum(control.serve(0.95) for _ in range(1000))
     assert 700 < served < 1000                            # explore rate max(floor, EVIDENCE / n) = 12.5%
     for _ in range(10):

@@ -9,9 +9,10 @@ Decision for a would-be hit at score s (one that passed the threshold, margin, o
 gates, so the calibrated behaviour is the starting point and online control only ever tightens it):
 
     tau  = lowest score whose observations {score >= tau} have a Jeffreys upper bound on their wrong share
-           (at ``confidence``) within the budget; observations = the last ``window`` explore outcomes
-           (weight 1) plus the calibration candidates above the operating point (``prior_weight`` in all)
-    n    = live observations with score >= tau (the evidence behind serving)
+           (at ``confidence``) within the budget; observations = the explore outcomes, each weighted
+           e^(-age / window) (age: outcomes observed since), plus the calibration candidates above the operating
+           point (``prior_weight`` in all)
+    n    = weighted live observations with score >= tau (the evidence behind serving)
     s < tau or n < EVIDENCE      -> explore (the cache has not shown it may serve here: a new cache, or a
                                     region where recent hits went wrong); costs nothing over a miss
     otherwise                    -> explore with probability max(floor, EVIDENCE / n), else serve
@@ -37,8 +38,8 @@ class ErrorControl:
     """Explore observations and the conservative serve-or-explore decision (see the module docstring);
     thread-safe."""
 
-    def __init__(self, budget: float, floor: float, *, window: int = 1000, confidence: float = 0.9,
-                 prior: np.ndarray | None = None, prior_weight: float = 50.0,
+    def __init__(self, budget: float, floor: float, *, window: int = 100, confidence: float = 0.9,
+                 prior: np.ndarray | None = None, prior_weight: float = 20.0,
                  rng: random.Random | None = None) -> None:
         """``prior``: (n, 2) rows of (score, wrong) from calibration, together worth ``prior_weight``
         observations. ``floor``: the explore rate once a region has plenty of evidence, in (0, 1]."""
@@ -49,13 +50,14 @@ class ErrorControl:
         if window < EVIDENCE:
             raise ValueError(f"explore window must hold at least {EVIDENCE} observations, got {window!r}")
         self.budget, self.floor, self.confidence = budget, floor, confidence
-        self._live: deque[tuple[float, int]] = deque(maxlen=window)
+        self.window = window
+        self._live: deque[tuple[float, int]] = deque(maxlen=8 * window)     # older ones weigh < e^-8
         p = np.zeros((0, 2)) if prior is None else np.asarray(prior, dtype=np.float64).reshape(-1, 2)
         self._prior_s, self._prior_w = p[:, 0], p[:, 1]
         self._prior_weight = prior_weight / len(p) if len(p) else 0.0
         self.rng = rng if rng is not None else random.Random()
         self._lock = threading.Lock()
-        self._tau: tuple[float, int] | None = None     # (tau, live evidence above it), None: recompute
+        self._tau: tuple[float, float] | None = None     # (tau, live evidence above it), None: recompute
         self.explored = self.served = 0
 
     def observe(self, score: float, wrong: bool) -> None:
@@ -64,21 +66,22 @@ class ErrorControl:
             self._live.append((float(score), int(bool(wrong))))
             self._tau = None
 
-    def state(self) -> tuple[float, int]:
+    def state(self) -> tuple[float, float]:
         """(tau, live observations at or above it); tau > 1 means nothing may be served."""
         with self._lock:
             if self._tau is None:
                 self._tau = self._compute()
             return self._tau
 
-    def _compute(self) -> tuple[float, int]:
+    def _compute(self) -> tuple[float, float]:
         from scipy.special import betaincinv
 
         live = np.asarray(self._live, dtype=np.float64).reshape(-1, 2)
         scores = np.concatenate([live[:, 0], self._prior_s])
         wrong = np.concatenate([live[:, 1], self._prior_w])
-        weight = np.concatenate([np.ones(len(live)), np.full(len(self._prior_s), self._prior_weight)])
-        is_live = np.concatenate([np.ones(len(live)), np.zeros(len(self._prior_s))])
+        decay = np.exp(-np.arange(len(live))[::-1] / self.window)
+        weight = np.concatenate([decay, np.full(len(self._prior_s), self._prior_weight)])
+        is_live = np.concatenate([decay, np.zeros(len(self._prior_s))])
         if not len(scores):
             return 2.0, 0
         order = np.argsort(-scores, kind="stable")
@@ -90,7 +93,7 @@ class ErrorControl:
         if not ok.any():
             return 2.0, 0
         i = int(np.flatnonzero(ok)[-1])
-        return float(s[i]), int(k[i])
+        return float(s[i]), float(k[i])
 
     def serve(self, score: float) -> bool:
         """True: serve this would-be hit; False: explore it (send it to the model and ``observe`` the outcome)."""

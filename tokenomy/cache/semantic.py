@@ -85,11 +85,12 @@ class SemanticCache:
                  max_entries: int = 100_000, candidates: int = 8, dtype: str = "f16",
                  expansion_search: int = 64, flush_every: int = 1_000, clock: Callable[[], float] = time.time,
                  embed_threads: int = 1, min_margin: float = 0.0, explore: float = 0.0,
-                 explore_window: int = 1000, rng: random.Random | None = None) -> None:
+                 explore_window: int = 100, rng: random.Random | None = None) -> None:
         """``path`` None keeps everything in memory. ``error_budget`` None serves on the threshold alone (a
         baseline, not for production); otherwise a verifier is required. ``explore`` > 0 (it needs an error
-        budget) turns on online error control with that explore floor, over the last ``explore_window``
-        outcomes; 0 serves on the calibration alone. ``rng`` draws the explore decisions (seed it in tests)."""
+        budget) turns on online error control with that explore floor and ``explore_window`` as its memory
+        (error_control.py); 0 serves on the calibration alone. ``rng`` draws the explore decisions (seed it in
+        tests)."""
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
         if error_budget is not None and not 0 < error_budget < 1:
