@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> dict:
     arms = [Arm("fixed calibration", SemanticCache(None, **common)),
             Arm("online control", SemanticCache(None, explore=args.explore, explore_window=args.explore_window,
                                                 rng=random.Random(args.seed), **common))]
+    if args.evidence is not None:
+        arms[1].cache.control.evidence = args.evidence
     for n, (question, answer, duplicate) in enumerate(requests):
         vec = vecs[index[question]]
         for arm in arms:
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="memory of explore outcomes: weight e^(-age / window)")
     ap.add_argument("--threshold", type=float, default=0.9)
     ap.add_argument("--margin", type=float, default=0.02)
+    ap.add_argument("--evidence", type=float, default=None,
+                    help="online arm: live outcomes above tau before serving, explore rate evidence / n above it "
+                    "(default error_control.EVIDENCE)")
     ap.add_argument("--window", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verifier", type=Path, default=DEFAULT_VERIFIER)

@@ -40,7 +40,7 @@ class ErrorControl:
 
     def __init__(self, budget: float, floor: float, *, window: int = 100, confidence: float = 0.9,
                  prior: np.ndarray | None = None, prior_weight: float = 20.0,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, evidence: float = EVIDENCE) -> None:
         """``prior``: (n, 2) rows of (score, wrong) from calibration, together worth ``prior_weight``
         observations. ``floor``: the explore rate once a region has plenty of evidence, in (0, 1]."""
         if not 0 < budget < 1:
@@ -49,7 +49,7 @@ class ErrorControl:
             raise ValueError(f"explore floor must be in (0, 1], got {floor!r}")
         if window < EVIDENCE:
             raise ValueError(f"explore window must hold at least {EVIDENCE} observations, got {window!r}")
-        self.budget, self.floor, self.confidence = budget, floor, confidence
+        self.budget, self.floor, self.confidence, self.evidence = budget, floor, confidence, evidence
         self.window = window
         self._live: deque[tuple[float, int]] = deque(maxlen=8 * window)     # older ones weigh < e^-8
         p = np.zeros((0, 2)) if prior is None else np.asarray(prior, dtype=np.float64).reshape(-1, 2)
@@ -98,7 +98,7 @@ class ErrorControl:
     def serve(self, score: float) -> bool:
         """True: serve this would-be hit; False: explore it (send it to the model and ``observe`` the outcome)."""
         tau, n = self.state()
-        if score < tau or n < EVIDENCE or self.rng.random() < max(self.floor, EVIDENCE / n):
+        if score < tau or n < self.evidence or self.rng.random() < max(self.floor, self.evidence / n):
             self.explored += 1
             return False
         self.served += 1
