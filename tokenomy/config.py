@@ -521,6 +521,17 @@ class SemanticCacheSettings(_Strict):
     embed_threads: int = Field(1, ge=1, le=64, description="threads for the MiniLM embedding of a lookup")
     min_margin: float = Field(0.02, ge=0, lt=1, description="serve only when the best stored question beats the "
                               "next one by this much cosine (an ambiguous pair of candidates is a miss)")
+    explore: float = Field(0.0, ge=0, le=1, description="online error control (docs/cache.md): the least share of "
+                           "would-be hits sent to the model anyway and compared, to keep error_budget on live "
+                           "traffic (all of them until the cache has evidence); 0: the calibration alone")
+    explore_window: int = Field(100, ge=5, description="memory of online error control: an explore outcome weighs "
+                                "e^(-age / explore_window), age in outcomes observed since")
+
+    @model_validator(mode="after")
+    def _explore(self) -> SemanticCacheSettings:
+        if self.explore > 0 and self.error_budget is None:
+            raise ValueError("cache.semantic.explore keeps an error budget online: set error_budget too")
+        return self
 
 
 class CacheSettings(_Strict):

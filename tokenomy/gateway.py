@@ -300,7 +300,8 @@ class Gateway:
             semantic = SemanticCache(index, store=store("semantic", s.max_entries),
                                      threshold=s.threshold, error_budget=s.error_budget, ttl_s=s.ttl_s,
                                      max_entries=s.max_entries, embed_threads=s.embed_threads,
-                                     min_margin=s.min_margin)
+                                     min_margin=s.min_margin, explore=s.explore,
+                                     explore_window=s.explore_window)
             semantic.warm()
         return exact, semantic
 

@@ -324,6 +324,12 @@ class Verifier:
             self._points[key] = float(ps[ok[-1]]) if len(ok) else 1.01
         return self._points[key]
 
+    def served_points(self, error_budget: float, threshold: float) -> np.ndarray:
+        """(n, 2) rows of (p, wrong) of the calibration candidates the operating point serves: the prior of
+        online error control (error_control.py)."""
+        gate = (self._cos >= max(threshold, self.min_gate)) & (self._p >= self.operating_point(error_budget, threshold))
+        return np.stack([self._p[gate], self._wrong[gate].astype(np.float64)], axis=1)
+
 
 def load_default() -> Verifier | None:
     """The packaged verifier, or None when it has not been built."""

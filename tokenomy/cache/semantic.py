@@ -10,6 +10,11 @@ again before it is served. A lookup serves the nearest entry only when
     p(right) >= verifier.operating_point(budget, gate)  (calibrated verifier, see verify.py)
     p(right) >= entry.bar                               (per-entry bar raised by wrong-hit feedback)
 
+With ``explore`` > 0 such a would-be hit is then served only when online error control (error_control.py)
+says the live stream's explore outcomes allow it; otherwise the lookup's reason is ``explore`` and
+``Lookup.explore`` holds the would-be hit, for the caller to ask the model, answer with the fresh answer, and
+report the comparison through ``observe``.
+
 Replicas sharing a Redis store find each other's entries and deletions through its log (replication.py).
 
 Persistence: entry metadata and vectors in ``<path>/semantic.sqlite`` (the source of truth), the ANN partitions
@@ -20,6 +25,7 @@ index files are reconciled with the metadata, so a crash loses no entry. Payload
 
 from __future__ import annotations
 
+import random
 import secrets
 import sqlite3
 import threading
@@ -32,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from tokenomy.cache.entry import CacheEntry, CacheHit, read_entry
+from tokenomy.cache.error_control import ErrorControl
 from tokenomy.cache.hit_verifier import Verifier, load_default, pair_features
 from tokenomy.cache.index import DIM, PartitionedIndex
 from tokenomy.cache.key import context_key, question_key
@@ -40,7 +47,7 @@ from tokenomy.cache.store import SQLiteStore, Store
 from tokenomy.messages import last_user_text
 
 Reason = Literal["hit", "exact-text", "empty", "below-threshold", "ambiguous", "rejected", "entry-bar",
-                 "payload-missing"]
+                 "payload-missing", "explore"]
 
 
 @dataclass
@@ -56,7 +63,8 @@ class _Meta:
 
 @dataclass
 class Lookup:
-    """One lookup's outcome and why: ``hit`` is set only when an answer is served."""
+    """One lookup's outcome and why: ``hit`` is set only when an answer is served; ``explore`` only when a
+    would-be hit is to be checked against the model instead (reason ``explore``)."""
 
     reason: Reason
     hit: CacheHit | None = None
@@ -65,6 +73,7 @@ class Lookup:
     similarity: float = 0.0
     second_similarity: float | None = None
     score: float | None = None
+    explore: CacheHit | None = None
 
 
 class SemanticCache:
@@ -75,9 +84,13 @@ class SemanticCache:
                  verifier: Verifier | None | Literal["default"] = "default", ttl_s: float | None = 86_400.0,
                  max_entries: int = 100_000, candidates: int = 8, dtype: str = "f16",
                  expansion_search: int = 64, flush_every: int = 1_000, clock: Callable[[], float] = time.time,
-                 embed_threads: int = 1, min_margin: float = 0.0) -> None:
+                 embed_threads: int = 1, min_margin: float = 0.0, explore: float = 0.0,
+                 explore_window: int = 100, rng: random.Random | None = None) -> None:
         """``path`` None keeps everything in memory. ``error_budget`` None serves on the threshold alone (a
-        baseline, not for production); otherwise a verifier is required."""
+        baseline, not for production); otherwise a verifier is required. ``explore`` > 0 (it needs an error
+        budget) turns on online error control with that explore floor and ``explore_window`` as its memory
+        (error_control.py); 0 serves on the calibration alone. ``rng`` draws the explore decisions (seed it in
+        tests)."""
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
         if error_budget is not None and not 0 < error_budget < 1:
@@ -99,6 +112,16 @@ class SemanticCache:
         if not 0 <= min_margin < 1:
             raise ValueError(f"min_margin must be in [0, 1), got {min_margin!r}")
         self.min_margin = min_margin
+        if not 0 <= explore <= 1:
+            raise ValueError(f"explore must be in [0, 1], got {explore!r}")
+        if explore > 0 and (error_budget is None or self.verifier is None):
+            raise ValueError("explore needs an error budget (and its verifier): it keeps that budget online")
+        self.control: ErrorControl | None = None
+        if explore > 0:
+            assert error_budget is not None and self.verifier is not None
+            self.control = ErrorControl(error_budget, explore, window=explore_window, rng=rng,
+                                        confidence=self.verifier.confidence,
+                                        prior=self.verifier.served_points(error_budget, threshold))
         self.path = Path(path) if path is not None else None
         if self.path is not None:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -317,6 +340,14 @@ class SemanticCache:
             self._remove(old)  # the same question re-stored elsewhere: the newer entry wins
         self._insert(change.ctx, [change.id], [change.text], change.vector[None, :], change.expires_at)
 
+    def observe(self, entry_id: int, score: float, correct: bool) -> None:
+        """An explore outcome: the entry's cached answer was (not) the model's fresh answer to a question it
+        would have been served for at verifier score ``score``. Feeds online error control and the entry's
+        own bar (``feedback``)."""
+        if self.control is not None:
+            self.control.observe(score, not correct)
+        self.feedback(entry_id, score, correct)
+
     def feedback(self, entry_id: int, score: float, correct: bool) -> None:
         """Learn a per-entry bar from a served hit's outcome (vCache-style, conservative).
 
@@ -347,10 +378,16 @@ class SemanticCache:
                params: Mapping[str, Any] | None = None, memo: dict[str, Any] | None = None) -> CacheHit | None:
         """The answer stored for a question like this request's last user turn in the same context, or None.
         ``memo``: see ``vector``."""
+        found = self.check(tenant, model, messages, params, memo)
+        return None if found is None else found.hit
+
+    def check(self, tenant: str, model: str, messages: Sequence[Mapping[str, Any]],
+              params: Mapping[str, Any] | None = None, memo: dict[str, Any] | None = None) -> Lookup | None:
+        """``lookup`` with its reasons (and a would-be hit to explore); None when there is no user turn."""
         text = last_user_text(messages)
         if text is None:
             return None
-        return self.decide(context_key(tenant, model, messages, params), text, memo=memo).hit
+        return self.decide(context_key(tenant, model, messages, params), text, memo=memo)
 
     def decide(self, ctx: str, text: str, vector: np.ndarray | None = None,
                memo: dict[str, Any] | None = None) -> Lookup:
@@ -430,6 +467,12 @@ class SemanticCache:
         entry = read_entry(self.store, str(id_))
         if entry is None:
             decision.reason = "payload-missing"
+            self.misses += 1
+            return decision
+        if self.control is not None and not same_text and not self.control.serve(score):
+            decision.reason = "explore"
+            decision.explore = CacheHit(kind="semantic", entry=entry, key=ctx, similarity=cos, score=score,
+                                        entry_id=id_)
             self.misses += 1
             return decision
         self._seq += 1

@@ -89,7 +89,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
             acc = layers.setdefault(layer, {"tokens": 0, "usd": 0.0})
             acc["tokens"] += int(s["tokens"])
             acc["usd"] += float(s["usd"])
-    lookups = [r for r in rows if r["cache"] in ("miss", *HITS) and r["status"] < 400]
+    lookups = [r for r in rows if r["cache"] in ("miss", "explore", *HITS) and r["status"] < 400]
     cache = {}
     for layer in HITS:
         h = len([r for r in lookups if r["cache"] == layer])

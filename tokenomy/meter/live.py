@@ -45,7 +45,7 @@ SUMS = (("completion", "tokenomy_tokens_total", "model", {"kind": "completion"})
         ("running", "tokenomy_engine_running_seqs", "model", {}),
         ("kv", "tokenomy_engine_kv_usage_ratio", "model", {}),
         *((f"cache_{c}", "tokenomy_cache_requests_total", "model", {"cache": c})
-          for c in ("miss", "exact", "semantic", "bypass")))
+          for c in ("miss", "explore", "exact", "semantic", "bypass")))
 FAMILIES = frozenset({name.removesuffix("_total") for _, name, _, _ in SUMS} | {n for _, n in HISTOGRAMS})
 
 
@@ -128,7 +128,7 @@ def point(prev: Sample, cur: Sample) -> dict[str, dict[str, float | None]]:
             for label, q in QUANTILES:
                 lines[f"{model} {label}"] = quantile(q, diff)
         out[series] = lines
-    outcomes = {c: delta(f"cache_{c}") for c in ("miss", "exact", "semantic", "bypass")}
+    outcomes = {c: delta(f"cache_{c}") for c in ("miss", "explore", "exact", "semantic", "bypass")}
     every = {m: sum(o.get(m, 0.0) for o in outcomes.values()) for m in set().union(*outcomes.values())}
     hits = {m: outcomes["exact"].get(m, 0.0) + outcomes["semantic"].get(m, 0.0) for m in every}
     out["response_cache_hit_rate"] = ratio(hits, every)

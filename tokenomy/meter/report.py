@@ -8,7 +8,7 @@ Per group of rows (all rows, and each key / tenant / model / route with `by`):
     cost_per_1k_tokens_usd = 1000 * cost_usd / billed ;  cost_per_request_usd = cost_usd / requests
     tokens_per_joule       = billed tokens of rows with energy / their joules, labelled measured only when every
                              such row was measured (nvml, rapl), else estimate
-    cache hit rate         = exact or semantic hits / lookups (rows with cache miss|exact|semantic and status < 400);
+    cache hit rate         = exact or semantic hits / lookups (rows: cache miss|explore|exact|semantic, status < 400);
                              prefix: cached / prompt tokens of generated rows
     saved                  = sums of saved_by per layer (tokens, USD)
     token_efficiency       = delivered / billed   (delivered: completion tokens of ok rows, cache hits included)
@@ -112,7 +112,7 @@ def figures(rows: Sequence[LedgerRow]) -> dict[str, Any]:
     joules = sum(r.energy_j or 0.0 for r in metered)
     sources = sorted({r.energy_source or "" for r in metered})
     energy_tokens = sum(r.billed_tokens for r in metered)
-    lookups = [r for r in rows if r.cache in ("miss", "exact", "semantic") and r.status < 400]
+    lookups = [r for r in rows if r.cache in ("miss", "explore", "exact", "semantic") and r.status < 400]
     saved_by: dict[str, dict[str, float]] = {}
     for r in rows:
         for layer, s in r.saved_by.items():

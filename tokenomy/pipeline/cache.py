@@ -4,6 +4,11 @@ Opt-outs ride in the request's `cache-control` header: `no-cache` skips the look
 Only finished, successful answers are stored (finish_reason stop or length); streamed answers are stored as
 their text pieces and replayed as a stream with the same event shape. A cache that fails (Redis down) never
 fails the request: the stores count errors and answer "miss". A hit carries the tokens and USD it saved.
+
+Explore (``cache.semantic.explore``, docs/cache.md): a would-be semantic hit that online error control wants
+checked goes to the model as a miss would; the client gets the fresh answer, the row and the
+``x-tokenomy-cache`` header say ``explore`` (its cost is what the error guarantee costs), and the judge's
+comparison of the cached answer with the fresh one goes back to the semantic cache (``SemanticCache.observe``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tokenomy.cache.entry import CacheEntry, CacheHit
+from tokenomy.cache.judge import Judge, same_answer
 from tokenomy.cache.key import is_deterministic
 from tokenomy.generation import Delta, Usage
 from tokenomy.meter.row import CacheSaving
@@ -48,13 +54,16 @@ class Cache:
     name = "cache"
 
     def __init__(self, exact: Any | None, semantic: Any | None, cost: CostFn,
-                 semantic_routes: set[str] | None = None, deterministic_only: bool = True) -> None:
+                 semantic_routes: set[str] | None = None, deterministic_only: bool = True,
+                 judge: Judge = same_answer) -> None:
         """Either cache may be None (switched off) without the other; `deterministic_only`: only requests at
-        temperature 0 or seeded are looked up and stored (cache.exact.deterministic_only)."""
+        temperature 0 or seeded are looked up and stored (cache.exact.deterministic_only); `judge` compares an
+        explored entry's answer with the model's fresh one (tokenomy/cache/judge.py)."""
         self.exact = exact
         self.semantic = semantic
         self.deterministic_only = deterministic_only
         self.cost = cost
+        self.judge = judge
         self.semantic_routes = semantic_routes   # None: every model and route may use the semantic cache
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
@@ -69,31 +78,53 @@ class Cache:
             (self.semantic_routes is None or model in self.semantic_routes)
         if not eligible:
             ctx.cache_bypass = ("disabled" if not on else "several choices" if several else "not deterministic")
-        elif lookup:
-            hit = await asyncio.to_thread(self._lookup, ctx, msgs, params, use_semantic)
+        explore: CacheHit | None = None
+        if eligible and lookup:
+            hit, explore = await asyncio.to_thread(self._lookup, ctx, msgs, params, use_semantic)
             if hit is not None:
                 self._serve(ctx, hit)
                 return
+            if explore is not None:
+                ctx.cache = "explore"
         await call_next(ctx)
-        if not (eligible and store):
+        if not eligible or not (store or explore is not None):
             return
         if ctx.deltas is not None:
-            ctx.deltas = self._capture(ctx, ctx.deltas, msgs, params, use_semantic)
+            ctx.deltas = self._capture(ctx, ctx.deltas, msgs, params, use_semantic, explore, store)
         elif ctx.result is not None:
-            self._store(ctx, msgs, params, use_semantic, ctx.result.text, None, ctx.result,
-                        ctx.result.stop_sequence)
+            if explore is not None:
+                await asyncio.to_thread(self._judge, ctx, explore, msgs, ctx.result.text, ctx.result.tool_calls)
+            if store:
+                self._store(ctx, msgs, params, use_semantic, ctx.result.text, None, ctx.result,
+                            ctx.result.stop_sequence)
 
     def _lookup(self, ctx: RequestContext, msgs: list[dict[str, Any]], params: dict[str, Any],
-                use_semantic: bool) -> CacheHit | None:
+                use_semantic: bool) -> tuple[CacheHit | None, CacheHit | None]:
+        """(the hit to serve, or a would-be semantic hit to explore); at most one is set."""
         tenant, model = ctx.tenant, ctx.gen.model
         try:
             hit = self.exact.lookup(tenant, model, msgs, params) if self.exact is not None else None
             if hit is None and use_semantic:
-                hit = self.semantic.lookup(tenant, model, msgs, params, memo=ctx.vectors)
-            return hit
+                found = self.semantic.check(tenant, model, msgs, params, memo=ctx.vectors)
+                if found is not None:
+                    return found.hit, found.explore
+            return hit, None
         except Exception:                         # a broken cache is a miss, never a failed request
             log.exception("cache lookup failed")
-            return None
+            return None, None
+
+    def _judge(self, ctx: RequestContext, explore: CacheHit, msgs: list[dict[str, Any]], text: str,
+               tool_calls: list[dict[str, Any]] | None) -> None:
+        """Compare an explored entry's answer with the fresh one and tell the semantic cache; only a finished,
+        successful answer is evidence."""
+        if ctx.error is not None or ctx.finish_reason not in ("stop", "tool_calls") or explore.entry_id is None:
+            return
+        try:
+            question = next((str(m.get("content")) for m in reversed(msgs) if m.get("role") == "user"), "")
+            right = self.judge(question, explore.entry.response, text, tool_calls)
+            self.semantic.observe(explore.entry_id, explore.score, right)
+        except Exception:
+            log.exception("cache explore judgement failed")
 
     def _serve(self, ctx: RequestContext, hit: CacheHit) -> None:
         e = hit.entry
@@ -140,7 +171,8 @@ class Cache:
             log.exception("cache write failed")
 
     async def _capture(self, ctx: RequestContext, deltas: AsyncIterator[Delta], msgs: list[dict[str, Any]],
-                       params: dict[str, Any], use_semantic: bool) -> AsyncIterator[Delta]:
+                       params: dict[str, Any], use_semantic: bool,
+                       explore: CacheHit | None = None, store: bool = True) -> AsyncIterator[Delta]:
         pieces: list[dict[str, Any]] = []
         complete = False
         stop_sequence = None
@@ -155,7 +187,11 @@ class Cache:
             await deltas.aclose()
         if complete:
             text = "".join(p["text"] for p in pieces)
-            await asyncio.to_thread(self._store, ctx, msgs, params, use_semantic, text, pieces, None, stop_sequence)
+            if explore is not None and not any(p.get("tool_calls") for p in pieces):  # streamed calls: fragments
+                await asyncio.to_thread(self._judge, ctx, explore, msgs, text, None)
+            if store:
+                await asyncio.to_thread(self._store, ctx, msgs, params, use_semantic, text, pieces, None,
+                                        stop_sequence)
 
 
 async def _replay(pieces: list[dict[str, Any]], result: Result) -> AsyncIterator[Delta]:

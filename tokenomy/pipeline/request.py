@@ -89,7 +89,7 @@ class RequestContext:
     context_work: ContextWork | None = None   # set when the route's context levers ran
     lint: Any = None                          # the prompt-layout lint's Finding (tokenomy/context/lint.py)
     # cache
-    cache: str = "miss"                       # miss | exact | semantic | bypass
+    cache: str = "miss"                       # miss | explore | exact | semantic | bypass
     cache_bypass: str | None = None           # why the request was not eligible for the response cache
     cache_saving: CacheSaving | None = None
     # Default-MiniLM vectors of texts this request needed ({text: vector}), filled by whichever stage embeds a
