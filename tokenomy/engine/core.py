@@ -248,11 +248,13 @@ class Core:
                     self._cancelled_early.add(key)
             elif kind == "call":
                 try:
-                    peer.send(("reply", msg[1], self._call(msg[2], *msg[3:]), None))
-                except (OSError, ValueError):
-                    return
+                    reply = ("reply", msg[1], self._call(msg[2], *msg[3:]), None)
                 except Exception as e:       # a failed call fails that call, not the process
-                    peer.send(("reply", msg[1], None, f"{type(e).__name__}: {e}"))
+                    reply = ("reply", msg[1], None, f"{type(e).__name__}: {e}")
+                try:
+                    peer.send(reply)
+                except (OSError, ValueError):    # the peer went away (a closed pipe raises either)
+                    return
             elif kind == "stop":
                 return
 
