@@ -325,7 +325,8 @@ def test_a_tokenomy_replica_is_read_through_vllms_names(engines: dict[str, Any])
             body = {"model": "smollm2-135m-instruct", "max_tokens": 400, "ignore_eos": True, "stream": True,
                     "messages": [{"role": "user", "content": "Count slowly."}]}
             async with c.stream("POST", "/chat/completions", json=body) as r:
-                async for line in r.aiter_lines():
+                lines = r.aiter_lines()     # kept: a dropped iterator is closed (and the stream with it) at the break
+                async for line in lines:
                     if line.startswith("data: {"):
                         break                           # decoding now
 
