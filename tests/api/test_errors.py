@@ -83,7 +83,9 @@ def test_with_context_shift_a_max_tokens_past_the_window_is_served():
 
     engine = {"n_ctx": 4 * 256, "max_running": 2, "max_retired": 2, "context_overflow": "shift"}
     with live_server({"engine": engine, "cache": NO_CACHE}) as srv:
-        r = post(srv, {**OK, "max_tokens": 300, "logit_bias": {"2": -100}})     # EOS (id 2) never sampled
+        # EOS (id 2) never sampled; 300 tokens take minutes on a slow 2-core day, hence the longer timeout
+        r = httpx.post(srv.base_url + "/chat/completions", timeout=240,
+                       json={**OK, "max_tokens": 300, "logit_bias": {"2": -100}})
         assert r.status_code == 200, r.text
         usage = r.json()["usage"]
         assert usage["completion_tokens"] == 300 and usage["prompt_tokens"] + 300 > 256
