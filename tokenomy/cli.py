@@ -2,24 +2,53 @@
 
 from __future__ import annotations
 
+import importlib
+from functools import cache
 from pathlib import Path
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from tokenomy.batch.command import app as batch_app
-from tokenomy.loadtest.command import bench
-from tokenomy.meter.command import report
-from tokenomy.offline.replay.command import replay
-from tokenomy.offline.router.command import app as router_app
-from tokenomy.plan.command import plan
+# Commands imported only when run (or listed in --help), so that `tokenomy serve` starts its engine processes
+# without first importing the reporting, load-test and training code: name -> (module, attribute, a group's help)
+LAZY: dict[str, tuple[str, str, str | None]] = {
+    "plan": ("tokenomy.plan.command", "plan", None),
+    "report": ("tokenomy.meter.command", "report", None),
+    "bench": ("tokenomy.loadtest.command", "bench", None),
+    "replay": ("tokenomy.offline.replay.command", "replay", None),
+    "router": ("tokenomy.offline.router.command", "app", "Train, calibrate and evaluate a learned router."),
+    "batch": ("tokenomy.batch.command", "app", "Submit batches (OpenAI's Batch API), follow them, fetch results."),
+}
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-app.command("plan")(plan)
-app.command("report")(report)
-app.command("bench")(bench)
-app.command("replay")(replay)
-app.add_typer(router_app, name="router", help="Train, calibrate and evaluate a learned router.")
-app.add_typer(batch_app, name="batch", help="Submit batches (OpenAI's Batch API), follow them, fetch results.")
+
+@cache
+def lazy_command(name: str) -> click.Command:
+    """The click command for one of LAZY's names, its module imported now."""
+    module, attr, help_text = LAZY[name]
+    target = getattr(importlib.import_module(module), attr)
+    if isinstance(target, typer.Typer):
+        group = typer.main.get_group(target)
+        group.name, group.help = name, help_text
+        return group
+    single = typer.Typer()
+    single.command(name)(target)
+    return typer.main.get_command(single)
+
+
+class LazyGroup(TyperGroup):
+    """The top-level group: LAZY's commands first, then those defined below."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*LAZY, *super().list_commands(ctx)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY:
+            return lazy_command(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+app = typer.Typer(cls=LazyGroup, no_args_is_help=True, add_completion=False, help=__doc__)
 
 
 @app.command()

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any
 
 from tokenomy.backends.embedded import EmbeddedBackend
+from tokenomy.backends.embedded_launch import engine_settings
 from tokenomy.backends.registry import Registry
 from tokenomy.config import AnthropicModelSpec, Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineAddress
-from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.fit import Fit, size
+from tokenomy.engine.fit import Fit
+from tokenomy.engine.launch import Launched
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
 from tokenomy.meter import otel_metrics, pricing, trace
@@ -25,7 +25,7 @@ from tokenomy.meter.pricing import PriceLike
 from tokenomy.meter.responses_store import ResponseStore
 from tokenomy.meter.shared import SharedCounters
 from tokenomy.meter.sink import MeterSink
-from tokenomy.models import PACKAGED_EMBEDDINGS, resolve_gguf
+from tokenomy.models import PACKAGED_EMBEDDINGS
 from tokenomy.pipeline.admit import Admit, Keyring, hash_key
 from tokenomy.pipeline.cache import Cache
 from tokenomy.pipeline.chain import Pipeline
@@ -40,37 +40,13 @@ from tokenomy.pipeline.route import Route
 log = logging.getLogger("tokenomy")
 
 
-def engine_settings(spec: EmbeddedModelSpec, config: Config, *, n_threads: int | None = None,
-                    fits: dict[str, Fit] | None = None) -> tuple[str, EngineConfig]:
-    """An embedded model's GGUF path and the engine config to load it with: the model's engine settings, its
-    window from its GGUF unless set, once its weights and KV are known to fit beside the models in ``fits``, where
-    its own Fit is added (engine/fit.py); ``n_threads`` overrides the engine's threads. DoesNotFit for a model
-    memory cannot hold."""
-    cfg = spec.engine or config.engine
-    if n_threads is not None:
-        cfg = cfg.model_copy(update={"n_threads": n_threads})
-    path = str(resolve_gguf(spec.gguf))
-    if cfg.draft_model:
-        cfg = cfg.model_copy(update={"draft_model": str(resolve_gguf(cfg.draft_model))})
-    fits = {} if fits is None else fits
-    in_ram = sum(f.need for f in fits.values() if not f.on_gpu)     # VRAM's free figure excludes its own
-    cfg, fit = size(path, cfg, committed=in_ram, draft_path=cfg.draft_model)
-    fits[spec.name] = fit
-    log.info("loading %s from %s: a %d-token window (%s), %.2f GiB of weights and KV", spec.name, path,
-             fit.window, fit.source, (fit.weight_bytes + fit.kv_bytes) / (1 << 30))
-    cores = os.cpu_count() or 1
-    if cfg.n_threads in (0, cores) and cores > 1:
-        log.warning("engine %s decodes on all %d cores: any other CPU work on this machine stalls every step "
-                    "(measured 3.6x slower with one core busy; docs/engine.md). On a shared machine set "
-                    "engine.n_threads to %d.", spec.name, cores, cores - 1)
-    return path, cfg
-
-
 def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
                   n_threads: int | None = None, fits: dict[str, Fit] | None = None,
-                  engines: dict[str, EngineAddress] | None = None, wait: bool = True) -> Any:
+                  engines: dict[str, EngineAddress] | None = None, launched: dict[str, Launched] | None = None,
+                  wait: bool = True) -> Any:
     """The backend for one configured model: the embedded engine (started here with engine_settings, or the one
-    at ``engines[name]`` that a supervisor runs: api/workers.py), the OpenAI-compatible upstream (a pool of them
+    at ``engines[name]`` that a supervisor runs: api/workers.py, or the one launched for it before the gateway was
+    built: ``launched[name]``, embedded_launch.py), the OpenAI-compatible upstream (a pool of them
     with `replicas`) or the Messages upstream. Raises ConfigError for what only shows at start (a key's variable
     unset), DoesNotFit for a model memory cannot hold. Without `wait` an embedded engine is left starting: its
     backend's engine.wait_ready() finishes the start."""
@@ -81,6 +57,12 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
                 fits[spec.name] = remote.fit
             return EmbeddedBackend(spec.name, remote.path, remote.cfg, structured=spec.structured,
                                    address=remote.address, wait=wait)
+        early = (launched or {}).pop(spec.name, None)
+        if early is not None:
+            if fits is not None:
+                fits[spec.name] = early.fit
+            return EmbeddedBackend(spec.name, early.path, early.cfg, structured=spec.structured,
+                                   launched=early.launch, wait=wait)
         path, cfg = engine_settings(spec, config, n_threads=n_threads, fits=fits)
         return EmbeddedBackend(spec.name, path, cfg, structured=spec.structured, wait=wait)
     if isinstance(spec, AnthropicModelSpec):
@@ -99,12 +81,14 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
 class Gateway:
     def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None,
                  engines: dict[str, EngineAddress] | None = None, worker: int | None = None,
-                 wait: bool = True) -> None:
+                 wait: bool = True, launched: dict[str, Launched] | None = None) -> None:
         """Start every model and build the pipeline. The engine processes load their models while the rest is
         built here (the semantic cache's embedder among it); `wait`: return once they have passed their self-checks
         (raising EngineStartError for one that failed), else the caller calls wait_ready() before serving.
         `engines` and `worker`: an API worker of `server.workers` (api/workers.py) uses the engine processes its
-        supervisor runs, and keeps its semantic index apart from the other workers'."""
+        supervisor runs, and keeps its semantic index apart from the other workers'. `launched`: engine processes
+        started before the gateway (embedded_launch.launch_engines), taken over (and taken out of the dict) by
+        the embedded backends of their models."""
         self.config = config
         self.worker = worker
         self.config_path = config_path
@@ -121,7 +105,7 @@ class Gateway:
         self.fits: dict[str, Fit] = {}     # each embedded model's window and bytes, checked before it loads
         for spec in config.models:
             self.registry.add(build_backend(spec, config, metrics=self.metrics, fits=self.fits, engines=engines,
-                                            wait=False))
+                                            launched=launched, wait=False))
         self.metrics.watch_engines(self.engines)
         self.metrics.watch_pools(self.pools)
         for name, engine in self.engines():

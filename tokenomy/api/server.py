@@ -5,18 +5,20 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import uvicorn
 from rich.console import Console
 
 from tokenomy.config import Config, ConfigError, EmbeddedModelSpec, load_config
-from tokenomy.gateway import Gateway
 from tokenomy.hub import is_hub_ref
-from tokenomy.meter.ledger import normalize_url, safe_url
 from tokenomy.models import resolve_gguf
+
+# The gateway, the web app, uvicorn and the ledger are imported inside the functions, after the engine processes
+# are launched: their imports are seconds of a start that the engines' model loading then overlaps.
 
 
 def state_line(config: Config) -> str:
     """Where a server with this config keeps its state: the ledger and the response caches."""
+    from tokenomy.meter.ledger import normalize_url, safe_url
+
     ledger = safe_url(normalize_url(config.ledger.url)) if config.ledger is not None else "off"
     c = config.cache
     if not (c.exact.enabled or c.semantic.enabled):
@@ -62,13 +64,21 @@ def run(host: str | None = None, port: int | None = None, config_path: Path | No
                          ready=ready)
         return
     with console.status("loading models: " + ", ".join(m.name for m in config.models)):
-        # the engine processes load their models while the gateway and the app are built (the web framework's
-        # imports among it), and only then is the wait for them: docs/install.md has the phases of a start
-        gateway = Gateway(config, str(config_path) if config_path else None, models=models, wait=False)
+        # the engine processes are launched first and load their models while the gateway and the app are
+        # imported and built, and only then is the wait for them: docs/install.md has the phases of a start
+        from tokenomy.backends.embedded_launch import launch_engines
+
+        launched = launch_engines(config)
         from tokenomy.api.app import create_app
+        from tokenomy.gateway import Gateway
+
+        gateway = Gateway(config, str(config_path) if config_path else None, models=models, wait=False,
+                          launched=launched)
 
         app = create_app(gateway)
         gateway.wait_ready()
     console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1")
     console.print(state_line(config), markup=False, highlight=False)
+    import uvicorn
+
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

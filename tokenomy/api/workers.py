@@ -32,8 +32,8 @@ from typing import Any
 
 from tokenomy.config import Config, ConfigError, EmbeddedModelSpec
 from tokenomy.engine import tuning
-from tokenomy.engine.client import ENTRY as ENGINE_ENTRY
 from tokenomy.engine.client import EngineAddress, EngineStartError, describe_exit
+from tokenomy.engine.launch import ENTRY as ENGINE_ENTRY
 
 log = logging.getLogger("tokenomy.workers")
 
@@ -137,8 +137,8 @@ class Supervisor:
     # ---- start ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Engines, then the port, then the workers; each ready before the next. Raises what stops a start."""
+        from tokenomy.backends.embedded_launch import engine_settings
         from tokenomy.engine.fit import Fit
-        from tokenomy.gateway import engine_settings
 
         fits: dict[str, Fit] = {}
         for spec in self.config.models:

@@ -18,6 +18,7 @@ from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineClient, EngineUnavailable
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec
+from tokenomy.engine.launch import Launch
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.sequence_output import TokenLogprob
@@ -76,14 +77,15 @@ def logit_bias(bias: dict[str, Any], n_vocab: int) -> dict[int, float]:
 class EmbeddedBackend:
     def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None,
                  structured: StructuredSettings | None = None, address: str | None = None,
-                 wait: bool = True) -> None:
+                 wait: bool = True, launched: Launch | None = None) -> None:
         """`address`: the Unix socket of an engine process already running this model (server.workers), which
-        the backend connects to instead of starting its own; `wait`: as EngineClient's (False: the engine finishes
-        starting in self.engine.wait_ready())."""
+        the backend connects to instead of starting its own; `launched`: the engine process started for it before
+        the gateway was built (embedded_launch.py), taken over; `wait`: as EngineClient's (False: the engine
+        finishes starting in self.engine.wait_ready())."""
         self.name = name
         self.structured = structured or StructuredSettings()
         self.path = gguf_path
-        self.engine = EngineClient(gguf_path, cfg, name=name, address=address, wait=wait)
+        self.engine = EngineClient(gguf_path, cfg, name=name, address=address, wait=wait, launched=launched)
         self._wait_ewma = 0.0
 
     # ---- structured output -------------------------------------------------------------------------------

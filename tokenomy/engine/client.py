@@ -17,9 +17,7 @@ import itertools
 import logging
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,15 +31,13 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec, StepReport
 from tokenomy.engine.engine import StepStats
 from tokenomy.engine.kv_tier import TierStats
+from tokenomy.engine.launch import Launch, launch
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.tokenizer import Tokenizer
 from tokenomy.engine.vocab import Vocab
 
 log = logging.getLogger("tokenomy.engine")
-
-ENTRY = "import sys; from tokenomy.engine.core import main; main(int(sys.argv[1]), *sys.argv[2:])"
-
 
 class EngineStartError(RuntimeError):
     pass
@@ -102,16 +98,17 @@ class Handle:
 
 class EngineClient:
     def __init__(self, model_path: str, cfg: EngineConfig | None = None, name: str = "model",
-                 address: str | None = None, wait: bool = True) -> None:
-        """Start the engine process (or, with `address`, connect to the one a supervisor runs: server.workers)
-        and, with `wait`, wait for its self-check (raising EngineStartError); without, the caller does other work
-        meanwhile and calls wait_ready() before the first submit."""
+                 address: str | None = None, wait: bool = True, launched: Launch | None = None) -> None:
+        """Start the engine process (or, with `address`, connect to the one a supervisor runs: server.workers;
+        with `launched`, take over the one launch.launch started for this model) and, with `wait`, wait for its
+        self-check (raising EngineStartError); without, the caller does other work meanwhile and calls
+        wait_ready() before the first submit."""
         self.cfg = cfg = cfg or EngineConfig()
         self.name = name
         self.path = model_path
         self.address = address            # an engine process to connect to (server.workers); None: start one
         self.owns_steps = True            # whether this client counts the engine's steps (StepReport.owner)
-        self._starting: tuple[subprocess.Popen, Connection] | None = self._start() if address is None else None
+        self._starting: Launch | None = (launched or self._start()) if address is None else None
         try:                 # the child loads the model while this process reads the vocabulary
             self.vocab = Vocab(model_path, vocab_only=True)
         except BaseException:
@@ -165,19 +162,9 @@ class EngineClient:
             return
         self._finish(*self._start())
 
-    def _start(self) -> tuple[subprocess.Popen, Connection]:
+    def _start(self) -> Launch:
         """Start the engine process and send it the model to load; _finish waits for its answer."""
-        # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's __main__) on one end of
-        # a socket pair; the child exits when the gateway's end closes.
-        ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-c", ENTRY, str(theirs.fileno())], pass_fds=[theirs.fileno()])
-        theirs.close()
-        conn = Connection(ours.detach())
-        try:
-            conn.send((self.path, self.cfg, self.name))
-        except OSError:
-            pass                  # the child died at once: _finish reads why
-        return proc, conn
+        return launch(self.path, self.cfg, self.name)
 
     def _finish(self, proc: subprocess.Popen, conn: Connection) -> None:
         what = f"the engine process for {self.name!r} ({self.path})"

@@ -408,7 +408,7 @@ def info(engine: Engine, core: Core | None = None) -> dict[str, Any]:
 
 
 def main(fd: int, address: str | None = None) -> None:
-    """The engine process (client.ENTRY runs it on one end of a socket pair): read (model path, EngineConfig,
+    """The engine process (launch.ENTRY runs it on one end of a socket pair): read (model path, EngineConfig,
     name), load, self-check, report ready, serve until the pipe closes. Interrupts are its parent's to handle: it
     stops this process by closing the pipe.
 
