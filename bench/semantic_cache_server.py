@@ -1,7 +1,7 @@
 """The semantic cache as a user runs it: `tokenomy serve` in front of an upstream whose answer names the question.
 
     python bench/semantic_cache_server.py [--gptcache FILE] [--qqp FILE] [--pairs 3000] [--set KEY=VALUE ...]
-                                          [--in-process] [--json]
+                                          [--in-process | --sweep] [--json]
 
 The gateway runs with ``cache: {semantic: {error_budget: 0.10}}`` and the product's defaults otherwise (``--set
 semantic.threshold=0.85`` and the like override a cache setting). The upstream is a stub started by this script:
@@ -21,7 +21,8 @@ share of duplicate questions served right (by either cache).
 
 ``--in-process`` runs the same stream through the gateway's cache settings in this process (an exact map and a
 ``SemanticCache`` built as the gateway builds it, embeddings read from the calibration's cache under /tmp): the
-same decisions without HTTP, for quick checks; the figures to report come from the server.
+same decisions without HTTP, for quick checks; the figures to report come from the server. ``--sweep`` runs it
+over a grid of settings, the product's defaults first.
 """
 
 from __future__ import annotations
@@ -141,6 +142,14 @@ def stub(port: int, answers: dict[str, str]) -> ThreadingHTTPServer:
                               "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                            "finish_reason": "stop"}],
                               "usage": {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def do_GET(self) -> None:    # noqa: N802 (the gateway's health probe: /v1/models)
+            out = json.dumps({"object": "list", "data": [{"id": "stub", "object": "model"}]}).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(out)))
@@ -289,6 +298,40 @@ def print_report(out: dict[str, Any]) -> None:
         print(f"worst full window: {part['worst_wrong_share']:.1%} of hits wrong")
 
 
+SWEEP = ([[]]
+         + [["semantic.error_budget=null", f"semantic.threshold={t}", f"semantic.min_margin={m}"]
+            for t in (0.8, 0.85, 0.9, 0.95) for m in (0.0, 0.02)]
+         + [[f"semantic.error_budget={b}"] for b in (0.15, 0.2)]
+         + [["semantic.explore=0.02"], ["semantic.explore=0.02", "semantic.threshold=0.85"]])
+
+
+def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The same stream in process over a grid of settings (the first row: the product's defaults at budget 10%):
+    the live-stream counterpart of bench/semantic_cache_qqp.py's sweep, which stores every first question before
+    looking any second one up and so never asks a new question that merely looks like a stored one."""
+    rows = []
+    for extra in SWEEP:
+        a = argparse.Namespace(**{**vars(args), "set": [*args.set, *extra], "in_process": True})
+        out = run(a)
+        rows.append({"settings": out["settings"], **{name: {**p["total"], "worst_wrong_share": p["worst_wrong_share"]}
+                                                     for name, p in out["parts"].items()}})
+        print(f"  {extra or 'defaults'}: " + ", ".join(f"{n} {r['right']} right {r['wrong']} wrong"
+                                                       for n, r in rows[-1].items() if n != "settings"),
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def print_sweep(rows: list[dict[str, Any]]) -> None:
+    names = [n for n in rows[0] if n != "settings"]
+    print("settings (error_budget 0.1 unless set) | " + " | ".join(
+        f"{n}: right, wrong, wrong share, worst window, explored, duplicates served" for n in names))
+    for r in rows:
+        label = ", ".join(f"{k.split('.')[1]}={v}" for k, v in r["settings"].items()) or "product defaults"
+        print(f"{label} | " + " | ".join(
+            f"{r[n]['right']} {r[n]['wrong']} {r[n]['wrong_share']:.1%} {r[n]['worst_wrong_share']:.1%} "
+            f"{r[n]['explored']} {r[n]['duplicates_served_share']:.1%}" for n in names))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Semantic cache through `tokenomy serve`: GPTCache pairs, then QQP.")
     ap.add_argument("--gptcache", type=Path, default=DEFAULT_GPTCACHE,
@@ -301,11 +344,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.NAME=JSON",
                     help="a cache setting over the defaults, e.g. semantic.threshold=0.85")
     ap.add_argument("--in-process", action="store_true", help="no server: the cache stage in this process")
+    ap.add_argument("--sweep", action="store_true",
+                    help="in process, over a grid of settings (product defaults first) instead of one server run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     args.gptcache = args.gptcache if str(args.gptcache) not in ("", ".") else None
     args.qqp = args.qqp if str(args.qqp) not in ("", ".") else None
     try:
+        if args.sweep:
+            rows = sweep(args)
+            print(json.dumps(rows, indent=1)) if args.json else print_sweep(rows)
+            return 0
         out = run(args)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
