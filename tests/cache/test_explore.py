@@ -135,6 +135,8 @@ def test_online_control_serves_under_the_calibrated_point_once_checks_there_came
     first = outcomes.index("semantic")
     assert first >= EVIDENCE and set(outcomes[:first]) <= {"miss", "explore"}
     assert outcomes[first:].count("semantic") > len(outcomes[first:]) // 2   # explore rate EVIDENCE / n, falling
+    # once online control would serve it, holding it back is an explore (a cost), no longer a free check
+    assert set(outcomes[first:]) <= {"semantic", "explore"}
     # and the traffic turning wrong there stops it again
     for _ in range(200):
         ctx, _ = ask(stage, BELOW[1], "Read books", store=False)

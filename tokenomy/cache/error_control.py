@@ -103,6 +103,11 @@ class ErrorControl:
         i = int(np.flatnonzero(ok)[-1])
         return float(s[i]), float(k[i])
 
+    def allows(self, score: float) -> bool:
+        """True when the live evidence would let a hit at ``score`` be served (were it not drawn to explore)."""
+        tau, n = self.state()
+        return score >= tau and n >= self.evidence
+
     def serve(self, score: float) -> bool:
         """True: serve this would-be hit; False: explore it (send it to the model and ``observe`` the outcome)."""
         tau, n = self.state()

@@ -473,11 +473,12 @@ class SemanticCache:
             self.misses += 1
             return decision
         if self.control is not None and not same_text and not self.control.serve(score):
-            # Below the operating point it stays a miss ("rejected") that is also checked; above it, a would-be
-            # hit held back ("explore"): the cost of the guarantee.
-            decision.reason = "explore" if not rejected else "rejected"
+            # A would-be hit (of the calibration or of online control) held back is an explore, the cost of the
+            # guarantee; anything else stays the miss it is ("rejected"), checked at no extra cost.
+            held_back = not rejected or self.control.allows(score)
+            decision.reason = "explore" if held_back else "rejected"
             decision.explore = CacheHit(kind="semantic", entry=entry, key=ctx, similarity=cos, score=score,
-                                        entry_id=id_, held_back=not rejected)
+                                        entry_id=id_, held_back=held_back)
             self.misses += 1
             return decision
         self._seq += 1
