@@ -52,7 +52,6 @@ from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside 
 from tokenomy.cache.key import question_key  # noqa: E402
 from tokenomy.offline.cache.calibrate import Pair, in_calibration_half, load_pairs  # noqa: E402
 
-DEFAULT_GPTCACHE = Path("/tmp/semcache/mock_data.json")
 DEFAULT_QQP = ROOT.parent / "shared/data/semantic-cache/qqp-dev.jsonl"
 
 
@@ -335,8 +334,8 @@ def print_sweep(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Semantic cache through `tokenomy serve`: GPTCache pairs, then QQP.")
-    ap.add_argument("--gptcache", type=Path, default=DEFAULT_GPTCACHE,
-                    help="GPTCache's mock_data.json ('' to skip)")
+    ap.add_argument("--gptcache", type=Path, default=None,
+                    help="GPTCache's examples/benchmark/mock_data.json (not in this repository; none: QQP only)")
     ap.add_argument("--qqp", type=Path, default=DEFAULT_QQP, help="QQP jsonl ('' to skip)")
     ap.add_argument("--pairs", type=int, default=3000, help="QQP pairs (of the half the verifier did not see)")
     ap.add_argument("--shuffle", action="store_true", help="shuffle the QQP pairs (--seed) instead of file order")
@@ -349,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="in process, over a grid of settings (product defaults first) instead of one server run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    args.gptcache = args.gptcache if str(args.gptcache) not in ("", ".") else None
+    args.gptcache = args.gptcache if str(args.gptcache or "") not in ("", ".") else None
     args.qqp = args.qqp if str(args.qqp) not in ("", ".") else None
     try:
         if args.sweep:
