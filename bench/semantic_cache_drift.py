@@ -20,8 +20,9 @@ near-matches are mostly hard negatives (a new topic whose questions look alike),
 
 Per window of ``--window`` requests: hits (paraphrases served; identical questions are the exact cache's and are
 counted apart), wrong share of hits, duplicates served right among the window's duplicate questions, and the
-explore share of requests (each explore is a would-be hit the fixed calibration would have served, so it is
-what the guarantee costs).
+explore share of requests (each explore is a would-be hit that the fixed calibration or online control would have
+served, so it is what the guarantee costs; candidates under the calibrated point are checked too, as the misses
+they are, and counted apart).
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ class Window:
     duplicates: int = 0
     duplicates_served: int = 0
     explored: int = 0
+    checked: int = 0      # candidates under the calibrated point checked against the model: misses, no cost
 
     def row(self) -> dict:
         return {"requests": self.requests, "hits": self.hits, "wrong_hits": self.wrong,
                 "wrong_share": self.wrong / self.hits if self.hits else 0.0,
                 "duplicate_hit_rate": self.duplicates_served / self.duplicates if self.duplicates else 0.0,
                 "explore_share": self.explored / self.requests if self.requests else 0.0,
-                "same_text": self.same_text}
+                "checked": self.checked, "same_text": self.same_text}
 
 
 @dataclass
@@ -126,7 +128,8 @@ def run(args: argparse.Namespace) -> dict:
                 w.duplicates_served += right and duplicate
                 continue
             if d.explore is not None:
-                w.explored += 1
+                w.explored += d.explore.held_back
+                w.checked += not d.explore.held_back
                 arm.cache.observe(d.explore.entry_id, d.explore.score, d.explore.entry.response["text"] == answer)
             arm.cache.add_text(CTX, question, CacheEntry(response={"text": answer}), vec)
     out = {"budget": args.budget, "explore": args.explore, "threshold": args.threshold, "margin": args.margin,
@@ -159,7 +162,8 @@ def print_report(out: dict) -> None:
         t = a["total"]
         print(f"{n}: worst window after the first {a['worst_wrong_share']:.1%} wrong; overall {t['hits']} hits, "
               f"{t['wrong_share']:.1%} wrong, duplicates served {t['duplicate_hit_rate']:.1%}, explored "
-              f"{t['explore_share']:.1%} of requests" + (f", tau at the end {a['tau']:.3f}" if a["tau"] else ""))
+              f"{t['explore_share']:.1%} of requests (and checked {t['checked']} misses at no cost)"
+              + (f", tau at the end {a['tau']:.3f}" if a["tau"] else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

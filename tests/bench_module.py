@@ -18,5 +18,6 @@ def load_bench(filename: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(Path(filename).stem, ROOT / "bench" / filename)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module       # dataclasses look their module up while the script is executed
     spec.loader.exec_module(module)
     return module

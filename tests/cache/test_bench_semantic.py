@@ -19,9 +19,22 @@ def bench():
     return load_bench("semantic_cache_qqp.py")
 
 
-def run_json(bench, capsys, *args: str) -> list[dict]:
+def run_json(bench, capsys, *args: str, defaults: bool = False) -> list[dict]:
+    """The sweep's rows (with ``defaults``, also the product-defaults row that comes first)."""
     assert bench.main([*args, "--json", "--index-size", "300", "--latency-sample", "3"]) == 0
-    return json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)
+    return rows if defaults else [r for r in rows if not r["defaults"]]
+
+
+def test_the_product_defaults_come_first_beside_the_sweep(bench, capsys) -> None:
+    from tokenomy.config import SemanticCacheSettings
+
+    rows = run_json(bench, capsys, "--data", str(DATA / "gptcache_tiny.json"), "--budgets", "none",
+                    "--thresholds", "0.7", "--margins", "0", "--defaults-budget", "0.2", defaults=True)
+    d = SemanticCacheSettings()
+    assert [r["defaults"] for r in rows] == [True, False]
+    assert (rows[0]["error_budget"], rows[0]["threshold"], rows[0]["min_margin"]) == (0.2, d.threshold, d.min_margin)
+    assert KEYS <= set(rows[0])
 
 
 def test_gptcache_format(bench, capsys) -> None:

@@ -110,3 +110,36 @@ def test_the_default_judge_compares_structured_answers_parsed() -> None:
     assert same_answer("q", {"text": "", "tool_calls": [call]}, "",
                        [{"function": {"name": "f", "arguments": '{ "x":1 }'}}])
     assert not same_answer("q", {"text": "", "tool_calls": [call]}, "", None)
+
+
+BELOW = ("How do I learn Python quickly?", "What is the fastest way to learn Python?")  # cos 0.92, under the point
+
+
+def test_a_candidate_under_the_calibrated_point_is_checked_for_free_and_stays_a_miss(embedder) -> None:
+    fixed, fixed_stage = make(embedder, explore=0.0)
+    ask(fixed_stage, BELOW[0], "Practice")
+    assert fixed.decide(next(iter(fixed._meta.values())).ctx, BELOW[1]).reason == "rejected"
+    cache, stage = make(embedder, explore=0.02)
+    ask(stage, BELOW[0], "Practice")
+    ctx, asked = ask(stage, BELOW[1], "Practice", store=False)
+    # the model answers it as the miss it is, the row says miss (no cost over a miss), and the comparison counts
+    assert asked and ctx.cache == "miss" and row_from_context(ctx, None).cache == "miss"
+    assert len(cache.control._live) == 1
+
+
+def test_online_control_serves_under_the_calibrated_point_once_checks_there_came_back_right(embedder) -> None:
+    cache, stage = make(embedder, explore=0.02)
+    ask(stage, BELOW[0], "Practice")
+    outcomes = [ask(stage, BELOW[1], "Practice", store=False)[0].cache for _ in range(60)]
+    # checked (free) until the live outcomes certify the budget at this score, then mostly served
+    first = outcomes.index("semantic")
+    assert first >= EVIDENCE and set(outcomes[:first]) <= {"miss", "explore"}
+    assert outcomes[first:].count("semantic") > len(outcomes[first:]) // 2   # explore rate EVIDENCE / n, falling
+    # once online control would serve it, holding it back is an explore (a cost), no longer a free check
+    assert set(outcomes[first:]) <= {"semantic", "explore"}
+    # and the traffic turning wrong there stops it again
+    for _ in range(200):
+        ctx, _ = ask(stage, BELOW[1], "Read books", store=False)
+        if ctx.cache != "semantic":
+            break
+    assert ask(stage, BELOW[1], "Read books", store=False)[0].cache == "miss"

@@ -51,7 +51,9 @@ class CacheEntry:
 @dataclass
 class CacheHit:
     """A served hit. For semantic hits ``similarity`` is the cosine and ``score`` the verifier's probability
-    that the cached answer is right; ``entry_id`` is what ``SemanticCache.feedback`` takes."""
+    that the cached answer is right; ``entry_id`` is what ``SemanticCache.feedback`` takes. As a lookup's
+    ``explore`` candidate, ``held_back`` says whether it was a would-be hit sent to the model instead (the cost of
+    online error control) or a miss checked against the model's answer at no extra cost."""
 
     kind: Literal["exact", "semantic"]
     entry: CacheEntry
@@ -59,6 +61,7 @@ class CacheHit:
     similarity: float = 1.0
     score: float = 1.0
     entry_id: int | None = None
+    held_back: bool = True
 
     @property
     def saved_tokens(self) -> int:

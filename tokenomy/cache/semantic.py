@@ -10,10 +10,11 @@ again before it is served. A lookup serves the nearest entry only when
     p(right) >= verifier.operating_point(budget, gate)  (calibrated verifier, see verify.py)
     p(right) >= entry.bar                               (per-entry bar raised by wrong-hit feedback)
 
-With ``explore`` > 0 such a would-be hit is then served only when online error control (error_control.py)
-says the live stream's explore outcomes allow it; otherwise the lookup's reason is ``explore`` and
-``Lookup.explore`` holds the would-be hit, for the caller to ask the model, answer with the fresh answer, and
-report the comparison through ``observe``.
+With ``explore`` > 0 online error control (error_control.py) decides instead of the operating point, which
+becomes its prior: a candidate is served only when the live stream's checked outcomes allow it at its score;
+otherwise ``Lookup.explore`` holds it, for the caller to ask the model, answer with the fresh answer, and report
+the comparison through ``observe``. The reason is ``explore`` for a would-be hit held back (what the guarantee
+costs) and ``rejected`` for a candidate under the operating point (a miss anyway, checked at no extra cost).
 
 Replicas sharing a Redis store find each other's entries and deletions through its log (replication.py).
 
@@ -120,7 +121,6 @@ class SemanticCache:
         if explore > 0:
             assert error_budget is not None and self.verifier is not None
             self.control = ErrorControl(error_budget, explore, window=explore_window, rng=rng,
-                                        confidence=self.verifier.confidence,
                                         prior=self.verifier.served_points(error_budget, threshold))
         self.path = Path(path) if path is not None else None
         if self.path is not None:
@@ -447,7 +447,7 @@ class SemanticCache:
             decision.reason = "ambiguous"
             self.misses += 1
             return decision
-        score = 1.0
+        score, rejected = 1.0, False
         if not same_text and self.error_budget is not None:
             if self.verifier is None:  # a budget nobody can check is never met by guessing
                 decision.reason = "rejected"
@@ -455,7 +455,10 @@ class SemanticCache:
                 return decision
             score = float(self.verifier.probability(pair_features(text, meta.text, cos, second)))
             decision.score = score
-            if score < self.verifier.operating_point(self.error_budget, self.threshold):
+            # Under online control the calibration's operating point is the prior, not a gate: a candidate
+            # below it is a miss, and checking it against the model's answer costs nothing over that miss.
+            rejected = score < self.verifier.operating_point(self.error_budget, self.threshold)
+            if rejected and self.control is None:
                 decision.reason = "rejected"
                 self.misses += 1
                 return decision
@@ -470,9 +473,12 @@ class SemanticCache:
             self.misses += 1
             return decision
         if self.control is not None and not same_text and not self.control.serve(score):
-            decision.reason = "explore"
+            # A would-be hit (of the calibration or of online control) held back is an explore, the cost of the
+            # guarantee; anything else stays the miss it is ("rejected"), checked at no extra cost.
+            held_back = not rejected or self.control.allows(score)
+            decision.reason = "explore" if held_back else "rejected"
             decision.explore = CacheHit(kind="semantic", entry=entry, key=ctx, similarity=cos, score=score,
-                                        entry_id=id_)
+                                        entry_id=id_, held_back=held_back)
             self.misses += 1
             return decision
         self._seq += 1

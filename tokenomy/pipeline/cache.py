@@ -84,7 +84,7 @@ class Cache:
             if hit is not None:
                 self._serve(ctx, hit)
                 return
-            if explore is not None:
+            if explore is not None and explore.held_back:
                 ctx.cache = "explore"
         await call_next(ctx)
         if not eligible or not (store or explore is not None):
