@@ -46,7 +46,7 @@ Slot = tuple[str, str, str, float]      # (scope, ident, period, period start as
 MIN_ROOM = 32        # requests like this one that must fit beside everything spent and held to grant an allowance
 SHARE = 8            # an allowance is this fraction (1/SHARE) of that room ...
 MAX = 256            # ... and at most this many requests like this one
-TICK_S = 0.05        # how often the keeper adds settled spend to Redis
+TICK_S = 0.25        # how often the keeper adds settled spend to Redis (one round trip for all)
 IDLE_S = 1.0         # an allowance no request used for this long goes back
 
 
