@@ -252,7 +252,10 @@ def cpu_s(pid: int) -> float:
     return t.user + t.system
 
 
-def run_cost(rounds: int, n: int, no_allowances: bool = False) -> dict[str, Any]:
+def run_cost(rounds: int, n: int, no_allowances: bool = False, restart: bool = False) -> dict[str, Any]:
+    """With `restart`, each arm's gateway is started anew for each round and is the only one running while it is
+    measured (on a loaded machine one of several identical gateway processes can answer 2 to 3 times faster than
+    the others for its whole life, which alternating rounds of long-lived processes cannot average out)."""
     server = services.start_redis()
     try:
         with stub() as up:
@@ -267,21 +270,25 @@ def run_cost(rounds: int, n: int, no_allowances: bool = False) -> dict[str, Any]
             if no_allowances:
                 arms["budget, Redis, no allowances"] = {**base, "keys": [{"key": "sk-c", "name": "c2", "budget": big}],
                                                         "limits": {"store": server.url, "allowances": False}}
+            got: dict[str, list[float]] = {name: [] for name in arms}
+            cpu: dict[str, float] = {name: 0.0 for name in arms}
             with ExitStack() as stack:
-                started = {name: stack.enter_context(gateway(cfg)) for name, cfg in arms.items()}
-                urls = {name: url for name, (url, _, _) in started.items()}
-                for url in urls.values():
+                started = {} if restart else {name: stack.enter_context(gateway(cfg)) for name, cfg in arms.items()}
+                for url, _, _ in started.values():
                     asyncio.run(latencies(url, "sk-c", 50))                 # warm-up
-                got: dict[str, list[float]] = {name: [] for name in arms}
-                cpu: dict[str, float] = {name: 0.0 for name in arms}
                 for i in range(rounds):
                     order = list(arms) if i % 2 == 0 else list(reversed(arms))
                     for name in order:
                         console.log(f"cost round {i + 1}/{rounds}: {name}")
-                        pid = started[name][2].pid
-                        c0 = cpu_s(pid)
-                        got[name] += asyncio.run(latencies(urls[name], "sk-c", n))
-                        cpu[name] += cpu_s(pid) - c0
+                        with ExitStack() as one:
+                            if restart:
+                                url, _, proc = one.enter_context(gateway(arms[name]))
+                                asyncio.run(latencies(url, "sk-c", 50))     # warm-up
+                            else:
+                                url, _, proc = started[name]
+                            c0 = cpu_s(proc.pid)
+                            got[name] += asyncio.run(latencies(url, "sk-c", n))
+                            cpu[name] += cpu_s(proc.pid) - c0
         import redis as redis_lib
 
         client = redis_lib.Redis.from_url(server.url)      # what one round trip to this Redis costs, for scale
@@ -352,6 +359,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=200, help="requests per arm and round in the cost part")
     ap.add_argument("--no-allowances", action="store_true",
                     help="cost part: add the Redis arm with limits.allowances false (every request held in Redis)")
+    ap.add_argument("--restart", action="store_true",
+                    help="cost part: start each arm's gateway anew for each round, alone while it is measured")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -362,7 +371,7 @@ def main() -> None:
     if "kill" in parts:
         result["kill"] = run_kill()
     if "cost" in parts:
-        result["cost"] = run_cost(args.rounds, args.requests, args.no_allowances)
+        result["cost"] = run_cost(args.rounds, args.requests, args.no_allowances, args.restart)
     if "calls" in parts:
         result["calls"] = run_calls()
     if args.json:

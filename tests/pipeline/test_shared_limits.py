@@ -71,6 +71,31 @@ def test_a_budget_holds_across_two_gateways_and_is_rebuilt_from_the_ledger(redis
             assert ask(g3, key).status_code == 429
 
 
+def test_far_from_the_limit_two_gateways_spend_from_allowances_and_redis_ends_equal_to_the_ledgers(
+        redis_url: str) -> None:
+    """A budget with room for thousands of requests: each gateway holds an allowance (one hold in Redis under an
+    `allow:` id, not one per request); once both stopped (allowances given back), Redis holds nothing and its
+    total equals the two ledgers'."""
+    import redis
+
+    key, limit = f"sk-{uuid.uuid4().hex}", 50.0
+    r = redis.Redis.from_url(redis_url)
+    with StubServer(Stub()) as stub:
+        cfg = config(stub.port, [{"key": key, "name": "alice", "budget": {"usd_per_day": limit}}], {"store": redis_url})
+        with live_server(cfg) as g1, live_server(cfg) as g2:
+            key_id = g1.gateway.keyring.lookup(f"Bearer {key}").key_id
+            answers = [ask((g1, g2)[i % 2], key) for i in range(20)]
+            assert [a.status_code for a in answers] == [200] * 20
+            [holds] = r.scan_iter(f"tokenomy:limits:budget:key:{key_id}:day:*:holds")
+            assert sorted(h.split(b":")[0] for h in r.hkeys(holds)) == [b"allow", b"allow"]     # one per gateway
+            for g in (g1, g2):
+                g.gateway.ledger.flush()
+            spent = sum(row.cost_usd for g in (g1, g2) for row in g.gateway.ledger.query() if row.key_id == key_id)
+        day = holds.removesuffix(b":holds")
+        assert spent == pytest.approx(20 * COST) and float(r.hget(day, "usd")) == pytest.approx(spent)
+        assert r.hlen(holds) == 0
+
+
 def test_rpm_and_tpm_hold_across_two_gateways(redis_url: str) -> None:
     rpm_key, tpm_key = f"sk-{uuid.uuid4().hex}", f"sk-{uuid.uuid4().hex}"
     keys = [{"key": rpm_key, "name": "rpm", "rpm": 3}, {"key": tpm_key, "name": "tpm", "tpm": 40}]
