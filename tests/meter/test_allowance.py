@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -131,15 +135,30 @@ def test_two_gateways_sharing_a_budget_near_its_limit_never_overspend_it(redis_u
             s.close()
 
 
+HOLDER = """
+import sys, time
+from tokenomy.config import BudgetLimits
+from tokenomy.meter.budget import Budgets
+from tokenomy.meter.shared import SharedCounters
+b = Budgets(keys={"k1": BudgetLimits(tokens_per_day=10_000)}, shared=SharedCounters(sys.argv[1], prefix=sys.argv[2]),
+            lease_s=2)
+b.reserve("k1", "acme", "d1", 0.0, 100)      # room for 100 like it: an allowance of 12 (1,200 tokens), d1 in it
+print("held", flush=True)
+time.sleep(3600)
+"""
+
+
 def test_a_killed_holders_allowance_comes_free_after_its_lease(redis_url: str) -> None:
-    shared = SharedCounters(redis_url, prefix=f"tokenomy:test:{uuid.uuid4().hex[:8]}:")
-    dead = Budgets(keys={"k1": BudgetLimits(tokens_per_day=10_000)}, shared=shared, lease_s=1)
+    prefix = f"tokenomy:test:{uuid.uuid4().hex[:8]}:"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, prefix], stdout=subprocess.PIPE,
+                              cwd=str(Path(__file__).resolve().parents[2]), text=True)
+    shared = SharedCounters(redis_url, prefix=prefix)
     live = Budgets(keys={"k1": BudgetLimits(tokens_per_day=10_000)}, shared=shared, lease_s=60)
     try:
-        dead.reserve("k1", "acme", "d1", 0.0, 100)       # room for 100: an allowance of 12 (1,200 tokens)
-        assert live.held("key", "k1", "day") == (0.0, 1200)
-        assert dead.allowances is not None
-        dead.allowances.abandon()                        # killed: nothing renews it, gives it back or settles d1
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert live.held("key", "k1", "day") == (0.0, 1200)      # the holder's allowance, with d1 in flight in it
+        holder.send_signal(signal.SIGKILL)                       # nothing renews its allowance or gives it back
+        holder.wait()
         with pytest.raises(BudgetExceeded) as refused:
             live.reserve("k1", "acme", "l1", 0.0, 9000)
         assert refused.value.fits_later
@@ -151,9 +170,10 @@ def test_a_killed_holders_allowance_comes_free_after_its_lease(redis_url: str) -
                 return False
             return True
 
-        wait_until(admitted, timeout=30, interval=0.1, what="the dead gateway's allowance to lapse")
+        wait_until(admitted, timeout=30, interval=0.1, what="the killed holder's allowance to lapse")
         assert live.held("key", "k1", "day") == (0.0, 9000)
     finally:
+        holder.kill()
         shared.close()
 
 

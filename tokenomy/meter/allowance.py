@@ -171,14 +171,6 @@ class Allowances:
         if keeper is not None:
             keeper.join(10.0)
 
-    def abandon(self) -> None:
-        """Stop the keeper without giving anything back or adding spend (what a killed gateway leaves; tests)."""
-        with self._cond:
-            self.open.clear()
-            self.all.clear()
-            self._stop = True
-            self._cond.notify_all()
-
     def _keep(self) -> None:
         while True:
             with self._cond:
