@@ -90,12 +90,15 @@ def test_two_gateways_sharing_a_budget_near_its_limit_never_overspend_it(redis_u
     gateways = [Budgets(keys={"k1": BudgetLimits(tokens_per_day=2000)}, shared=s) for s in stores]
     served = [0, 0]
     granted = [0, 0]
+    start = threading.Barrier(2)
 
     def run(i: int) -> None:
         b, rng = gateways[i], random.Random(i)
         in_flight: list[str] = []
+        start.wait(30)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            time.sleep(0.001)       # the work of serving: without it one thread could spend the budget in one slice
             if in_flight and (len(in_flight) >= 8 or rng.random() < 0.4):
                 rid = in_flight.pop(rng.randrange(len(in_flight)))
                 b.record(row(rid, 15, 5))
