@@ -212,7 +212,7 @@ class Allowances:
                 out = self.shared.allowance_flush([(a.slots, a.aid, du, dt, back, a.expire_at)
                                                    for a, du, dt, back in batch], self.lease_s)
             except StoreDown as e:
-                self._drop(f"the store did not answer ({e})")
+                self._drop(f"the store did not answer ({e})", [(a.aid, du, dt) for a, du, dt, _ in batch])
                 return
             with self._cond:
                 for (a, _, _, back), (alive, _) in zip(batch, out, strict=True):
@@ -228,9 +228,10 @@ class Allowances:
                     for slot, total in zip(a.slots, totals, strict=True):
                         self.observe(slot, total)
 
-    def _drop(self, why: str) -> None:
+    def _drop(self, why: str, lost: list[tuple[str, float, float]]) -> None:
+        """Forget every allowance (the store failed): their requests in flight settle here and nowhere else."""
         with self._cond:
-            lost = [(a.aid, a.spent_usd - a.flushed_usd, a.spent_tokens - a.flushed_tokens) for a in self.all]
+            lost += [(a.aid, a.spent_usd - a.flushed_usd, a.spent_tokens - a.flushed_tokens) for a in self.all]
             for a in self.all:
                 a.open = False
             self.open.clear()
