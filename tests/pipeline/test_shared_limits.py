@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests import services
 from tests.conftest import NO_CACHE, live_server
@@ -94,6 +96,31 @@ def test_far_from_the_limit_two_gateways_spend_from_allowances_and_redis_ends_eq
         day = holds.removesuffix(b":holds")
         assert spent == pytest.approx(20 * COST) and float(r.hget(day, "usd")) == pytest.approx(spent)
         assert r.hlen(holds) == 0
+
+
+def test_a_reload_that_lowers_a_budget_ends_the_allowances_taken_under_the_old_one(redis_url: str,
+                                                                                    tmp_path: Path) -> None:
+    key, admin = f"sk-{uuid.uuid4().hex}", f"sk-{uuid.uuid4().hex}"
+    path = tmp_path / "tokenomy.yaml"
+
+    def write(limit: float) -> None:
+        cfg = config(0, [{"key": key, "name": "alice", "budget": {"usd_per_day": limit}},
+                         {"key": admin, "name": "admin", "admin": True}], {"store": redis_url})
+        cfg["models"][0]["base_url"] = f"http://127.0.0.1:{stub.port}/v1"
+        cfg["cache"] = {**NO_CACHE, "path": str(tmp_path / "cache")}
+        path.write_text(yaml.safe_dump({**cfg, "ledger": f"sqlite:///{tmp_path}/ledger.db"}))
+
+    with StubServer(Stub()) as stub:
+        write(50.0)                                  # room for thousands: the first request takes an allowance
+        with live_server(config_path=str(path)) as g:
+            assert ask(g, key).status_code == 200
+            assert g.gateway.budgets.allowances is not None and g.gateway.budgets.allowances.state()["open"] == 1
+            worst = reserved(g, 4) * 1000 / 1e6
+            write(COST + worst / 2)                  # spent COST: the next request's worst case no longer fits
+            r = httpx.post(g.root + "/admin/reload", headers={"authorization": f"Bearer {admin}"})
+            assert r.status_code == 200, r.text
+            refused = ask(g, key)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exceeded"
 
 
 def test_rpm_and_tpm_hold_across_two_gateways(redis_url: str) -> None:

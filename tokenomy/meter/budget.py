@@ -165,8 +165,8 @@ class Budgets:
         self.lease_s, self.lease_clock = lease_s, lease_clock
         self._lock = threading.Lock()
         self.shared, self.fail_open = shared, fail_open
-        self.allowances = Allowances(shared, lease_s, lease_clock, self._observe_slot) \
-            if shared is not None and allowances else None
+        self.allow = allowances          # grant allowances (this process settles what it holds in them either way)
+        self.allowances = Allowances(shared, lease_s, lease_clock, self._observe_slot) if shared is not None else None
         self._ledger: Any = None
 
     @property
@@ -306,7 +306,7 @@ class Budgets:
             ample = False
         else:
             # a request's first reservation, without a tpm window to hold with it, may be held in an allowance
-            fresh = self.allowances is not None and window is None and request_id not in self.holding
+            fresh = self.allow and self.allowances is not None and window is None and request_id not in self.holding
             if fresh:
                 assert self.allowances is not None
                 allowance = self.allowances.take(slots, request_id, usd, tokens)
