@@ -11,9 +11,15 @@ Four parts, each against real gateway processes (`tokenomy serve`):
   rest of the budget spent on B; A is killed (SIGKILL); how long until B admits again, and whether the ledgers'
   totals equal Redis's once everything settled.
 - cost: median latency of one request at a time through a gateway with no budget, a budget kept in process and a
-  budget kept in Redis (an instant upstream stub), in alternating rounds: what reserving and settling add.
+  budget kept in Redis (an instant upstream stub), in alternating rounds: what reserving and settling add; and the
+  gateway process's CPU time per request (user + system, its threads included), which other load on the machine
+  changes much less than latency. `--no-allowances` adds the Redis arm with `limits.allowances: false` (every
+  request held in Redis on its own).
+- calls: the CPU time (all the process's threads) and wall time of one reservation and its settle, called directly
+  on Budgets (no HTTP, so a busy machine moves it little): in process, in Redis with allowances, in Redis holding
+  every request on its own (`limits.allowances: false`).
 
-    .venv/bin/python bench/budget_race.py [--parts race,two,kill,cost] [--before 343a20c] [--rounds 5] [--json]
+    .venv/bin/python bench/budget_race.py [--parts race,two,kill,cost,calls] [--before 343a20c] [--rounds 5] [--json]
 """
 
 from __future__ import annotations
@@ -239,7 +245,17 @@ async def latencies(url: str, key: str, n: int) -> list[float]:
     return out
 
 
-def run_cost(rounds: int, n: int) -> dict[str, Any]:
+def cpu_s(pid: int) -> float:
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def run_cost(rounds: int, n: int, no_allowances: bool = False, restart: bool = False) -> dict[str, Any]:
+    """With `restart`, each arm's gateway is started anew for each round and is the only one running while it is
+    measured (on a loaded machine one of several identical gateway processes can answer 2 to 3 times faster than
+    the others for its whole life, which alternating rounds of long-lived processes cannot average out)."""
     server = services.start_redis()
     try:
         with stub() as up:
@@ -251,16 +267,28 @@ def run_cost(rounds: int, n: int) -> dict[str, Any]:
                     "budget, in process": {**base, "keys": [{"key": "sk-c", "name": "c", "budget": big}]},
                     "budget, Redis": {**base, "keys": [{"key": "sk-c", "name": "c", "budget": big}],
                                       "limits": {"store": server.url}}}
+            if no_allowances:
+                arms["budget, Redis, no allowances"] = {**base, "keys": [{"key": "sk-c", "name": "c2", "budget": big}],
+                                                        "limits": {"store": server.url, "allowances": False}}
+            got: dict[str, list[float]] = {name: [] for name in arms}
+            cpu: dict[str, float] = {name: 0.0 for name in arms}
             with ExitStack() as stack:
-                urls = {name: stack.enter_context(gateway(cfg))[0] for name, cfg in arms.items()}
-                for url in urls.values():
+                started = {} if restart else {name: stack.enter_context(gateway(cfg)) for name, cfg in arms.items()}
+                for url, _, _ in started.values():
                     asyncio.run(latencies(url, "sk-c", 50))                 # warm-up
-                got: dict[str, list[float]] = {name: [] for name in arms}
                 for i in range(rounds):
                     order = list(arms) if i % 2 == 0 else list(reversed(arms))
                     for name in order:
                         console.log(f"cost round {i + 1}/{rounds}: {name}")
-                        got[name] += asyncio.run(latencies(urls[name], "sk-c", n))
+                        with ExitStack() as one:
+                            if restart:
+                                url, _, proc = one.enter_context(gateway(arms[name]))
+                                asyncio.run(latencies(url, "sk-c", 50))     # warm-up
+                            else:
+                                url, _, proc = started[name]
+                            c0 = cpu_s(proc.pid)
+                            got[name] += asyncio.run(latencies(url, "sk-c", n))
+                            cpu[name] += cpu_s(proc.pid) - c0
         import redis as redis_lib
 
         client = redis_lib.Redis.from_url(server.url)      # what one round trip to this Redis costs, for scale
@@ -272,8 +300,46 @@ def run_cost(rounds: int, n: int) -> dict[str, Any]:
     finally:
         server.stop()
     med = {name: statistics.median(v) * 1e3 for name, v in got.items()}
+    per = {name: cpu[name] / (rounds * n) * 1e3 for name in arms}
     return {"median_ms": med, "added_ms": {name: med[name] - med["no budget"] for name in arms if name != "no budget"},
+            "cpu_ms": per, "added_cpu_ms": {name: per[name] - per["no budget"] for name in arms if name != "no budget"},
             "requests_per_arm": rounds * n, "redis_ping_ms": statistics.median(pings) * 1e3}
+
+
+def run_calls(n: int = 3000) -> dict[str, Any]:
+    """CPU and wall microseconds per reserve + settle on Budgets, far from the limit (a key with a USD and a token
+    budget: two slots a request, as in the cost part)."""
+    import dataclasses
+
+    from tests.meter.synthetic import Spec, rows_for
+    from tokenomy.config import BudgetLimits
+    from tokenomy.meter.budget import Budgets
+    from tokenomy.meter.shared import SharedCounters
+
+    [row] = rows_for([Spec("large", 12, 0, 3, key_id="k1", tenant="acme")], now=time.time(), prefix="x")
+    server = services.start_redis()
+    out: dict[str, Any] = {}
+    try:
+        for name, store, allow in (("in process", False, False), ("Redis, allowances", True, True),
+                                   ("Redis, every request held on its own", True, False)):
+            shared = SharedCounters(server.url, prefix=f"bench:{uuid.uuid4().hex[:8]}:") if store else None
+            b = Budgets(keys={"k1": BudgetLimits(usd_per_day=1e6, tokens_per_day=10**12)}, shared=shared,
+                        allowances=allow)
+            rows = [dataclasses.replace(row, request_id=f"r{i}") for i in range(n + 200)]
+            for i, r in enumerate(rows):
+                if i == 200:                        # after a warm-up
+                    c0, t0 = time.process_time(), time.perf_counter()
+                b.reserve("k1", "acme", r.request_id, 1e-5, 40)
+                b.record(r)
+            c1, t1 = time.process_time(), time.perf_counter()
+            b.close()
+            if shared is not None:
+                shared.drain()
+                shared.close()
+            out[name] = {"cpu_us": (c1 - c0) / n * 1e6, "wall_us": (t1 - t0) / n * 1e6}
+    finally:
+        server.stop()
+    return out
 
 
 def extract(ref: str) -> Path:
@@ -291,6 +357,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="32,256", help="burst sizes of the race and two parts")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=200, help="requests per arm and round in the cost part")
+    ap.add_argument("--no-allowances", action="store_true",
+                    help="cost part: add the Redis arm with limits.allowances false (every request held in Redis)")
+    ap.add_argument("--restart", action="store_true",
+                    help="cost part: start each arm's gateway anew for each round, alone while it is measured")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -301,7 +371,9 @@ def main() -> None:
     if "kill" in parts:
         result["kill"] = run_kill()
     if "cost" in parts:
-        result["cost"] = run_cost(args.rounds, args.requests)
+        result["cost"] = run_cost(args.rounds, args.requests, args.no_allowances, args.restart)
+    if "calls" in parts:
+        result["calls"] = run_calls()
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -327,10 +399,20 @@ def main() -> None:
         t.add_column("configuration")
         t.add_column("median ms", justify="right")
         t.add_column("added ms", justify="right")
+        t.add_column("gateway CPU ms / request", justify="right")
+        t.add_column("added CPU ms", justify="right")
         for name, ms in c["median_ms"].items():
-            t.add_row(name, f"{ms:.3f}", f"{c['added_ms'].get(name, 0.0):+.3f}")
+            t.add_row(name, f"{ms:.3f}", f"{c['added_ms'].get(name, 0.0):+.3f}", f"{c['cpu_ms'][name]:.3f}",
+                      f"{c['added_cpu_ms'].get(name, 0.0):+.3f}")
         out.print(t)
         out.print(f"one PING to the same Redis: {c['redis_ping_ms']:.3f} ms at the median")
+    if "calls" in result:
+        t = Table(title="One reservation and its settle, called on Budgets (far from the limit)")
+        for col in ("store", "CPU us", "wall us"):
+            t.add_column(col, justify="left" if col == "store" else "right")
+        for name, v in result["calls"].items():
+            t.add_row(name, f"{v['cpu_us']:.1f}", f"{v['wall_us']:.1f}")
+        out.print(t)
 
 
 if __name__ == "__main__":

@@ -574,6 +574,9 @@ class LimitsSettings(_Strict):
     reserve_output_tokens: int = Field(4096, gt=0, description="output bound reserved for a request with no "
                                        "max_tokens on a model whose window tokenomy does not know (an upstream), "
                                        "then sent as its max_tokens so the bound holds")
+    allowances: bool = Field(True, description="with a Redis store, while a budget is far from its limit each "
+                             "gateway holds a chunk of it (a leased allowance) and admits requests against it "
+                             "without a round trip to Redis; near the limit every request is held in Redis")
     shrink_to_fit: bool = Field(False, description="a request whose output bound does not fit a token or USD "
                                 "budget is served with the largest max_tokens that fits (header "
                                 "x-tokenomy-max-tokens) instead of a 429")

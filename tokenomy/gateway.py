@@ -253,7 +253,7 @@ class Gateway:
         b = Budgets(keys=keys, tenants={t: s.budget for t, s in config.tenants.items() if s.budget},
                     key_names={i.key_id: i.name for i in self.keyring.by_hash.values()}, metrics=self.metrics,
                     shared=self.shared, fail_open=config.limits.budgets_on_store_down == "open",
-                    lease_s=config.limits.lease_s)
+                    lease_s=config.limits.lease_s, allowances=config.limits.allowances)
         if self.ledger is not None:
             b.seed(self.ledger)
         return b
@@ -420,6 +420,8 @@ class Gateway:
         self.keyring.__init__(new.keys, new.tenants)  # type: ignore[misc]
         fresh = self._budgets(new)
         fresh.holding, fresh._held = self.budgets.holding, self.budgets._held   # requests in flight keep theirs
+        if self.budgets.allowances is not None:     # taken under the old limits: each goes back once its requests end
+            fresh.allowances = self.budgets.allowances.retire()
         self.budgets.__dict__.update(fresh.__dict__)
         self.routes.clear()
         self.routes.update(new.routes)
@@ -466,7 +468,8 @@ class Gateway:
             self.semantic_cache.close()
         if self.ledger is not None:
             self.ledger.close()
-        if self.shared is not None:        # settles still queued go to Redis before the process ends
+        if self.shared is not None:        # allowances go back, and settles still queued go to Redis, before the end
+            await asyncio.to_thread(self.budgets.close)
             await asyncio.to_thread(self.shared.close)
         if self.tracer is not None:         # exports what is left, bounded by the exporter's timeout
             await asyncio.to_thread(self.tracer.shutdown)

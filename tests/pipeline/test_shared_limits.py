@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests import services
 from tests.conftest import NO_CACHE, live_server
@@ -69,6 +71,56 @@ def test_a_budget_holds_across_two_gateways_and_is_rebuilt_from_the_ledger(redis
             r.delete(k)
         with live_server(cfg) as g3:
             assert ask(g3, key).status_code == 429
+
+
+def test_far_from_the_limit_two_gateways_spend_from_allowances_and_redis_ends_equal_to_the_ledgers(
+        redis_url: str) -> None:
+    """A budget with room for thousands of requests: each gateway holds an allowance (one hold in Redis under an
+    `allow:` id, not one per request); once both stopped (allowances given back), Redis holds nothing and its
+    total equals the two ledgers'."""
+    import redis
+
+    key, limit = f"sk-{uuid.uuid4().hex}", 50.0
+    r = redis.Redis.from_url(redis_url)
+    with StubServer(Stub()) as stub:
+        cfg = config(stub.port, [{"key": key, "name": "alice", "budget": {"usd_per_day": limit}}], {"store": redis_url})
+        with live_server(cfg) as g1, live_server(cfg) as g2:
+            key_id = g1.gateway.keyring.lookup(f"Bearer {key}").key_id
+            answers = [ask((g1, g2)[i % 2], key) for i in range(20)]
+            assert [a.status_code for a in answers] == [200] * 20
+            [holds] = r.scan_iter(f"tokenomy:limits:budget:key:{key_id}:day:*:holds")
+            assert sorted(h.split(b":")[0] for h in r.hkeys(holds)) == [b"allow", b"allow"]     # one per gateway
+            for g in (g1, g2):
+                g.gateway.ledger.flush()
+            spent = sum(row.cost_usd for g in (g1, g2) for row in g.gateway.ledger.query() if row.key_id == key_id)
+        day = holds.removesuffix(b":holds")
+        assert spent == pytest.approx(20 * COST) and float(r.hget(day, "usd")) == pytest.approx(spent)
+        assert r.hlen(holds) == 0
+
+
+def test_a_reload_that_lowers_a_budget_ends_the_allowances_taken_under_the_old_one(redis_url: str,
+                                                                                    tmp_path: Path) -> None:
+    key, admin = f"sk-{uuid.uuid4().hex}", f"sk-{uuid.uuid4().hex}"
+    path = tmp_path / "tokenomy.yaml"
+
+    def write(limit: float) -> None:
+        cfg = config(0, [{"key": key, "name": "alice", "budget": {"usd_per_day": limit}},
+                         {"key": admin, "name": "admin", "admin": True}], {"store": redis_url})
+        cfg["models"][0]["base_url"] = f"http://127.0.0.1:{stub.port}/v1"
+        cfg["cache"] = {**NO_CACHE, "path": str(tmp_path / "cache")}
+        path.write_text(yaml.safe_dump({**cfg, "ledger": f"sqlite:///{tmp_path}/ledger.db"}))
+
+    with StubServer(Stub()) as stub:
+        write(50.0)                                  # room for thousands: the first request takes an allowance
+        with live_server(config_path=str(path)) as g:
+            assert ask(g, key).status_code == 200
+            assert g.gateway.budgets.allowances is not None and g.gateway.budgets.allowances.state()["open"] == 1
+            worst = reserved(g, 4) * 1000 / 1e6
+            write(COST + worst / 2)                  # spent COST: the next request's worst case no longer fits
+            r = httpx.post(g.root + "/admin/reload", headers={"authorization": f"Bearer {admin}"})
+            assert r.status_code == 200, r.text
+            refused = ask(g, key)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exceeded"
 
 
 def test_rpm_and_tpm_hold_across_two_gateways(redis_url: str) -> None:

@@ -21,8 +21,10 @@ With several gateway processes, `shared` (meter/shared.py) keeps totals and hold
 each reserve and settle one atomic script, so all of them count one spend; each raises Redis's totals to at least
 the ledger's at start and after an outage. When Redis does not answer, `check` and `reserve` refuse with a 503
 (`fail_open` False, the default) or admit unchecked; spend recorded meanwhile is in the ledger and comes back with
-the next seed. Crossing `warn_at` x limit logs a warning and counts tokenomy_budget_warnings_total, once per
-budget and period.
+the next seed. While a budget in Redis is far from its limit, this process holds a chunk of it (a leased local
+allowance, meter/allowance.py) and reserves and settles requests against that in process, with no round trip;
+near the limit every request is held in Redis on its own. Crossing `warn_at` x limit logs a warning and counts
+tokenomy_budget_warnings_total, once per budget and period.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 from tokenomy.config import BudgetLimits
 from tokenomy.errors import APIError
+from tokenomy.meter.allowance import Allowance, Allowances
 from tokenomy.meter.row import LedgerRow
 from tokenomy.meter.shared import SharedCounters, StoreDown
 
@@ -122,6 +125,7 @@ class Hold:
     usd: float = 0.0
     tokens: float = 0.0
     ample: bool = True      # every reservation left room for two more like it: the settle may run after the answer
+    allowance: Allowance | None = None   # held in this process's allowance (its first reservation), not in `slots`
 
 
 @dataclass
@@ -137,11 +141,12 @@ class Budgets:
                  key_names: dict[str, str] | None = None, metrics: Any = None,
                  clock: Callable[[], float] = time.time, shared: SharedCounters | None = None,
                  fail_open: bool = False, lease_s: float = 300.0,
-                 lease_clock: Callable[[], float] = time.monotonic) -> None:
+                 lease_clock: Callable[[], float] = time.monotonic, allowances: bool = True) -> None:
         """`keys`: key_id -> limits; `tenants`: tenant -> limits; `key_names`: key_id -> name for messages;
         `metrics`: a Metrics (budget_used_ratio, budget_warnings); `shared`: totals in Redis, shared by gateways;
         `fail_open`: admit (True) or refuse (False) while `shared` does not answer; `lease_s`: how long a hold
-        outlives its last renewal (`lease_clock` measures it in this process)."""
+        outlives its last renewal (`lease_clock` measures it in this process); `allowances`: with `shared`, hold
+        leased local allowances while far from a limit (meter/allowance.py)."""
         names = key_names or {}
         self.subjects: dict[tuple[str, str], _Subject] = {}
         for kid, lim in (keys or {}).items():
@@ -160,6 +165,8 @@ class Budgets:
         self.lease_s, self.lease_clock = lease_s, lease_clock
         self._lock = threading.Lock()
         self.shared, self.fail_open = shared, fail_open
+        self.allow = allowances          # grant allowances (this process settles what it holds in them either way)
+        self.allowances = Allowances(shared, lease_s, lease_clock, self._observe_slot) if shared is not None else None
         self._ledger: Any = None
 
     @property
@@ -245,9 +252,18 @@ class Budgets:
                 for (s, period, start, _), total in zip(spent, totals, strict=True):
                     self._observe(s, period, start, list(total))
 
-        args = (hold.slots if hold is not None else [],
-                [((s.scope, s.ident, period, start.timestamp()), end.timestamp() + 86400)
-                 for s, period, start, end in spent], rid, usd, tokens)
+        charged = [((s.scope, s.ident, period, start.timestamp()), end.timestamp() + 86400)
+                   for s, period, start, end in spent]
+        if hold is not None and hold.allowance is not None and self.allowances is not None:
+            # spent in its allowance's slots by a request held only there: the keeper adds it to Redis; else the
+            # allowance only drops its hold, and the spend is settled in Redis below
+            mine = not hold.slots and [c[0] for c in charged] == hold.allowance.slots
+            self.allowances.settle(hold.allowance, rid, usd, tokens, charge=mine)
+            hold.allowance = None
+            if mine or not (hold.slots or charged):
+                self.holding.pop(rid, None)
+                return
+        args = (hold.slots if hold is not None else [], charged, rid, usd, tokens)
         if hold is not None and hold.ample:
             self.settling.add(rid)
             self.shared.budget_settle(*args, then=settled)
@@ -284,12 +300,23 @@ class Budgets:
             return None
         slots: list[Slot] = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
         window_ample = None
+        allowance = None
         if self.shared is None:
             self._reserve_local(checks, slots, request_id, usd, tokens, now)
             ample = False
         else:
-            ample, window_ample = self._reserve_shared(checks, slots, request_id, usd, tokens, now, window)
+            # a request's first reservation, without a tpm window to hold with it, may be held in an allowance
+            fresh = self.allow and self.allowances is not None and window is None and request_id not in self.holding
+            if fresh:
+                assert self.allowances is not None
+                allowance = self.allowances.take(slots, request_id, usd, tokens)
+            if allowance is None:
+                ample, window_ample, allowance = self._reserve_shared(checks, slots, request_id, usd, tokens, now,
+                                                                      window, fresh)
         hold = self.holding.setdefault(request_id, Hold(slots=[]))
+        if allowance is not None:
+            hold.allowance, hold.usd, hold.tokens = allowance, usd, tokens
+            return window_ample
         hold.slots += [s for s in slots if s not in hold.slots]
         hold.usd += usd
         hold.tokens += tokens
@@ -318,19 +345,23 @@ class Budgets:
                 h[0], h[1], h[2] = h[0] + usd, h[1] + tokens, t + self.lease_s
 
     def _reserve_shared(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
-                        now: float, window: tuple[str, int, int, float] | None) -> tuple[bool, bool | None]:
-        """Hold in Redis, or raise: whether every budget had room for two more like this (an ample hold), and the
-        same for the tokens-per-minute window held with it (None: not held here)."""
+                        now: float, window: tuple[str, int, int, float] | None, allow: bool = False,
+                        ) -> tuple[bool, bool | None, Allowance | None]:
+        """Hold in Redis, or raise: whether every budget had room for two more like this (an ample hold), the
+        same for the tokens-per-minute window held with it (None: not held here), and with `allow`, the allowance
+        granted instead when the budgets are far from their limits (the request is held in it), else None."""
         assert self.shared is not None
         limits = [(slot, s.limits.limit("usd", period), s.limits.limit("tokens", period))
                   for (s, period, _, _), slot in zip(checks, slots, strict=True)]
         expire_at = max(end.timestamp() for _, _, _, end in checks) + 86400
+        grant = self.allowances.grant() if allow and self.allowances is not None else None
+        sent = self.lease_clock()
         try:
-            refused, expired, ample, window_ample = self.shared.budget_reserve(limits, rid, usd, tokens,
-                                                                               self.lease_s, expire_at, window)
+            refused, expired, ample, window_ample, granted = self.shared.budget_reserve(
+                limits, rid, usd, tokens, self.lease_s, expire_at, window, grant)
         except StoreDown as e:
             if self.fail_open:
-                return False, None
+                return False, None, None
             raise APIError(503, "Budgets cannot be checked: their shared store does not answer. Retry later.",
                            code="limits_unavailable", type_="server_error", headers={"retry-after": "1"}) from e
         if expired:     # a gateway died holding these: what its rows recorded comes back from the ledger
@@ -343,7 +374,10 @@ class Budgets:
             s, period, _, end = checks[i]
             raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, s.limits.limit(unit, period) or 0.0,
                                  spent, end, now, held=held, need=usd if unit == "usd" else tokens)
-        return ample, window_ample
+        if granted and grant is not None and self.allowances is not None:
+            return ample, window_ample, self.allowances.add(slots, grant[0], granted * usd, granted * tokens,
+                                                            expire_at, sent, rid, usd, tokens)
+        return ample, window_ample, None
 
     def renew(self, holding: list[tuple[str, Hold]] | None = None) -> None:
         """Extend the leases of the holds this process's requests in flight have (`holding`: a snapshot of
@@ -371,6 +405,10 @@ class Budgets:
         hold = self.holding.pop(request_id, None)
         if hold is None:
             return
+        if hold.allowance is not None and self.allowances is not None:
+            self.allowances.settle(hold.allowance, request_id, 0.0, 0.0, charge=False)
+            if not hold.slots:
+                return
         if self.shared is None:
             with self._lock:
                 for slot in hold.slots:
@@ -391,6 +429,17 @@ class Budgets:
         with self._lock:
             held = list(self._held.get(slot, {}).values())
         return sum(h[0] for h in held), int(sum(h[1] for h in held))
+
+    def close(self) -> None:
+        """Give this process's allowances back to the shared store (a gateway stopping; its requests ended)."""
+        if self.allowances is not None:
+            self.allowances.close()
+
+    def _observe_slot(self, slot: Slot, total: tuple[float, float]) -> None:
+        s = self.subjects.get(slot[:2])
+        if s is not None:
+            with self._lock:
+                self._observe(s, slot[2], dt.datetime.fromtimestamp(slot[3], dt.UTC), list(total))
 
     def _observe(self, s: _Subject, period: str, start: dt.datetime, slot: list[float]) -> None:
         for i, unit in enumerate(UNITS):

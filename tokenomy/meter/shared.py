@@ -103,11 +103,16 @@ end
 # {0, 0, '0', '0', expired, ample, window ample} when held (ample: 1 when every limit had room for this and two
 # more like it), {-1, 0, used + held, ms until the window's oldest entry leaves, 0} when the window is full, else
 # {slot index, 1 usd | 2 tokens, spent, held, expired}; amounts as strings (Lua numbers would be cut).
+# Without a window, ARGV may end with an allowance's id, its minimum room, share and maximum (meter/allowance.py):
+# when every limit has room for at least `minimum room` requests like this one, g = min(room / share, maximum)
+# of them are held under the allowance's id instead of this one under the request's, and the 8th value is g.
 _BUDGET_RESERVE_LUA = _HOLD_SUMS + """
 local now, lease_end, rid, expire_at = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local need_u, need_t, n = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local expired, ample, tample = 0, 1, 1
 local window = #KEYS > 3 * n
+local allow = (not window) and #ARGV >= 11 + 2 * n
+local room = math.huge
 local tneed = 0
 if window then
   local w = KEYS[3 * n + 1]
@@ -141,6 +146,13 @@ for i = 1, n do
       or (lt >= 0 and need_t > 0 and st + ht + 3 * need_t > lt) then
     ample = 0
   end
+  if lu >= 0 and need_u > 0 then room = math.min(room, math.floor((lu * (1 + 1e-9) - su - hu) / need_u)) end
+  if lt >= 0 and need_t > 0 then room = math.min(room, math.floor((lt - st - ht) / need_t)) end
+end
+if allow and room >= tonumber(ARGV[9 + 2 * n]) then
+  local g = math.min(math.floor(room / tonumber(ARGV[10 + 2 * n])), tonumber(ARGV[11 + 2 * n]))
+  for i = 1, n do hold(KEYS[3 * i - 1], KEYS[3 * i], ARGV[8 + 2 * n], g * need_u, g * need_t, lease_end, expire_at) end
+  return {0, 0, '0', '0', expired, 1, 1, g}
 end
 for i = 1, n do hold(KEYS[3 * i - 1], KEYS[3 * i], rid, need_u, need_t, lease_end, expire_at) end
 if window then
@@ -167,6 +179,40 @@ for i = 2 * n + 1, #KEYS do
   table.insert(out, cur[1] or '0')
   table.insert(out, cur[2] or '0')
 end
+return out
+"""
+
+# An allowance's flush (meter/allowance.py). KEYS: per slot (spent hash, holds hash, leases zset); ARGV: allowance
+# id, usd and tokens its requests spent since the last flush, 1 to give it back (else 0), lease end ms, expire-at
+# (UNIX s). The spend is added to every slot and the allowance's hold lowered by as much (given back: dropped), its
+# lease renewed. Returns per slot its new usd and tokens totals, then 1 when the hold was still there (else 0: it
+# lapsed, or Redis lost it).
+_ALLOWANCE_FLUSH_LUA = """
+local aid, du, dt, back = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local alive = 1
+local out = {}
+for i = 1, #KEYS / 3 do
+  local spent, holds, leases = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  if du ~= 0 then redis.call('HINCRBYFLOAT', spent, 'usd', ARGV[2]) end
+  if dt ~= 0 then redis.call('HINCRBYFLOAT', spent, 'tokens', ARGV[3]) end
+  if du ~= 0 or dt ~= 0 then redis.call('EXPIREAT', spent, ARGV[6]) end
+  local cur = redis.call('HGET', holds, aid)
+  if not cur then
+    alive = 0
+  elseif back then
+    redis.call('HDEL', holds, aid)
+    redis.call('ZREM', leases, aid)
+  else
+    local a, b = string.match(cur, '^(%S+) (%S+)$')
+    redis.call('HSET', holds, aid, string.format('%.17g %.17g', math.max(0, tonumber(a) - du),
+                                                 math.max(0, tonumber(b) - dt)))
+    redis.call('ZADD', leases, 'XX', ARGV[5], aid)
+  end
+  local c = redis.call('HMGET', spent, 'usd', 'tokens')
+  table.insert(out, c[1] or '0')
+  table.insert(out, c[2] or '0')
+end
+table.insert(out, alive)
 return out
 """
 
@@ -225,6 +271,7 @@ class SharedCounters:
         self._budget_settle = self._redis.register_script(_BUDGET_SETTLE_LUA)
         self._tpm_reserve = self._redis.register_script(_TPM_RESERVE_LUA)
         self._tpm_settle = self._redis.register_script(_TPM_SETTLE_LUA)
+        self._allowance_flush = self._redis.register_script(_ALLOWANCE_FLUSH_LUA)
         self.on_recover: list[Callable[[], None]] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()     # deferred script calls, for the settler
         self._pending = 0
@@ -365,13 +412,20 @@ class SharedCounters:
 
     def budget_reserve(self, slots: list[tuple[tuple[str, str, str, float], float | None, float | None]],
                        request_id: str, usd: float, tokens: float, lease_s: float, expire_at: float,
-                       window: tuple[str, int, int, float] | None = None) -> tuple[Any, int, bool, bool | None]:
+                       window: tuple[str, int, int, float] | None = None,
+                       allowance: tuple[str, int, int, int] | None = None,
+                       ) -> tuple[Any, int, bool, bool | None, int]:
         """Hold (usd, tokens) in every (slot, usd limit, tokens limit), and with `window` (key id, need, tpm,
         window seconds) `need` tokens in that key's tokens-per-minute window, in one atomic step, unless one of
-        them has no room: (None, holds found expired, ample, window ample or None without a window) when held,
+        them has no room: (None, holds found expired, ample, window ample or None without a window, 0) when held,
         with ample True when every limit had room for two more like it (the settle may then be deferred); else
-        ((index of the slot, "usd" | "tokens", spent, held), expired, False, None), or, when the window is full,
-        ((-1, "tpm", tokens used and held, seconds until its oldest entry leaves), 0, False, None)."""
+        ((index of the slot, "usd" | "tokens", spent, held), expired, False, None, 0), or, when the window is full,
+        ((-1, "tpm", tokens used and held, seconds until its oldest entry leaves), 0, False, None, 0).
+
+        With `allowance` (its id, minimum room, share, maximum; not with a window; meter/allowance.py), when every
+        limit has room for `minimum room` requests like this one, g of them are held under the allowance's id
+        instead, and the last value is g (the request is not held under its own id: the caller holds it in the
+        allowance)."""
         keys: list[str] = []
         limits: list[float] = []
         for slot, usd_limit, tokens_limit in slots:
@@ -384,17 +438,20 @@ class SharedCounters:
             base = f"{self.prefix}tpm:{key_id}"
             keys += [base, base + ":holds", base + ":leases"]
             extra = [int(need), int(tpm), int(window_s * 1000)]
+        elif allowance is not None:
+            extra = list(allowance)
         now_ms = int(time.time() * 1000)
         out = self._call(lambda: self._budget_reserve(
             keys=keys, args=[now_ms, now_ms + int(lease_s * 1000), request_id, int(expire_at), repr(float(usd)),
                              repr(float(tokens)), len(slots), *[repr(float(x)) for x in limits], *extra]))
         which, unit, spent, held, expired, *ample = out
         if int(which) == -1:
-            return (-1, "tpm", float(spent), max(0.0, float(held)) / 1000), 0, False, None
+            return (-1, "tpm", float(spent), max(0.0, float(held)) / 1000), 0, False, None, 0
         if int(which) == 0:
-            return None, int(expired), bool(int(ample[0])), (bool(int(ample[1])) if window is not None else None)
+            return None, int(expired), bool(int(ample[0])), \
+                (bool(int(ample[1])) if window is not None else None), int(ample[2]) if len(ample) > 2 else 0
         return (int(which) - 1, ("usd", "tokens")[int(unit) - 1], float(spent), float(held)), int(expired), False, \
-            None
+            None, 0
 
     def budget_settle(self, held: list[tuple[str, str, str, float]],
                       charged: list[tuple[tuple[str, str, str, float], float]], request_id: str, usd: float,
@@ -417,6 +474,42 @@ class SharedCounters:
             self._defer(self._budget_settle, keys, args, lambda out: then(None if out is None else totals(out)))
             return []
         return totals(self._call(lambda: self._budget_settle(keys=keys, args=args)))
+
+    def allowance_flush(self, flushes: list[tuple[list[tuple[str, str, str, float]], str, float, float, bool, float]],
+                        lease_s: float) -> list[tuple[bool, list[tuple[float, float]]]]:
+        """For each (slots, allowance id, usd, tokens, give back, expire-at): add the spend to every slot and lower
+        the allowance's hold by as much (or drop it: give back), renewing its lease; all in one pipelined round
+        trip. Per flush: whether its hold was still there, and the slots' new (usd, tokens) totals."""
+        from redis.exceptions import NoScriptError
+
+        until = int(time.time() * 1000) + int(lease_s * 1000)
+        calls = []
+        for slots, aid, usd, tokens, back, expire_at in flushes:
+            keys: list[str] = []
+            for slot in slots:
+                k = self._budget_key(slot)
+                keys += [k, k + ":holds", k + ":leases"]
+            calls.append((keys, [aid, repr(float(usd)), repr(float(tokens)), 1 if back else 0, until,
+                                 int(expire_at)]))
+
+        def go() -> list[Any]:
+            pipe = self._redis.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(self._allowance_flush.sha, len(keys), *keys, *args)
+            out = pipe.execute(raise_on_error=False)
+            for i, r in enumerate(out):         # Redis restarted and lost the script: the Script object loads it
+                if isinstance(r, NoScriptError):
+                    out[i] = self._allowance_flush(keys=calls[i][0], args=calls[i][1])
+                elif isinstance(r, Exception):
+                    raise r
+            return out
+
+        result = []
+        for out in self._call(go):
+            *totals, alive = out
+            result.append((bool(int(alive)), [(float(totals[2 * i]), float(totals[2 * i + 1]))
+                                              for i in range(len(totals) // 2)]))
+        return result
 
     def budget_held(self, slot: tuple[str, str, str, float]) -> tuple[float, float]:
         """(usd, tokens) held by requests in flight in a slot, leases lapsed or not (for reports and tests)."""
