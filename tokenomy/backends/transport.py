@@ -209,10 +209,48 @@ async def _connect(open_: Any, timeout: float | None,
     return AsyncioStream(transport, protocol)
 
 
+class Pool(httpcore.AsyncConnectionPool):
+    """httpcore's pool with its assignment of requests to connections in one pass over the connections: the stock
+    one lists every connection again for each idle one (n^2 calls at each request and each answer's end). The
+    decisions are the stock ones (httpcore 1.0): closed connections go, expired or surplus idle ones close, each
+    queued request takes the first available connection, else a new one, else replaces the first idle one."""
+
+    def _assign_requests_to_connections(self) -> list[httpcore.AsyncConnectionInterface]:
+        closing = []
+        connections = self._connections
+        for connection in list(connections):
+            if connection.is_closed():
+                connections.remove(connection)
+            elif connection.has_expired() or (connection.is_idle()
+                                              and len(connections) > self._max_keepalive_connections):
+                connections.remove(connection)
+                closing.append(connection)
+        for pool_request in self._requests:
+            if not pool_request.is_queued():
+                continue
+            origin = pool_request.request.url.origin
+            available = next((c for c in connections if c.can_handle_request(origin) and c.is_available()), None)
+            if available is not None:
+                pool_request.assign_to_connection(available)
+                continue
+            if len(connections) >= self._max_connections:
+                idle = next((c for c in connections if c.is_idle()), None)
+                if idle is None:
+                    continue
+                connections.remove(idle)
+                closing.append(idle)
+            connection = self.create_connection(origin)
+            connections.append(connection)
+            pool_request.assign_to_connection(connection)
+        return closing
+
+
 def on_asyncio(client: httpx.AsyncClient) -> httpx.AsyncClient:
-    """`client` with the connections of its own pool on AsyncioBackend (a proxy's from the environment stay
-    as httpx makes them); as it was when httpx's internals are not the ones this was written for."""
+    """`client` with its own pool (a proxy's from the environment stays as httpx makes it) a Pool whose
+    connections are on AsyncioBackend; as it was when httpx's internals are not the ones this was written for."""
     pool = getattr(getattr(client, "_transport", None), "_pool", None)
-    if type(pool) is httpcore.AsyncConnectionPool and hasattr(pool, "_network_backend"):
+    if (type(pool) is httpcore.AsyncConnectionPool and hasattr(pool, "_network_backend")
+            and hasattr(pool, "_max_keepalive_connections") and httpcore.__version__.startswith("1.")):
+        pool.__class__ = Pool
         pool._network_backend = AsyncioBackend()
     return client
