@@ -5,7 +5,11 @@ Each test runs a real HTTP/1.1 server on loopback (asyncio streams) that misbeha
 from __future__ import annotations
 
 import asyncio
+import shutil
+import ssl
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -125,5 +129,44 @@ def test_a_connection_cut_mid_answer_is_an_httpx_error() -> None:
         async with server, _client(base) as client:
             with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
                 await client.post("/x", content=b"a")
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificate with the openssl command")
+def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path) -> None:
+    """TLS starts on the asyncio connection (an https upstream: OpenAI's, Anthropic's): a certificate the client
+    trusts serves every request on one connection; one it does not is httpx's ConnectError."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    accepted = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        try:
+            while await _request(reader):
+                writer.write(_answer(b"secret"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass                              # the untrusting client hung up in the handshake
+        writer.close()
+
+    async def main() -> None:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+        base = f"https://localhost:{server.sockets[0].getsockname()[1]}"
+        async with server:
+            async with _client(base, verify=ssl.create_default_context(cafile=str(cert))) as client:
+                for _ in range(3):
+                    r = await client.post("/x", content=b"a")
+                    assert r.content == b"secret"
+                    assert r.extensions["network_stream"].get_extra_info("ssl_object") is not None
+            assert len(accepted) == 1
+            async with _client(base) as client:      # the system's roots: a self-signed certificate is refused
+                with pytest.raises(httpx.ConnectError):
+                    await client.get("/x")
 
     asyncio.run(main())
