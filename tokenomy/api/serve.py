@@ -40,28 +40,31 @@ async def run(request: Request, gateway: object, gen: GenRequest, stream: bool,
 
 async def run_context(request: Request, gateway: object, ctx: RequestContext) -> RequestContext:
     """`run` for a context the caller made, which it may watch while the pipeline runs (a stream that must
-    start before its first token, api/messages.py)."""
-    task = asyncio.ensure_future(gateway.handle(ctx))  # type: ignore[attr-defined]
-    watcher = asyncio.ensure_future(disconnected(request))
+    start before its first token, api/messages.py). The pipeline runs in the caller's task; a watcher cancels
+    that task when the client disconnects, and the cancellation becomes ClientLeft."""
+    task = asyncio.current_task()
+    assert task is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
+        await disconnected(request)
+        left = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the caller gave up on the answer (a stream that already started): so do we
+        await gateway.handle(ctx)  # type: ignore[attr-defined]
+    except BaseException as e:
+        if not left:                # (a CancelledError: the caller gave up on the answer, a stream that started)
+            if isinstance(e, APIError):
+                e.headers = {**tokenomy_headers(ctx), **e.headers}
+            raise
+    finally:
         watcher.cancel()
-        task.cancel()
-        raise
-    if task not in done:            # the client left before the answer was ready: stop generating
-        task.cancel()
-        try:
-            await task
-        except BaseException:
-            pass
+    if left:                        # the client left before the answer was ready: the work was stopped
+        task.uncancel()
         raise ClientLeft
-    watcher.cancel()
-    try:
-        task.result()
-    except APIError as e:
-        e.headers = {**tokenomy_headers(ctx), **e.headers}
-        raise
     return ctx
 
 

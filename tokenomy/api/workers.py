@@ -267,9 +267,10 @@ def worker_main(fd: int) -> None:
     import uvicorn
 
     from tokenomy.api.app import create_app
+    from tokenomy.api.server import configure_logging
     from tokenomy.gateway import Gateway
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging()
     conn = Connection(fd)
     config, config_path, models, engines, sock_fd, index = conn.recv()
     try:

@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 
 from tokenomy.backends.base import BackendError, Embeddings, InvalidRequest
+from tokenomy.backends.transport import on_asyncio
 from tokenomy.backends.upstream import Upstream
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
@@ -39,12 +40,13 @@ class OpenAIBackend(Upstream):
         self.base_url = spec.base_url.rstrip("/")
         key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        self.client = httpx.AsyncClient(
+        self.client = on_asyncio(httpx.AsyncClient(
             base_url=self.base_url, headers=headers,
             timeout=httpx.Timeout(spec.timeout_s, connect=spec.connect_timeout_s),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-        )
+        ))
         self.counter = counter or TokenCounter.for_model(spec.model or spec.name, spec.tokenizer)
+        self._urls: dict[str, httpx.URL] = {}
 
     def __repr__(self) -> str:          # never print the key
         return f"OpenAIBackend({self.name!r}, {self.base_url!r})"
@@ -100,8 +102,8 @@ class OpenAIBackend(Upstream):
         while True:
             t0 = time.perf_counter()
             try:
-                resp = await self.client.send(self.client.build_request("POST", path, json=body, headers=headers),
-                                              stream=True)
+                resp = await self.client.send(self.client.build_request("POST", self._url(path), json=body,
+                                                                        headers=headers), stream=True)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError,
                     httpx.ReadError, httpx.WriteError, httpx.PoolTimeout) as e:
                 self._count_error(type(e).__name__)
@@ -130,6 +132,13 @@ class OpenAIBackend(Upstream):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    def _url(self, path: str) -> httpx.URL:
+        """`path` on the base URL, as the client joins them, joined once (a join parses the URL again)."""
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = self.client.build_request("POST", path).url
+        return url
+
     def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         """The answer's deltas; a traced request's call is a CLIENT span whose traceparent the upstream gets."""
         return trace.client_stream(req.trace, lambda headers: self._stream(req, headers), req, "openai",
@@ -153,13 +162,13 @@ class OpenAIBackend(Upstream):
         sum_lp, min_lp, n_lp = 0.0, 0.0, 0
         try:
             done = False
-            async for line in resp.aiter_lines():
+            async for line in _lines(resp):
                 # After [DONE], read on to the end of the body instead of breaking: closing a response that
                 # is not fully read drops its connection, and every request would then open a new one.
-                if done or not line.startswith("data:"):
+                if done or not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     done = True
                     continue
                 try:
@@ -292,6 +301,20 @@ class OpenAIBackend(Upstream):
             raise BackendError(f"{self.name} answered embeddings that are not {n} vectors of one length",
                                status=502) from None
         return out
+
+
+async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """The lines of a body (an event stream, UTF-8 by its standard), as bytes without their ends (LF, CRLF or CR;
+    a CRLF cut between two reads gives an empty line too, which a stream's reader skips as it skips any)."""
+    rest = b""
+    async for chunk in resp.aiter_bytes():
+        rest += chunk
+        lines = rest.splitlines()
+        rest = b"" if rest[-1:] in (b"\n", b"\r") else lines.pop() if lines else b""
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
 
 
 def _unmarked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

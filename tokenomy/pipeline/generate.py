@@ -162,6 +162,8 @@ def answer_problem(req: Any, text: str, finish_reason: str | None, tool_calls: l
 
 def schema_problem(req: Any, result: Result) -> str | None:
     """Why an answer breaks the request's response_format / tools, or None."""
+    if req.response_format is None and not req.tools:      # free text (output_format's None), found without it
+        return None
     from tokenomy.structured import SchemaError, output_format
     from tokenomy.structured.validate import validate, validate_tool_calls
 

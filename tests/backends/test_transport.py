@@ -1,0 +1,172 @@
+"""The upstream clients' connections on asyncio (backends/transport.py) keep httpx's contract: answers arrive
+whole, a connection the server closed is not reused, and timeouts and broken connections are httpx's errors.
+Each test runs a real HTTP/1.1 server on loopback (asyncio streams) that misbehaves as told."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.wait import wait_until_async
+from tokenomy.backends.transport import AsyncioBackend, Pool, on_asyncio
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _request(reader: asyncio.StreamReader) -> bytes:
+    """One request's head and body (Content-Length), b"" when the client closed."""
+    head = await reader.readuntil(b"\r\n\r\n") if not reader.at_eof() else b""
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head + (await reader.readexactly(length) if length else b"")
+
+
+def _answer(body: bytes, close: bool = False) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n%s\r\n"
+            % (len(body), b"connection: close\r\n" if close else b"")) + body
+
+
+async def _serve(handler: Handler) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+def _client(base: str, **kw: object) -> httpx.AsyncClient:
+    client = on_asyncio(httpx.AsyncClient(base_url=base, **kw))  # type: ignore[arg-type]
+    pool = client._transport._pool       # type: ignore[attr-defined]
+    assert type(pool) is Pool and isinstance(pool._network_backend, AsyncioBackend)
+    return client
+
+
+def test_answers_arrive_whole_on_one_kept_alive_connection_large_ones_too() -> None:
+    big = bytes(range(256)) * 16384           # 4 MiB: more than the read-ahead, so reading pauses and resumes
+    accepted = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        while await _request(reader):
+            writer.write(_answer(big))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, base = await _serve(handler)
+        async with server, _client(base) as client:
+            for _ in range(3):
+                r = await client.post("/x", content=b"hello")
+                assert r.status_code == 200 and r.content == big
+            async with client.stream("POST", "/x", content=b"hi") as r:
+                got = b"".join([chunk async for chunk in r.aiter_bytes()])
+            assert got == big
+        assert len(accepted) == 1             # kept alive: one connection for all four
+
+    asyncio.run(main())
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    closed = asyncio.Event()
+    accepted = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await _request(reader)
+        writer.write(_answer(b"one"))         # no "connection: close": the client keeps it for the next request
+        await writer.drain()
+        writer.close()                        # ... and the server closes it (its keep-alive ran out)
+        closed.set()
+
+    async def main() -> None:
+        server, base = await _serve(handler)
+        async with server, _client(base) as client:
+            assert (await client.post("/x", content=b"a")).content == b"one"
+            await closed.wait()
+            pool = client._transport._pool    # type: ignore[attr-defined]
+            # the close reaches the connection as the event loop reads it: the pool sees it expired, no read needed
+            await wait_until_async(lambda: all(c.has_expired() for c in pool.connections), timeout=30)
+            assert (await client.post("/x", content=b"b")).content == b"one"
+        assert len(accepted) == 2
+
+    asyncio.run(main())
+
+
+def test_a_server_that_does_not_answer_is_a_read_timeout_and_one_that_refuses_a_connect_error() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        await reader.read()                   # never answers; returns when the client gives up
+
+    async def main() -> None:
+        server, base = await _serve(silent)
+        async with server, _client(base, timeout=httpx.Timeout(5, read=0.2)) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/x", content=b"a")
+        server2, base2 = await _serve(silent)
+        server2.close()
+        await server2.wait_closed()           # nothing listens on that port now
+        async with _client(base2) as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.get("/x")
+
+    asyncio.run(main())
+
+
+def test_a_connection_cut_mid_answer_is_an_httpx_error() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _request(reader)
+        writer.write(_answer(b"x" * 1000)[:-500])     # half the body, then the connection goes
+        await writer.drain()
+        writer.transport.abort()
+
+    async def main() -> None:
+        server, base = await _serve(cut)
+        async with server, _client(base) as client:
+            with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+                await client.post("/x", content=b"a")
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificate with the openssl command")
+def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path) -> None:
+    """TLS starts on the asyncio connection (an https upstream: OpenAI's, Anthropic's): a certificate the client
+    trusts serves every request on one connection; one it does not is httpx's ConnectError."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    accepted = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        try:
+            while await _request(reader):
+                writer.write(_answer(b"secret"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass                              # the untrusting client hung up in the handshake
+        writer.close()
+
+    async def main() -> None:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_ctx)
+        base = f"https://localhost:{server.sockets[0].getsockname()[1]}"
+        async with server:
+            async with _client(base, verify=ssl.create_default_context(cafile=str(cert))) as client:
+                for _ in range(3):
+                    r = await client.post("/x", content=b"a")
+                    assert r.content == b"secret"
+                    assert r.extensions["network_stream"].get_extra_info("ssl_object") is not None
+            assert len(accepted) == 1
+            async with _client(base) as client:      # the system's roots: a self-signed certificate is refused
+                with pytest.raises(httpx.ConnectError):
+                    await client.get("/x")
+
+    asyncio.run(main())
