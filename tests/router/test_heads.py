@@ -51,7 +51,7 @@ def test_two_head_file_round_trips(two_heads: TrainedRouter, tiny: RoutingData, 
     path = tmp_path / "router.json"
     two_heads.save(path)
     document = json.loads(path.read_text())
-    assert document["version"] == VERSION == 2
+    assert document["version"] == VERSION == 3
     assert [h["features"]["embedding"] for h in document["heads"]] == ["minilm-static", "minilm"]
     loaded = TrainedRouter.load(path)
     assert loaded.embeddings == two_heads.embeddings
@@ -59,6 +59,7 @@ def test_two_head_file_round_trips(two_heads: TrainedRouter, tiny: RoutingData, 
     for saved, read in zip(two_heads.heads, loaded.heads, strict=True):
         assert read.threshold == saved.threshold and read.meta == saved.meta
         assert read.word_problem == saved.word_problem
+        assert read.free_answer_components == saved.free_answer_components
         assert_same_probabilities(read.class_probabilities(prompts), saved.class_probabilities(prompts))
     with pytest.raises(RouterFileError, match="2 heads"):
         RouteClassifier.load(path)  # a one-head reader must not silently drop a head
@@ -82,7 +83,7 @@ def test_a_version_1_file_still_loads_and_predicts_what_it_did() -> None:
 def test_a_one_head_file_written_now_reads_as_before(two_heads: TrainedRouter, tmp_path) -> None:
     static = two_heads.head("minilm-static")
     static.save(tmp_path / "one.json")
-    assert json.loads((tmp_path / "one.json").read_text())["version"] == 2
+    assert json.loads((tmp_path / "one.json").read_text())["version"] == 3
     assert_same_probabilities(RouteClassifier.load(tmp_path / "one.json").p_weak_ok("Tom has 3 apples."),
                               static.p_weak_ok("Tom has 3 apples."))
 
@@ -91,7 +92,7 @@ def test_bad_two_head_files_are_refused(two_heads: TrainedRouter, tmp_path) -> N
     path = tmp_path / "router.json"
     two_heads.save(path)
     good = json.loads(path.read_text())
-    for change, message in (({"version": 3}, "version 3, this reads 1, 2"), ({"heads": []}, "at least one head"),
+    for change, message in (({"version": 4}, "version 4, this reads 1, 2, 3"), ({"heads": []}, "at least one head"),
                             ({"heads": [good["heads"][0]] * 2}, "share an embedding"), ({"heads": None}, "damaged")):
         path.write_text(json.dumps({**good, **change}))
         with pytest.raises(RouterFileError, match=message):
@@ -109,3 +110,33 @@ def test_head_for_prefers_the_contextual_head_only_when_its_vector_is_at_hand(tw
     alone = TrainedRouter([contextual])  # a lone contextual head decides anyway (and embeds the prompt itself)
     assert alone.head_for(False) is contextual and alone.head_for(True) is contextual
     assert TrainedRouter([static]).head_for(True) is static
+
+
+def test_the_contextual_heads_free_answer_components_move_only_free_answer_prompts(
+        two_heads: TrainedRouter, tmp_path) -> None:
+    """The contextual head's components after the first 16 count for free-answer prompts only: zeroing their
+    weights changes a word problem's probability and leaves a multiple-choice prompt's exactly as it was. A
+    version-2 file (written before them) loads with none."""
+    static, contextual = two_heads.head("minilm-static"), two_heads.head("minilm")
+    assert static.free_answer_components == 0
+    assert contextual.free_answer_components == 16 and contextual.pca_components.shape[0] == 32
+    free = "Tom has 3 apples and buys 4 bags of 6 apples each. How many apples does he have now?"
+    choice = "Which gas do plants take in?\nA. oxygen\nB. carbon dioxide\nC. helium\nD. neon\nAnswer:"
+    before = contextual.p_weak_ok_many([free, choice])
+    coef = contextual.coef.copy()
+    contextual.coef[:, -16:] = 0.0
+    try:
+        after = contextual.p_weak_ok_many([free, choice])
+    finally:
+        contextual.coef = coef
+    assert after[1] == before[1] and after[0] != before[0]
+
+    path = tmp_path / "router.json"
+    TrainedRouter([static]).save(path)
+    document = json.loads(path.read_text())
+    document["version"] = 2
+    del document["heads"][0]["features"]["free_answer_components"]
+    path.write_text(json.dumps(document))
+    old = TrainedRouter.load(path).heads[0]
+    assert old.free_answer_components == 0
+    assert_same_probabilities(old.p_weak_ok_many([free, choice]), static.p_weak_ok_many([free, choice]))

@@ -3,7 +3,9 @@ strong. (It advises; the route stage, pipeline/route.py, routes.)
 
 Model. Features are [group priors (4), text features (14), optionally word-problem features (20, zero for a
 multiple-choice prompt; dense_features)] standardised, plus the prompt embedding projected on its first 16
-principal components (each scaled to unit variance). A multinomial logistic regression
+principal components (each scaled to unit variance); a head may add further components that count only for
+free-answer prompts (`free_answer_components`, zero for a multiple-choice prompt; the contextual head's next 16,
+see docs/routing.md). A multinomial logistic regression
 predicts the joint outcome (weak right?, strong right?) in four classes; from them
 
     p_weak_ok        = P(weak only right) + 1/2 P(both or neither right)
@@ -26,7 +28,8 @@ vector is at hand and the static head otherwise; a file with one head always use
 
 File. One JSON document: a readable header (format, version, models, the decision rule) and per head its
 threshold and the target it came from, feature configuration, training summary and arrays as base64 float64.
-Version 2 lists the heads under "heads"; version 1 (one head, its fields at the top level) still loads. Loading
+Version 3 adds `features.free_answer_components`; version 2 (the same without it: none) lists the heads under
+"heads"; version 1 (one head, its fields at the top level) still loads. Loading
 never executes code, unlike a pickle, and does not depend on the scikit-learn version that trained it.
 """
 
@@ -50,8 +53,8 @@ from tokenomy.router.features import (
 from tokenomy.router.prior import OUTCOMES, GroupPrior
 
 FORMAT = "tokenomy-router"
-VERSION = 2  # the version save() writes
-READABLE_VERSIONS = (1, 2)  # 1: a single head, its fields at the top level
+VERSION = 3  # the version save() writes
+READABLE_VERSIONS = (1, 2, 3)  # 1: a single head, its fields at the top level; 2: no free-answer components
 DEFAULT_EMBEDDING = "minilm-static"  # fits the 15 ms decision budget on a 2-core CPU; see features.py
 CONTEXTUAL, STATIC = "minilm", "minilm-static"
 CLASSES = ("neither", "strong_only", "weak_only", "both")  # index = 2 * weak_ok + strong_ok
@@ -94,6 +97,9 @@ class RouteClassifier:
     embedding: str = DEFAULT_EMBEDDING
     meta: dict = field(default_factory=dict)
     word_problem: bool = False  # dense features also hold WORD_PROBLEM_FEATURES (see dense_features)
+    # The last this many principal components count only for free-answer prompts (multiplied by 0 for a
+    # multiple-choice one): GSM8K-like prompts get finer embedding directions without MMLU's fit paying for them.
+    free_answer_components: int = 0
 
     def __post_init__(self) -> None:
         # Hold every parameter exactly as save() writes it and load() reads it back: C-ordered float64. Fitted
@@ -114,7 +120,8 @@ class RouteClassifier:
             len(prompts), -1)
         prior = self.prior.transform(x) if self.prior is not None else np.zeros((len(prompts), 0))
         dense = np.c_[prior, dense_features(prompts, self.word_problem)]
-        projected = (x - self.pca_mean) @ self.pca_components.T
+        projected = gate_free_answer(
+            (x - self.pca_mean) @ self.pca_components.T, dense[:, prior.shape[1]:], self.free_answer_components)
         return np.c_[(dense - self.scaler_mean) / self.scaler_scale, projected / self.pca_scale]
 
     def class_probabilities(self, prompts: list[str], embeddings: np.ndarray | None = None) -> np.ndarray:
@@ -182,6 +189,7 @@ class RouteClassifier:
             "features": {
                 "embedding": self.embedding,
                 "pca_components": int(self.pca_components.shape[0]),
+                "free_answer_components": self.free_answer_components,
                 "text": list(TEXT_FEATURES),
                 "word_problem": list(WORD_PROBLEM_FEATURES) if self.word_problem else None,
                 "prior": None if self.prior is None else {**self.prior.to_dict(), "outcomes": list(OUTCOMES)},
@@ -212,6 +220,7 @@ class RouteClassifier:
                 classes=classes, prior=prior, embedding=str(document["features"]["embedding"]),
                 meta=dict(document.get("meta") or {}),
                 word_problem=bool(document["features"].get("word_problem")),
+                free_answer_components=int(document["features"].get("free_answer_components") or 0),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RouterFileError(f"{path}: damaged router file ({exc!r})") from exc
@@ -229,6 +238,7 @@ class RouteClassifier:
             and self.pca_components.ndim == 2
             and self.pca_components.shape[1] == len(self.pca_mean)
             and len(self.pca_scale) == self.pca_components.shape[0]
+            and 0 <= self.free_answer_components <= self.pca_components.shape[0]
             and self.coef.shape == (1 if len(self.classes) == 2 else len(self.classes),
                                     n_dense + self.pca_components.shape[0])
             and len(self.intercept) == self.coef.shape[0]
@@ -334,6 +344,16 @@ def dense_features(prompts: list[str], word_problem: bool = False) -> np.ndarray
         return text
     free = 1.0 - text[:, TEXT_FEATURES.index("multiple_choice")]
     return np.c_[text, word_problem_matrix(prompts) * free[:, None]]
+
+
+def gate_free_answer(projected: np.ndarray, text_and_more: np.ndarray, components: int) -> np.ndarray:
+    """`projected` with its last `components` columns zeroed on multiple-choice rows; `text_and_more` are the
+    rows' dense features without the prior (dense_features: TEXT_FEATURES first)."""
+    if components:
+        free = 1.0 - text_and_more[:, TEXT_FEATURES.index("multiple_choice")]
+        projected = projected.copy()
+        projected[:, -components:] *= free[:, None]
+    return projected
 
 
 def weak_ok_probability(class_probabilities: np.ndarray) -> np.ndarray:

@@ -2,11 +2,11 @@
 
 The model is described in classifier.py. Here: the group priors (prior.GroupPrior, fitted with each row left out
 of its own group), the text and word-problem features and the embedding's first 16 principal components are
-standardised, and a
-multinomial logistic regression is fitted on the four joint outcomes. Its regularisation strength C is chosen by
-5-fold log loss inside the training data only. The threshold is then set on the training rows for a share of
-strong calls (recalibrate it on held-out prompts with calibrate.py). train_router fits one such head per
-embedding (by default both, static and contextual) into one TrainedRouter.
+standardised (the contextual head also gets the next 16 components, zero for multiple-choice prompts:
+FREE_ANSWER_COMPONENTS), and a multinomial logistic regression is fitted on the four joint outcomes. Its
+regularisation strength C is chosen by 5-fold log loss inside the training data only. The threshold is then set
+on the training rows for a share of strong calls (recalibrate it on held-out prompts with calibrate.py).
+train_router fits one such head per embedding (by default both, static and contextual) into one TrainedRouter.
 """
 
 from __future__ import annotations
@@ -17,11 +17,21 @@ import numpy as np
 
 from tokenomy.extras import require
 from tokenomy.offline.router.dataset import RoutingData
-from tokenomy.router.classifier import DEFAULT_EMBEDDING, RouteClassifier, TrainedRouter, dense_features
+from tokenomy.router.classifier import (
+    DEFAULT_EMBEDDING,
+    RouteClassifier,
+    TrainedRouter,
+    dense_features,
+    gate_free_answer,
+)
 from tokenomy.router.features import EMBEDDINGS, embed_prompts
 from tokenomy.router.prior import GroupPrior, outcome_matrix
 
 PCA_COMPONENTS = 16
+# Principal components after the first PCA_COMPONENTS that count only for free-answer prompts, per embedding.
+# With the contextual embedding they lift GSM8K in cross-validation and leave MMLU as it was; with the static
+# one they lower GSM8K (docs/routing.md).
+FREE_ANSWER_COMPONENTS = {"minilm": 16, "minilm-static": 0}
 C_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
 MIN_ROWS = 20
 HEADS = ("minilm-static", "minilm")  # what `tokenomy router train` fits by default
@@ -33,12 +43,13 @@ class RouterTrainingError(ValueError):
 
 def train_classifier(
     data: RoutingData, embeddings: np.ndarray | None = None, strong_share: float = 0.5,
-    embedding: str = DEFAULT_EMBEDDING, word_problem: bool = True,
+    embedding: str = DEFAULT_EMBEDDING, word_problem: bool = True, free_answer_components: int | None = None,
 ) -> RouteClassifier:
     """Fit on `data` (with `embeddings` of its prompts, if already computed, of kind `embedding`); the
     threshold is set so that `strong_share` of the training prompts go strong. `word_problem` adds the
     word-problem features (classifier.dense_features; in cross-validation they lift GSM8K on either embedding
-    and leave MMLU as it was, docs/routing.md)."""
+    and leave MMLU as it was, docs/routing.md). `free_answer_components`: how many principal components after
+    the first PCA_COMPONENTS count for free-answer prompts only (None: FREE_ANSWER_COMPONENTS[embedding])."""
     PCA = require("sklearn.decomposition", "training a router").PCA
 
     if embedding not in EMBEDDINGS:
@@ -59,9 +70,12 @@ def train_classifier(
             prior, prior_train = GroupPrior.fit(x, groups, outcome_matrix(data.weak_ok, data.strong_ok))
         dense = np.c_[prior_train, dense_features(data.prompts, word_problem)]
         scaler_mean, scaler_scale = dense.mean(0), _safe_scale(dense.std(0))
-        n_components = min(PCA_COMPONENTS, len(data) - 1, x.shape[1])
+        gated = FREE_ANSWER_COMPONENTS[embedding] if free_answer_components is None else free_answer_components
+        n_components = min(PCA_COMPONENTS + gated, len(data) - 1, x.shape[1])
+        gated = max(0, min(gated, n_components - PCA_COMPONENTS))
         pca = PCA(n_components=n_components, random_state=0).fit(x)
-        projected = pca.transform(x)
+        # Scaled after gating: a gated component's unit variance is over all rows, as the others'.
+        projected = gate_free_answer(pca.transform(x), dense[:, prior_train.shape[1]:], gated)
         pca_scale = _safe_scale(projected.std(0))
         features = np.c_[(dense - scaler_mean) / scaler_scale, projected / pca_scale]
 
@@ -74,6 +88,7 @@ def train_classifier(
         pca_mean=pca.mean_, pca_components=pca.components_,
         pca_scale=pca_scale, coef=np.atleast_2d(model.coef_), intercept=np.atleast_1d(model.intercept_),
         classes=[int(k) for k in model.classes_], prior=prior, embedding=embedding, word_problem=word_problem,
+        free_answer_components=gated,
         meta={
             "C": c,
             "trained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
