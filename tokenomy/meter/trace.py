@@ -151,6 +151,7 @@ class Tracer:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s)
+        self._reads = (_request_reads, self)
         self.processor = BatchSpanProcessor(_Export(exporter, Resource.create({"service.name": settings.service_name}),
                                                     InstrumentationScope("tokenomy", __version__)))
         log.info("traces go to %s as service %s", settings.endpoint, settings.service_name)
@@ -171,7 +172,7 @@ class Tracer:
                          remote)
         kind = "internal" if getattr(ctx, "batch_id", None) else "server"
         t.root = Span(t, f"{OPERATIONS.get(ctx.gen.kind, ctx.gen.kind)} {ctx.gen.model}".rstrip(), kind, None,
-                      ctx.started, (_request_reads, self))
+                      ctx.started, self._reads, {})
         ctx.trace, ctx.trace_id = t, trace_id
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -196,7 +197,7 @@ class Span:
                  reads: tuple[Any, ...] | None = None, attributes: dict[str, Any] | None = None) -> None:
         self.trace, self.name, self.kind, self.parent, self.start, self.reads = trace, name, kind, parent, start, reads
         self.end: float | None = None
-        self.attributes = {} if attributes is None else attributes
+        self.attributes = attributes           # None: none set directly (most spans)
         self.error: str | None = None          # the status message of a span that failed (error.type says why)
         self.span_id = 0                       # 0: not drawn yet
         if trace.sampled:
@@ -214,6 +215,8 @@ class Span:
         self.end = time.perf_counter() if end is None else end
 
     def fail(self, error_type: str, message: str) -> None:
+        if self.attributes is None:
+            self.attributes = {}
         self.attributes["error.type"] = error_type
         self.error = message[:200] or error_type
 
@@ -506,7 +509,7 @@ class Call:
         if self.usage is not None:
             span.reads = self._reads + (self.usage,)
         if self.finishes:
-            span.attributes["gen_ai.response.finish_reasons"] = self.finishes
+            span.attributes = {**(span.attributes or {}), "gen_ai.response.finish_reasons": self.finishes}
         if error is not None:
             _failed(span, error)
         span.end = time.perf_counter()
