@@ -15,13 +15,16 @@ still recorded there, and nothing else of this module runs: no span object is ma
 
 Tracing is on with `telemetry.traces: true`, or with `traces` left null and an OTLP endpoint in the standard
 environment variables; OTEL_SDK_DISABLED=true turns it off. Spans go through the SDK's BatchSpanProcessor to its
-OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request. The
-request path records plain `Span`s and hands each finished request's trace to the processor whole; its thread
-writes them as OTLP (meter/otlp.py) and the exporter's HTTP client sends them. Neither side uses the SDK's span
-objects or its encoder: a traced request has eight spans or more, the issue allows it 0.2 ms, and those cost
-about 40 us (a span object on the request path) and 100 us (a ReadableSpan encoded, on a thread that holds the
-interpreter lock the request path needs) a span on this project's machines (docs/telemetry.md). What the spans
-say is meter/span_attributes.py.
+OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request.
+
+The request path only records: a span is its name, kind, parent span and perf_counter times, and what it says is
+read later (`Span.reads`, a function of the finished request's context: `_request_reads`, `_stage_reads`,
+`_call_reads` ...). The finished request's trace goes to the processor whole, with its context; the processor's
+thread draws the span ids (an upstream call's is drawn on the request path, for its `traceparent`), reads the
+attributes (meter/span_attributes.py), writes OTLP (meter/otlp.py) and the exporter's HTTP client sends it; the
+exported trace then lets go of its spans and context. Neither side uses the SDK's span objects or its encoder:
+a traced request has eight spans or more and the issue allows it 0.2 ms (docs/telemetry.md, "How spans are
+built" and "What it costs").
 
 The stages do not call this module: the pipeline's chain tells the request's trace when each stage starts and
 returns (`RequestTrace.enter` / `left`; a stage's span ends when the next one starts, `handed`), the record stage
