@@ -326,11 +326,32 @@ class RequestTrace:
         self.root.end = end
         content = self.tracer.content
         self.content = content is not None and content(ctx.tenant)
-        self.ctx = ctx
+        self.ctx = _kept(ctx, self.content)
         self.tracer.processor.on_end(self)
 
 
 # ---- what the spans say, read on the export thread ----------------------------------------------------------------
+
+def _kept(ctx: Any, content: bool) -> Any:
+    """What the export thread reads of a finished request: a shallow copy of its context (two dict copies, no
+    attribute read) without what can be large and is never read there (an embeddings answer's vectors, the texts'
+    vectors, the answer stream) and, unless its content goes on the span, without the prompt (messages, prompt,
+    inputs, tools), so that a full queue of traces (a collector that is down) holds little."""
+    kept = object.__new__(type(ctx))
+    kept.__dict__.update(ctx.__dict__)
+    kept.embeddings = kept.vectors = kept.deltas = kept.cover = kept.token_router = kept.lint = None
+    if not content:
+        kept.gen = _slim(ctx.gen)
+    return kept
+
+
+def _slim(gen: GenRequest) -> GenRequest:
+    """A shallow copy of a request without its prompt (what its spans' attributes never read)."""
+    slim = object.__new__(type(gen))
+    slim.__dict__.update(gen.__dict__)
+    slim.messages = slim.prompt = slim.inputs = slim.tools = slim.counted = slim.trace = None
+    return slim
+
 
 def _request_reads(ctx: Any, tracer: Tracer) -> dict[str, Any]:
     """The request span's attributes (its error.type when it failed: `_Export` makes its status from it)."""
@@ -501,7 +522,7 @@ class Call:
     __slots__ = ("span", "headers", "finishes", "usage", "_reads")
 
     def __init__(self, parent: Span, operation: str, model: str, provider: str, url: str, req: GenRequest) -> None:
-        self._reads = (_call_reads, req, operation, model, provider, url)
+        self._reads = (_call_reads, _slim(req), operation, model, provider, url)
         self.span = parent.child(f"{operation} {model}", kind="client", reads=self._reads + (None,))
         self.headers = self.span.traceparent()
         self.finishes: list[str] = []
@@ -600,7 +621,7 @@ def _engine(parent: Span, req: GenRequest, model: str, started: float, arrival: 
     end = time.perf_counter()
     operation = OPERATIONS.get(req.kind, req.kind)
     inference = parent.child(f"{operation} {model}", start=started,
-                             reads=(_inference_reads, req, operation, model, usage))
+                             reads=(_inference_reads, _slim(req), operation, model, usage))
     scheduled = min(arrival + max(usage.queue_s, 0.0), end)
     first = min(max(arrival + usage.ttft_s, scheduled), end) if usage.ttft_s is not None else end
     inference.child("queue", start=arrival).end = scheduled
