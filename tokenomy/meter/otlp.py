@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 _fixed64 = struct.Struct("<Q").pack
 _double = struct.Struct("<d").pack
@@ -25,17 +25,6 @@ KINDS = {"internal": b"\x30\x01", "server": b"\x30\x02", "client": b"\x30\x03"} 
 # Span.flags: SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE, and _IS_REMOTE for a span whose parent is another process's
 _LOCAL_PARENT, _REMOTE_PARENT = b"\x85\x01" + _fixed32(0x100), b"\x85\x01" + _fixed32(0x300)
 _STATUS_ERROR = b"\x18\x02"       # Status.code = STATUS_CODE_ERROR
-
-
-class SpanRecord(Protocol):
-    """What is read of a span (meter/trace.py's Span): ids as ints, times as UNIX nanoseconds by `ns`."""
-
-    name: str
-    kind: str
-    span_id: int
-    parent_id: int | None
-    attributes: dict[str, Any]
-    error: str | None
 
 
 def _varint(n: int) -> bytes:
@@ -127,17 +116,19 @@ class Encoder:
         return _field(b"\x0a", self._resource + _field(b"\x12", scope_spans))
 
     @staticmethod
-    def span(s: SpanRecord, trace_id: bytes, trace_state: bytes, start_ns: int, end_ns: int, remote: bool) -> bytes:
-        """One ScopeSpans.spans field: `trace_state` the W3C tracestate's Span.trace_state field (b"" for none),
-        `remote` whether the span's parent is in another process (the caller's)."""
-        parts = [b"\x0a\x10", trace_id, b"\x12\x08", s.span_id.to_bytes(8, "big"), trace_state]
-        if s.parent_id is not None:
-            parts += [b"\x22\x08", s.parent_id.to_bytes(8, "big")]
-        parts += [_field(b"\x2a", _text(s.name)), KINDS[s.kind], b"\x39", _fixed64(start_ns), b"\x41",
-                  _fixed64(end_ns), attributes(s.attributes)]
-        if s.error is not None:
-            parts.append(_field(b"\x7a", _field(b"\x12", _text(s.error)) + _STATUS_ERROR))
-        parts.append(_REMOTE_PARENT if remote and s.parent_id is not None else _LOCAL_PARENT)
+    def span(name: str, kind: str, span_id: int, parent_id: int | None, trace_id: bytes, trace_state: bytes,
+             start_ns: int, end_ns: int, attrs: Mapping[str, Any], error: str | None, remote: bool) -> bytes:
+        """One ScopeSpans.spans field: `kind` internal, server or client, `trace_state` the W3C tracestate's
+        Span.trace_state field (b"" for none), `error` the status message of a span that failed (None: it did
+        not), `remote` whether the span's parent is in another process (the caller's)."""
+        parts = [b"\x0a\x10", trace_id, b"\x12\x08", span_id.to_bytes(8, "big"), trace_state]
+        if parent_id is not None:
+            parts += [b"\x22\x08", parent_id.to_bytes(8, "big")]
+        parts += [_field(b"\x2a", _text(name)), KINDS[kind], b"\x39", _fixed64(start_ns), b"\x41",
+                  _fixed64(end_ns), attributes(attrs)]
+        if error is not None:
+            parts.append(_field(b"\x7a", _field(b"\x12", _text(error)) + _STATUS_ERROR))
+        parts.append(_REMOTE_PARENT if remote and parent_id is not None else _LOCAL_PARENT)
         return _field(b"\x12", b"".join(parts))
 
     @staticmethod

@@ -15,13 +15,16 @@ still recorded there, and nothing else of this module runs: no span object is ma
 
 Tracing is on with `telemetry.traces: true`, or with `traces` left null and an OTLP endpoint in the standard
 environment variables; OTEL_SDK_DISABLED=true turns it off. Spans go through the SDK's BatchSpanProcessor to its
-OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request. The
-request path records plain `Span`s and hands each finished request's trace to the processor whole; its thread
-writes them as OTLP (meter/otlp.py) and the exporter's HTTP client sends them. Neither side uses the SDK's span
-objects or its encoder: a traced request has eight spans or more, the issue allows it 0.2 ms, and those cost
-about 40 us (a span object on the request path) and 100 us (a ReadableSpan encoded, on a thread that holds the
-interpreter lock the request path needs) a span on this project's machines (docs/telemetry.md). What the spans
-say is meter/span_attributes.py.
+OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request.
+
+The request path only records: a span is its name, kind, parent span and perf_counter times, and what it says is
+read later (`Span.reads`, a function of the finished request's context: `_request_reads`, `_stage_reads`,
+`_call_reads` ...). The finished request's trace goes to the processor whole, with its context; the processor's
+thread draws the span ids (an upstream call's is drawn on the request path, for its `traceparent`), reads the
+attributes (meter/span_attributes.py), writes OTLP (meter/otlp.py) and the exporter's HTTP client sends it; the
+exported trace then lets go of its spans and context. Neither side uses the SDK's span objects or its encoder:
+a traced request has eight spans or more and the issue allows it 0.2 ms (docs/telemetry.md, "How spans are
+built" and "What it costs").
 
 The stages do not call this module: the pipeline's chain tells the request's trace when each stage starts and
 returns (`RequestTrace.enter` / `left`; a stage's span ends when the next one starts, `handed`), the record stage
@@ -151,6 +154,7 @@ class Tracer:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s)
+        self._reads = (_request_reads, self)
         self.processor = BatchSpanProcessor(_Export(exporter, Resource.create({"service.name": settings.service_name}),
                                                     InstrumentationScope("tokenomy", __version__)))
         log.info("traces go to %s as service %s", settings.endpoint, settings.service_name)
@@ -158,18 +162,20 @@ class Tracer:
     def start(self, ctx: Any) -> None:
         """Start the request's trace, continuing the caller's traceparent (and its sampled flag, parent-based) if
         it sent a valid one: sets `ctx.trace` and `ctx.trace_id`. The request's span starts at its arrival."""
-        caller = _parse(ctx.headers.get("traceparent", ""))
+        header = ctx.headers.get("traceparent")
+        caller = _parse(header) if header else None
         if caller is not None:
             trace_id, parent, flags = caller
-            parent_id: int | None = int(parent, 16)
+            remote: int | None = int(parent, 16)
             sampled = bool(flags & 1) if self.parent_based else int(trace_id[16:], 16) < self.bound
         else:
             bits = random.getrandbits(128) or 1
-            trace_id, parent_id, sampled = f"{bits:032x}", None, bits & 0xFFFFFFFFFFFFFFFF < self.bound
-        t = RequestTrace(self, trace_id, sampled, ctx.headers.get("tracestate") if caller is not None else None)
+            trace_id, remote, sampled = f"{bits:032x}", None, bits & 0xFFFFFFFFFFFFFFFF < self.bound
+        t = RequestTrace(self, trace_id, sampled, ctx.headers.get("tracestate") if caller is not None else None,
+                         remote)
         kind = "internal" if getattr(ctx, "batch_id", None) else "server"
-        t.root = Span(t, f"{OPERATIONS.get(ctx.gen.kind, ctx.gen.kind)} {ctx.gen.model}".rstrip(), kind, parent_id,
-                      ctx.started)
+        t.root = Span(t, f"{OPERATIONS.get(ctx.gen.kind, ctx.gen.kind)} {ctx.gen.model}".rstrip(), kind, None,
+                      ctx.started, self._reads, {})
         ctx.trace, ctx.trace_id = t, trace_id
 
     def flush(self, timeout_s: float = 10.0) -> bool:
@@ -181,18 +187,22 @@ class Tracer:
 
 
 class Span:
-    """One span as the request path records it: plain fields (ids are ints, times perf_counter seconds), written as
-    OTLP on the export thread. A span that never ended when its trace is exported ends with the request."""
+    """One span as the request path records it: its name, kind, parent span (None: the request's, whose parent is
+    the caller's), perf_counter times, and what it says. Nothing is read or encoded here: `reads` is a function and
+    its arguments, `(f, *args)`, that the export thread calls as `f(ctx, *args)` with the finished request's
+    context for the span's attributes (the request's, a stage's, an upstream call's), and `attributes` holds those
+    set directly (error.type). Its id is drawn when a `traceparent` needs it (an upstream call's) or on export. A
+    span that never ended when its trace is exported ends with the request."""
 
-    __slots__ = ("trace", "name", "kind", "span_id", "parent_id", "start", "end", "attributes", "error")
+    __slots__ = ("trace", "name", "kind", "parent", "start", "end", "attributes", "reads", "error", "span_id")
 
-    def __init__(self, trace: RequestTrace, name: str, kind: str, parent_id: int | None, start: float,
-                 attributes: dict[str, Any] | None = None) -> None:
-        self.trace, self.name, self.kind, self.parent_id, self.start = trace, name, kind, parent_id, start
-        self.span_id = random.getrandbits(64) or 1
+    def __init__(self, trace: RequestTrace, name: str, kind: str, parent: Span | None, start: float,
+                 reads: tuple[Any, ...] | None = None, attributes: dict[str, Any] | None = None) -> None:
+        self.trace, self.name, self.kind, self.parent, self.start, self.reads = trace, name, kind, parent, start, reads
         self.end: float | None = None
-        self.attributes = {} if attributes is None else attributes
+        self.attributes = attributes           # None: none set directly (most spans)
         self.error: str | None = None          # the status message of a span that failed (error.type says why)
+        self.span_id = 0                       # 0: not drawn yet
         if trace.sampled:
             trace.spans.append(self)
 
@@ -201,20 +211,23 @@ class Span:
         return self.trace.sampled
 
     def child(self, name: str, kind: str = "internal", start: float | None = None,
-              attributes: dict[str, Any] | None = None) -> Span:
-        return Span(self.trace, name, kind, self.span_id, time.perf_counter() if start is None else start,
-                    attributes)
+              attributes: dict[str, Any] | None = None, reads: tuple[Any, ...] | None = None) -> Span:
+        return Span(self.trace, name, kind, self, time.perf_counter() if start is None else start, reads, attributes)
 
     def finish(self, end: float | None = None) -> None:
         self.end = time.perf_counter() if end is None else end
 
     def fail(self, error_type: str, message: str) -> None:
+        if self.attributes is None:
+            self.attributes = {}
         self.attributes["error.type"] = error_type
         self.error = message[:200] or error_type
 
     def traceparent(self) -> dict[str, str]:
         """The headers that continue the trace under this span (W3C trace context; the caller's tracestate on)."""
         t = self.trace
+        if not self.span_id:
+            self.span_id = random.getrandbits(64) or 1
         headers = {"traceparent": f"00-{t.trace_id}-{self.span_id:016x}-{'01' if t.sampled else '00'}"}
         if t.tracestate:
             headers["tracestate"] = t.tracestate
@@ -229,21 +242,26 @@ class _Sampled:
 
 
 class RequestTrace:
-    """One request's trace: its id and the caller's tracestate, whether it is kept, its spans (none when it is
-    not: it still propagates), the stage at work (`at_work`: entered, not yet handed on) and those still at work
-    after handing on (a stage that hands on a stream works until the stream ends), and the clock that turns
-    perf_counter times into UNIX nanoseconds."""
+    """One request's trace: its id, the caller's span id and tracestate, whether it is kept, its spans (none when
+    it is not: it still propagates), the stage at work (`at_work`: entered, not yet handed on) and those still at
+    work after handing on (a stage that hands on a stream works until the stream ends), the finished request's
+    context (`ctx`, from `finish` until the export reads it), and the clock that turns perf_counter times into UNIX
+    nanoseconds."""
 
-    __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "root", "spans", "at_work", "open", "anchor_ns",
-                 "anchor")
+    __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "remote", "root", "spans", "at_work", "open",
+                 "anchor_ns", "anchor", "ctx", "content")
     context = _Sampled()
 
-    def __init__(self, tracer: Tracer, trace_id: str, sampled: bool, tracestate: str | None) -> None:
+    def __init__(self, tracer: Tracer, trace_id: str, sampled: bool, tracestate: str | None,
+                 remote: int | None = None) -> None:
         self.tracer, self.trace_id, self.sampled, self.tracestate = tracer, trace_id, sampled, tracestate
+        self.remote = remote                   # the caller's span id: the request span's parent
         self.spans: list[Span] = []
         self.at_work: Span | None = None
         self.open: list[Span] = []
         self.anchor_ns, self.anchor = time.time_ns(), time.perf_counter()
+        self.ctx: Any = None
+        self.content = False                   # whether the request's content goes on its span
         self.root: Span
 
     def ns(self, t: float) -> int:
@@ -253,12 +271,21 @@ class RequestTrace:
         """A pipeline stage starts (the one at work before it has handed on: `handed`): its span, None when the
         trace is not kept, is the parent its backends see for their spans (`GenRequest.trace`). The span ends when
         the stage hands on, or returns or raises (`left`), or when the request ends if the stage leaves an answer
-        streaming."""
+        streaming. What it says is read from the finished request (`stage_attributes`)."""
         if not self.sampled:           # no spans, but upstreams still learn the trace
             ctx.gen.trace = self.root
             return None
-        self.handed(ctx)
-        span = self.at_work = Span(self, name, "internal", self.root.span_id, time.perf_counter())
+        now = time.perf_counter()
+        before = self.at_work
+        if before is not None:         # handed on (`handed`)
+            if ctx.deltas is not None:
+                self.open.append(before)
+            else:
+                before.end = now
+        reads = _STAGES.get(name)
+        if reads is None:
+            reads = _STAGES[name] = (_stage_reads, name)
+        span = self.at_work = Span(self, name, "internal", self.root, now, reads)
         ctx.gen.trace = span
         return span
 
@@ -270,43 +297,149 @@ class RequestTrace:
             self.handed(ctx)
 
     def handed(self, ctx: Any) -> None:
-        """The stage at work, if any, handed the request on (or returned): its span says what it decided, and ends
-        unless its answer is still streaming. The chain calls this too before a stage that has no span."""
+        """The stage at work, if any, handed the request on (or returned): its span ends unless its answer is still
+        streaming. The chain calls this too before a stage that has no span."""
         span = self.at_work
         if span is None:
             return
         self.at_work = None
-        _observe(span, stage_attributes, span.name, ctx)
         if ctx.deltas is not None:     # its answer is still streaming: at work until the stream ends
             self.open.append(span)
         else:
-            span.finish()
+            span.end = time.perf_counter()
 
     def finish(self, ctx: Any, record_started: float) -> None:
         """End the request's trace: the stages still at work, the record stage's span (from `record_started`, a
-        perf_counter time), and the request's span with its attributes; then hand it to the exporter."""
+        perf_counter time) and the request's span; then hand it, with the finished request's context, to the
+        exporter, whose thread reads the spans' attributes from it."""
         if not self.sampled:
             return
-        if self.at_work is not None:
-            self.handed(ctx)
+        end = time.perf_counter()
+        span = self.at_work
+        if span is not None:
+            self.at_work = None
+            span.end = end
         for span in self.open:
-            _observe(span, stage_attributes, span.name, ctx)
-            span.finish()
+            span.end = end
         self.open = []
-        self.root.child("record", start=record_started).finish()
-        root = self.root
-        attrs = root.attributes
-        attrs.update(request_attributes(ctx.gen, self.tracer.providers.get(ctx.model or "", "tokenomy"),
-                                        stream=ctx.stream))
-        attrs.update(answer_attributes(ctx))
+        Span(self, "record", "internal", self.root, record_started).end = end
+        self.root.end = end
         content = self.tracer.content
-        if content is not None and content(ctx.tenant):
-            attrs.update(content_attributes(ctx))
-        error = error_type(ctx)
-        if error is not None:
-            root.fail(error, ctx.error.message if ctx.error is not None else error)
-        root.finish()
+        self.content = content is not None and content(ctx.tenant)
+        self.ctx = _kept(ctx, self.content)
         self.tracer.processor.on_end(self)
+
+
+# ---- what the spans say, read on the export thread ----------------------------------------------------------------
+
+def _kept(ctx: Any, content: bool) -> Any:
+    """What the export thread reads of a finished request: a shallow copy of its context (two dict copies, no
+    attribute read) without what can be large and is never read there (an embeddings answer's vectors, the texts'
+    vectors, the answer stream) and, unless its content goes on the span, without the prompt (messages, prompt,
+    inputs, tools), so that a full queue of traces (a collector that is down) holds little."""
+    kept = object.__new__(type(ctx))
+    kept.__dict__.update(ctx.__dict__)
+    kept.embeddings = kept.vectors = kept.deltas = kept.cover = kept.token_router = kept.lint = None
+    if not content:
+        kept.gen = _slim(ctx.gen)
+    return kept
+
+
+def _slim(gen: GenRequest) -> GenRequest:
+    """A shallow copy of a request without its prompt (what its spans' attributes never read)."""
+    slim = object.__new__(type(gen))
+    slim.__dict__.update(gen.__dict__)
+    slim.messages = slim.prompt = slim.inputs = slim.tools = slim.counted = slim.trace = None
+    return slim
+
+
+def _request_reads(ctx: Any, tracer: Tracer) -> dict[str, Any]:
+    """The request span's attributes (its error.type when it failed: `_Export` makes its status from it)."""
+    attrs = request_attributes(ctx.gen, tracer.providers.get(ctx.model or "", "tokenomy"), stream=ctx.stream)
+    attrs.update(answer_attributes(ctx))
+    if ctx.trace is not None and ctx.trace.content:
+        attrs.update(content_attributes(ctx))
+    error = error_type(ctx)
+    if error is not None:
+        attrs["error.type"] = error
+    return attrs
+
+
+def _stage_reads(ctx: Any, name: str) -> dict[str, Any]:
+    return stage_attributes(name, ctx)
+
+
+_STAGES: dict[str, tuple[Any, str]] = {}       # a stage's `reads`, by its name (one tuple a stage, not a span)
+
+
+def _call_reads(ctx: Any, req: GenRequest, operation: str, model: str, provider: str, url: str,
+                usage: Usage | None) -> dict[str, Any]:
+    attrs = request_attributes(req, provider, model=model, operation=operation)
+    attrs.update(_server(url))
+    if usage is not None:
+        attrs.update(usage_attributes(usage))
+    return attrs
+
+
+def _inference_reads(ctx: Any, req: GenRequest, operation: str, model: str, usage: Usage) -> dict[str, Any]:
+    attrs = request_attributes(req, "tokenomy", model=model, operation=operation)
+    attrs.update(usage_attributes(usage))
+    attrs["gen_ai.response.model"] = model
+    return attrs
+
+
+def _prefill_reads(ctx: Any, usage: Usage) -> dict[str, Any]:
+    return {"gen_ai.usage.input_tokens": usage.prompt_tokens,
+            "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
+            "tokenomy.engine.prefilled_tokens": max(usage.prompt_tokens - usage.cached_tokens, 0)}
+
+
+def _decode_reads(ctx: Any, usage: Usage) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"gen_ai.usage.output_tokens": usage.completion_tokens}
+    if usage.draft_tokens:
+        attrs["tokenomy.engine.draft_tokens"] = usage.draft_tokens
+        attrs["tokenomy.engine.draft_accepted"] = usage.draft_accepted or 0
+    return attrs
+
+
+@dataclass
+class _Read:
+    """A span as it is exported: its ids, times (UNIX ns), attributes (None values left in) and status message."""
+
+    span: Span
+    span_id: int
+    parent_id: int | None
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    error: str | None
+
+
+def _read(t: RequestTrace) -> list[_Read]:
+    """The spans of a finished trace as they are exported: ids drawn where none was, each span's attributes read
+    from the request's context, a span that never ended ending with the request."""
+    spans, ctx = list(t.spans), t.ctx       # a copy: a span of a stream that ends late may still be added
+    ends = t.root.end if t.root.end is not None else time.perf_counter()
+    out = []
+    for s in spans:
+        if not s.span_id:
+            s.span_id = random.getrandbits(64) or 1
+        attrs = {}
+        if s.reads is not None and ctx is not None:
+            try:
+                attrs = s.reads[0](ctx, *s.reads[1:])
+            except Exception:        # one span that cannot be read loses its attributes, not its trace
+                log.exception("a span's attributes could not be read")
+        if s.attributes:
+            attrs.update(s.attributes)
+        error = s.error
+        if s is t.root and error is None and "error.type" in attrs:
+            failed = ctx.error if ctx is not None else None
+            error = (failed.message[:200] if failed is not None else "") or attrs["error.type"]
+        parent = s.parent.span_id if s.parent is not None else t.remote
+        out.append(_Read(s, s.span_id, parent, t.ns(s.start), t.ns(s.end if s.end is not None else ends), attrs,
+                         error))
+    return out
 
 
 class _Export:
@@ -344,6 +477,7 @@ class _Export:
                 spans += encode(t)
             except Exception:            # one trace that cannot be read is dropped, not the batch
                 log.exception("a request's trace could not be exported")
+            t.spans, t.ctx = [], None    # exported: no cycle (span -> trace -> spans, context) keeps them alive
         if self._send is None:
             return self.exporter.export(spans)
         if getattr(self.exporter, "_shutdown", False):
@@ -352,29 +486,24 @@ class _Export:
 
     def _encoded(self, t: RequestTrace) -> list[bytes]:
         tid, state = bytes.fromhex(t.trace_id), otlp.Encoder.trace_state(t.tracestate)
-        ends = t.root.end if t.root.end is not None else time.perf_counter()
-        span, root, ns = self._encoder.span, t.root, t.ns
-        # a copy of the list: a span of a stream that ends late may still be added (otlp copies attributes too)
-        return [span(s, tid, state, ns(s.start), ns(s.end if s.end is not None else ends), s is root)
-                for s in list(t.spans)]
+        span, root = self._encoder.span, t.root
+        return [span(r.span.name, r.span.kind, r.span_id, r.parent_id, tid, state, r.start_ns, r.end_ns, r.attributes,
+                     r.error, r.span is root) for r in _read(t)]
 
     def _spans(self, t: RequestTrace) -> list[Any]:
         tid = int(t.trace_id, 16)
         state = self._state.from_header([t.tracestate]) if t.tracestate else None
-        ends = t.root.end if t.root.end is not None else time.perf_counter()
         out = []
-        for s in list(t.spans):         # copies, list and attributes: a span that ends late may still write
-            attributes = {k: v for k, v in dict(s.attributes).items() if v is not None}
-            context = self._context(tid, s.span_id, False, self._flags, state)
-            remote = s is t.root
-            parent = (self._context(tid, s.parent_id, remote, self._flags, state)
-                      if s.parent_id is not None else None)
+        for r in _read(t):
+            attributes = {k: v for k, v in r.attributes.items() if v is not None}
+            context = self._context(tid, r.span_id, False, self._flags, state)
+            remote = r.span is t.root
+            parent = (self._context(tid, r.parent_id, remote, self._flags, state)
+                      if r.parent_id is not None else None)
             out.append(self._readable(
-                s.name, context=context, parent=parent, resource=self.resource, kind=self._kinds[s.kind],
-                attributes=attributes,
-                status=self._ok if s.error is None else self._status(self._error, s.error),
-                start_time=t.ns(s.start), end_time=t.ns(s.end if s.end is not None else ends),
-                instrumentation_scope=self.scope))
+                r.span.name, context=context, parent=parent, resource=self.resource, kind=self._kinds[r.span.kind],
+                attributes=attributes, status=self._ok if r.error is None else self._status(self._error, r.error),
+                start_time=r.start_ns, end_time=r.end_ns, instrumentation_scope=self.scope))
         return out
 
     def shutdown(self) -> None:
@@ -387,26 +516,27 @@ class _Export:
 # ---- backends: upstream calls and the engine ----------------------------------------------------------------
 
 class Call:
-    """One upstream call's CLIENT span; `headers` carry its traceparent to the upstream."""
+    """One upstream call's CLIENT span; `headers` carry its traceparent to the upstream. Its attributes are read on
+    export, from the call's request and its usage."""
 
-    __slots__ = ("span", "headers", "finishes", "usage")
+    __slots__ = ("span", "headers", "finishes", "usage", "_reads")
 
     def __init__(self, parent: Span, operation: str, model: str, provider: str, url: str, req: GenRequest) -> None:
-        attrs = request_attributes(req, provider, model=model, operation=operation)
-        attrs.update(_server(url))
-        self.span = parent.child(f"{operation} {model}", kind="client", attributes=attrs)
+        self._reads = (_call_reads, _slim(req), operation, model, provider, url)
+        self.span = parent.child(f"{operation} {model}", kind="client", reads=self._reads + (None,))
         self.headers = self.span.traceparent()
         self.finishes: list[str] = []
         self.usage: Usage | None = None
 
     def end(self, error: BaseException | None = None) -> None:
+        span = self.span
         if self.usage is not None:
-            _observe(self.span, usage_attributes, self.usage)
+            span.reads = self._reads + (self.usage,)
         if self.finishes:
-            self.span.attributes["gen_ai.response.finish_reasons"] = self.finishes
+            span.attributes = {**(span.attributes or {}), "gen_ai.response.finish_reasons": self.finishes}
         if error is not None:
-            _failed(self.span, error)
-        self.span.finish()
+            _failed(span, error)
+        span.end = time.perf_counter()
 
 
 @functools.lru_cache(maxsize=256)
@@ -424,7 +554,7 @@ def client_stream(parent: Span | None, make: Callable[[dict[str, str] | None], A
     itself): `headers` (the traceparent) go on every HTTP request of the call, retries included."""
     if parent is None:
         return make(None)
-    if not parent.sampled:
+    if not parent.trace.sampled:
         return make(parent.traceparent())
     try:
         call = Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req)
@@ -456,7 +586,7 @@ async def client_call(parent: Span | None, make: Callable[[dict[str, str] | None
                       req: GenRequest, provider: str, model: str, url: str) -> Any:
     """`client_stream` for a call with one answer (an embeddings request): `await make(headers)`; its `usage`, if
     it has one, is recorded."""
-    if parent is None or not parent.sampled:
+    if parent is None or not parent.trace.sampled:
         return await make(None if parent is None else parent.traceparent())
     try:
         call = Call(parent, OPERATIONS.get(req.kind, req.kind), model, provider, url, req)
@@ -479,7 +609,7 @@ def engine(parent: Span | None, req: GenRequest, model: str, started: float, arr
     `started`, when the backend took the request, to now) and inside it the queue wait (from `arrival` at the
     engine to its first step), the prefill (to the first token) and the decode (to the end). Times are
     perf_counter seconds; the usage's queue_s and ttft_s count from `arrival`."""
-    if parent is None or not parent.sampled:
+    if parent is None or not parent.trace.sampled:
         return
     try:
         _engine(parent, req, model, started, arrival, usage)
@@ -490,32 +620,15 @@ def engine(parent: Span | None, req: GenRequest, model: str, started: float, arr
 def _engine(parent: Span, req: GenRequest, model: str, started: float, arrival: float, usage: Usage) -> None:
     end = time.perf_counter()
     operation = OPERATIONS.get(req.kind, req.kind)
-    attrs = request_attributes(req, "tokenomy", model=model, operation=operation)
-    attrs.update(usage_attributes(usage))
-    attrs["gen_ai.response.model"] = model
-    inference = parent.child(f"{operation} {model}", start=started, attributes=attrs)
+    inference = parent.child(f"{operation} {model}", start=started,
+                             reads=(_inference_reads, _slim(req), operation, model, usage))
     scheduled = min(arrival + max(usage.queue_s, 0.0), end)
     first = min(max(arrival + usage.ttft_s, scheduled), end) if usage.ttft_s is not None else end
-    inference.child("queue", start=arrival).finish(scheduled)
-    inference.child("prefill", start=scheduled, attributes={
-        "gen_ai.usage.input_tokens": usage.prompt_tokens,
-        "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
-        "tokenomy.engine.prefilled_tokens": max(usage.prompt_tokens - usage.cached_tokens, 0)}).finish(first)
+    inference.child("queue", start=arrival).end = scheduled
+    inference.child("prefill", start=scheduled, reads=(_prefill_reads, usage)).end = first
     if usage.ttft_s is not None:
-        decode: dict[str, Any] = {"gen_ai.usage.output_tokens": usage.completion_tokens}
-        if usage.draft_tokens:
-            decode["tokenomy.engine.draft_tokens"] = usage.draft_tokens
-            decode["tokenomy.engine.draft_accepted"] = usage.draft_accepted or 0
-        inference.child("decode", start=first, attributes=decode).finish(end)
-    inference.finish(end)
-
-
-def _observe(span: Span, attributes: Callable[..., dict[str, Any]], *args: Any) -> None:
-    """Add `attributes(*args)` to the span; a failure is logged, never raised into the request."""
-    try:
-        span.attributes.update(attributes(*args))
-    except Exception:
-        log.exception("a span's attributes could not be read")
+        inference.child("decode", start=first, reads=(_decode_reads, usage)).end = end
+    inference.end = end
 
 
 def _failed(span: Span, e: BaseException) -> None:

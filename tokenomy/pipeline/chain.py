@@ -45,13 +45,15 @@ def _bind(stage: Stage, nxt: Next) -> Next:
         return run
 
     wants = getattr(stage, "traced", None)
+    if not callable(wants):
+        wants = None
 
     async def traced(ctx: RequestContext) -> None:
         t = ctx.trace
         if t is None:
             await stage(ctx, nxt)
             return
-        if callable(wants) and not wants(ctx):
+        if wants is not None and not wants(ctx):
             t.handed(ctx)             # the stage before it handed on: its span ends here
             await stage(ctx, nxt)
             return
