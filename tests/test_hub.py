@@ -83,7 +83,10 @@ def hub_server(smollm2: Path) -> Iterator[HubServer]:
 
 
 def env_for(home: str, endpoint: str, offline: bool = False, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TOKENOMY_MEMORY"))}
+    # huggingface_hub's offline switches are HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE (which the torch embedder sets
+    # in the process when a test has run it): the test says which it wants
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_", "TOKENOMY_MEMORY", "TRANSFORMERS_OFFLINE"))}
     env.update(HF_HOME=home, HF_ENDPOINT=endpoint, PYTHONPATH=str(ROOT), **extra)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
