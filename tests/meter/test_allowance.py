@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests import services
+from tests.meter.admits import admits
 from tests.meter.synthetic import Spec, rows_for
 from tests.wait import wait_until
 from tokenomy.config import BudgetLimits
@@ -166,14 +167,8 @@ def test_a_killed_holders_allowance_comes_free_after_its_lease(redis_url: str) -
             live.reserve("k1", "acme", "l1", 0.0, 9000)
         assert refused.value.fits_later
 
-        def admitted() -> bool:
-            try:
-                live.reserve("k1", "acme", "l1", 0.0, 9000)
-            except BudgetExceeded:
-                return False
-            return True
-
-        wait_until(admitted, timeout=30, interval=0.1, what="the killed holder's allowance to lapse")
+        wait_until(admits(live, "k1", "acme", "l1", 0.0, 9000), timeout=30, interval=0.1,
+                   what="the killed holder's allowance to lapse")
         assert live.held("key", "k1", "day") == (0.0, 9000)
     finally:
         holder.kill()

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.meter.admits import admits
 from tests.meter.synthetic import Spec, rows_for
 from tests.wait import wait_until
 from tokenomy.config import BudgetLimits
@@ -116,14 +117,8 @@ def test_a_lapsed_lease_in_redis_frees_the_hold(redis_url: str) -> None:
     with pytest.raises(BudgetExceeded):
         live.reserve("k1", "acme", "l1", 0.0, 10)
 
-    def admitted() -> bool:
-        try:
-            live.reserve("k1", "acme", "l1", 0.0, 10)
-        except BudgetExceeded:
-            return False
-        return True
-
-    wait_until(admitted, timeout=30, interval=0.1, what="the dead gateway's hold to lapse")
+    wait_until(admits(live, "k1", "acme", "l1", 0.0, 10), timeout=30, interval=0.1,
+               what="the dead gateway's hold to lapse")
     assert live.held("key", "k1", "day") == (0.0, 10)
 
 
