@@ -13,7 +13,9 @@ Four parts, each against real gateway processes (`tokenomy serve`):
 - cost: median latency of one request at a time through a gateway with no budget, a budget kept in process and a
   budget kept in Redis (an instant upstream stub), in alternating rounds: what reserving and settling add; and the
   gateway process's CPU time per request (user + system, its threads included), which other load on the machine
-  changes much less than latency. `--no-allowances` adds the Redis arm with `limits.allowances: false` (every
+  changes much less than latency. The added latency is given twice: the difference of the arms' medians over all
+  rounds, and the median of each round's difference (the arms of a round run one right after the other).
+  `--no-allowances` adds the Redis arm with `limits.allowances: false` (every
   request held in Redis on its own).
 - calls: the CPU time (all the process's threads) and wall time of one reservation and its settle, called directly
   on Budgets (no HTTP, so a busy machine moves it little): in process, in Redis with allowances, in Redis holding
@@ -271,6 +273,7 @@ def run_cost(rounds: int, n: int, no_allowances: bool = False, restart: bool = F
                 arms["budget, Redis, no allowances"] = {**base, "keys": [{"key": "sk-c", "name": "c2", "budget": big}],
                                                         "limits": {"store": server.url, "allowances": False}}
             got: dict[str, list[float]] = {name: [] for name in arms}
+            rounds_ms: dict[str, list[float]] = {name: [] for name in arms}      # each round's median, per arm
             cpu: dict[str, float] = {name: 0.0 for name in arms}
             with ExitStack() as stack:
                 started = {} if restart else {name: stack.enter_context(gateway(cfg)) for name, cfg in arms.items()}
@@ -287,8 +290,10 @@ def run_cost(rounds: int, n: int, no_allowances: bool = False, restart: bool = F
                             else:
                                 url, _, proc = started[name]
                             c0 = cpu_s(proc.pid)
-                            got[name] += asyncio.run(latencies(url, "sk-c", n))
+                            one_round = asyncio.run(latencies(url, "sk-c", n))
                             cpu[name] += cpu_s(proc.pid) - c0
+                            got[name] += one_round
+                            rounds_ms[name].append(statistics.median(one_round) * 1e3)
         import redis as redis_lib
 
         client = redis_lib.Redis.from_url(server.url)      # what one round trip to this Redis costs, for scale
@@ -301,7 +306,13 @@ def run_cost(rounds: int, n: int, no_allowances: bool = False, restart: bool = F
         server.stop()
     med = {name: statistics.median(v) * 1e3 for name, v in got.items()}
     per = {name: cpu[name] / (rounds * n) * 1e3 for name in arms}
+    # paired by round: each round's median minus the no-budget arm's in the same round (the arms of a round run one
+    # right after the other, so a machine that slows for a while moves both)
+    paired = {name: sorted(a - b for a, b in zip(rounds_ms[name], rounds_ms["no budget"], strict=True))
+              for name in arms if name != "no budget"}
     return {"median_ms": med, "added_ms": {name: med[name] - med["no budget"] for name in arms if name != "no budget"},
+            "added_by_round_ms": paired,
+            "added_paired_ms": {name: statistics.median(v) for name, v in paired.items()},
             "cpu_ms": per, "added_cpu_ms": {name: per[name] - per["no budget"] for name in arms if name != "no budget"},
             "requests_per_arm": rounds * n, "redis_ping_ms": statistics.median(pings) * 1e3}
 
@@ -399,10 +410,13 @@ def main() -> None:
         t.add_column("configuration")
         t.add_column("median ms", justify="right")
         t.add_column("added ms", justify="right")
+        t.add_column("added, paired by round: median [min, max]", justify="right")
         t.add_column("gateway CPU ms / request", justify="right")
         t.add_column("added CPU ms", justify="right")
         for name, ms in c["median_ms"].items():
-            t.add_row(name, f"{ms:.3f}", f"{c['added_ms'].get(name, 0.0):+.3f}", f"{c['cpu_ms'][name]:.3f}",
+            by = c["added_by_round_ms"].get(name)
+            paired = f"{c['added_paired_ms'][name]:+.3f} [{by[0]:+.3f}, {by[-1]:+.3f}]" if by else ""
+            t.add_row(name, f"{ms:.3f}", f"{c['added_ms'].get(name, 0.0):+.3f}", paired, f"{c['cpu_ms'][name]:.3f}",
                       f"{c['added_cpu_ms'].get(name, 0.0):+.3f}")
         out.print(t)
         out.print(f"one PING to the same Redis: {c['redis_ping_ms']:.3f} ms at the median")
