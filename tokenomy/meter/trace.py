@@ -14,17 +14,18 @@ ledger row (`trace_id`), so a bill line leads to its trace; with tracing off an 
 still recorded there, and nothing else of this module runs: no span object is made.
 
 Tracing is on with `telemetry.traces: true`, or with `traces` left null and an OTLP endpoint in the standard
-environment variables; OTEL_SDK_DISABLED=true turns it off. Spans go through the SDK's BatchSpanProcessor to its
-OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request.
+environment variables; OTEL_SDK_DISABLED=true turns it off. Spans are exported by a process of their own
+(meter/trace_export.py) through the SDK's BatchSpanProcessor and OTLP/HTTP exporter: a collector that is down, or
+an exporter process that died, loses spans, never a request.
 
-The request path only records: a span is its name, kind, parent span and perf_counter times, and what it says is
-read later (`Span.reads`, a function of the finished request's context: `_request_reads`, `_stage_reads`,
-`_call_reads` ...). The finished request's trace goes to the processor whole, with its context; the processor's
-thread draws the span ids (an upstream call's is drawn on the request path, for its `traceparent`), reads the
-attributes (meter/span_attributes.py), writes OTLP (meter/otlp.py) and the exporter's HTTP client sends it; the
-exported trace then lets go of its spans and context. Neither side uses the SDK's span objects or its encoder:
-a traced request has eight spans or more and the issue allows it 0.2 ms (docs/telemetry.md, "How spans are
-built" and "What it costs").
+The request path only records: a span is its name, kind, parent span, perf_counter times and what it says, as
+plain values (`Span.reads`: what its attributes are read from, a stage's name, an upstream call's request and
+usage ...). When the request ends its trace is written as one marshal string with the finished request's facts
+(trace_export.plain_context) and queued for the exporter process, which draws the span ids (an upstream call's is
+drawn on the request path, for its `traceparent`), reads the attributes (meter/span_attributes.py), writes OTLP
+(meter/otlp.py) and posts it. Neither side uses the SDK's span objects or its encoder, and none of the export
+runs under the gateway's interpreter lock: a traced request has eight spans or more and the issue allows it
+0.2 ms (docs/telemetry.md, "How spans are built" and "What it costs").
 
 The stages do not call this module: the pipeline's chain tells the request's trace when each stage starts and
 returns (`RequestTrace.enter` / `left`; a stage's span ends when the next one starts, `handed`), the record stage
@@ -123,10 +124,11 @@ def _sampler(env: Mapping[str, str]) -> tuple[bool, float]:
 # ---- the tracer ---------------------------------------------------------------------------------------------------
 
 class Tracer:
-    """One gateway's tracer: whether a new trace is kept (`sampler`), the OTLP exporter behind the SDK's
-    BatchSpanProcessor (its own, never the process-global provider, so two gateways in one process trace apart),
-    the model -> provider names, and whose content may be recorded (`content(tenant)`: the ledger's store_prompts
-    rule; only with `capture_content`)."""
+    """One gateway's tracer: whether a new trace is kept (`sampler`), where finished traces go (`sink`: its own
+    exporter process, trace_export.ExportProcess, never the process-global provider, so two gateways in one
+    process, or the API workers of one server, export apart; a given `exporter` object runs in this process
+    instead), the model -> provider names, and whose content may be recorded (`content(tenant)`: the ledger's
+    store_prompts rule; only with `capture_content`)."""
 
     def __init__(self, settings: TraceSettings, providers: Mapping[str, str],
                  content: Callable[[str], bool] | None = None, exporter: Any = None) -> None:
@@ -189,11 +191,11 @@ class Tracer:
 
 class Span:
     """One span as the request path records it: its name, kind, parent span (None: the request's, whose parent is
-    the caller's), perf_counter times, and what it says. Nothing is read or encoded here: `reads` is a function and
-    its arguments, `(f, *args)`, that the export thread calls as `f(ctx, *args)` with the finished request's
-    context for the span's attributes (the request's, a stage's, an upstream call's), and `attributes` holds those
-    set directly (error.type). Its id is drawn when a `traceparent` needs it (an upstream call's) or on export. A
-    span that never ended when its trace is exported ends with the request."""
+    the caller's), perf_counter times, and what it says. Nothing is read or encoded here: `reads` is a tuple of
+    plain values saying what the exporter reads its attributes from (trace_export's plain form: ("r",) the
+    finished request, ("s", stage), ("c", request, ...) an upstream call ...), and `attributes` holds those set
+    directly (error.type). Its id is drawn when a `traceparent` needs it (an upstream call's) or on export. A
+    span that has not ended when its request does ends with the request."""
 
     __slots__ = ("trace", "name", "kind", "parent", "start", "end", "attributes", "reads", "error", "span_id",
                  "index")
@@ -240,9 +242,9 @@ class Span:
 class RequestTrace:
     """One request's trace: its id, the caller's span id and tracestate, whether it is kept, its spans (none when
     it is not: it still propagates), the stage at work (`at_work`: entered, not yet handed on) and those still at
-    work after handing on (a stage that hands on a stream works until the stream ends), the finished request's
-    context (`ctx`, from `finish` until the export reads it), and the clock that turns perf_counter times into UNIX
-    nanoseconds."""
+    work after handing on (a stage that hands on a stream works until the stream ends), and the clock (`anchor_ns`,
+    `anchor`) by which the exporter turns perf_counter times into UNIX nanoseconds. Once finished it holds no
+    span (`root` None, `spans` empty)."""
 
     __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "remote", "root", "spans", "at_work", "open",
                  "anchor_ns", "anchor", "content")
@@ -304,8 +306,9 @@ class RequestTrace:
 
     def finish(self, ctx: Any, record_started: float) -> None:
         """End the request's trace: the stages still at work, the record stage's span (from `record_started`, a
-        perf_counter time) and the request's span; then hand it, with the finished request's context, to the
-        exporter, whose thread reads the spans' attributes from it."""
+        perf_counter time) and the request's span; then write it, with the finished request's facts, as one
+        marshal string and queue it for the exporter process, which reads the spans' attributes from them. The
+        trace lets go of its spans."""
         if not self.sampled:
             return
         end = time.perf_counter()
@@ -334,6 +337,7 @@ class RequestTrace:
                 log.warning("a request's trace could not be written for export (and later ones like it)",
                             exc_info=True)
             return
+        self.root = None     # type: ignore[assignment]   (no cycle left: refcounting frees the spans)
         tracer.sink.put(data)
 
 
@@ -344,7 +348,7 @@ _STAGES: dict[str, tuple[str, str]] = {}       # a stage's `reads`, by its name 
 
 class Call:
     """One upstream call's CLIENT span; `headers` carry its traceparent to the upstream. Its attributes are read on
-    export, from the call's request and its usage."""
+    export, from the call's request and its usage (their plain forms)."""
 
     __slots__ = ("span", "headers", "finishes", "usage", "_reads")
 
