@@ -378,7 +378,8 @@ class ExportProcess:
         self.timeout_s = timeout_s
         self.queue: deque[bytes] = deque()
         self.limit = _queue_size()
-        self.dropped = 0
+        self.refused = 0                         # traces the full queue refused (the request path counts them)
+        self.lost = 0                            # ... and those queued when the exporter was gone (the sender's)
         ours, theirs = socket.socketpair()
         settings = json.dumps({"endpoint": endpoint, "timeout_s": timeout_s, "service_name": service_name,
                                "version": version})
@@ -398,13 +399,13 @@ class ExportProcess:
         self._thread.start()
 
     @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def dropped(self) -> int:
+        return self.refused + self.lost
 
     def put(self, data: bytes) -> None:
         queue = self.queue
         if len(queue) >= self.limit:
-            self.dropped += 1
+            self.refused += 1
             return
         queue.append(data)
         if len(queue) == SEND_BATCH:
@@ -423,7 +424,7 @@ class ExportProcess:
             while queue:
                 items.append(queue.popleft())
             if self._broken:
-                self.dropped += len(items)
+                self.lost += len(items)
                 return False
             try:
                 if items:
@@ -433,7 +434,7 @@ class ExportProcess:
                 return True
             except OSError as e:
                 self._broken = True
-                self.dropped += len(items)
+                self.lost += len(items)
                 log.warning("the trace exporter process is gone (%s, exit status %s): traces are dropped", e,
                             self.proc.poll())
                 return False
