@@ -193,8 +193,8 @@ def test_the_otlp_tokenomy_writes_is_what_the_sdks_encoder_writes_for_the_same_s
     settings = trace.resolve(TelemetrySettings(traces=True), {})
     assert settings is not None
     tracer = trace.Tracer(settings, {}, exporter=InMemorySpanExporter())
-    sent: list[bytes] = []
-    tracer.sink.put = sent.append          # type: ignore[method-assign]   (the trace as the exporter gets it)
+    sent: list[Any] = []
+    tracer.sink.put = sent.append          # type: ignore[method-assign]   (the finished trace, as queued)
     export = trace_export.Export(InMemorySpanExporter(), Resource.create({"service.name": "edge", "deployment.n": 3}),
                                  InstrumentationScope("tokenomy", "1.2.3"))
     _, parent = caller()
@@ -208,7 +208,7 @@ def test_the_otlp_tokenomy_writes_is_what_the_sdks_encoder_writes_for_the_same_s
     call.finish()
     t.root.child("generate")                   # never finished: ends with the request
     t.finish(ctx, time.perf_counter())
-    [data] = sent
+    data = trace_export.plain_trace(sent[0])       # as the exporter gets it
 
     random.seed(7)                             # the same span ids drawn for both
     ours = ExportTraceServiceRequest.FromString(export._encoder.request(export.encoded(data)))

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -117,8 +118,8 @@ def test_the_gateways_queue_drops_and_counts_beyond_its_bound_and_never_waits(
     settings = trace.resolve(TelemetrySettings(traces=True), {})
     assert settings is not None
     made = trace.Tracer(settings, {}, exporter=InMemorySpanExporter())
-    sent: list[bytes] = []
-    made.sink.put = sent.append              # type: ignore[method-assign]   (one real trace's plain form)
+    sent: list[Any] = []
+    made.sink.put = sent.append              # type: ignore[method-assign]   (one real finished trace)
     ctx = RequestContext(gen=GenRequest(model="m"))
     made.start(ctx)
     ctx.trace.finish(ctx, time.perf_counter())
@@ -137,3 +138,24 @@ def test_the_gateways_queue_drops_and_counts_beyond_its_bound_and_never_waits(
     finally:
         sink.shutdown()
     assert sink.proc.poll() is not None
+
+
+def test_a_trace_with_something_on_it_that_is_not_a_plain_value_is_left_out_not_its_batch() -> None:
+    import marshal
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    settings = trace.resolve(TelemetrySettings(traces=True), {})
+    assert settings is not None
+    made = trace.Tracer(settings, {}, exporter=InMemorySpanExporter())
+    sent: list[Any] = []
+    made.sink.put = sent.append              # type: ignore[method-assign]
+    for bad in (False, True):
+        ctx = RequestContext(gen=GenRequest(model="m"))
+        made.start(ctx)
+        ctx.trace.root.child("cache", attributes={"odd": object()} if bad else None).finish()
+        ctx.trace.finish(ctx, time.perf_counter())
+    made.shutdown()
+    data, left_out = trace_export.dumps(sent)
+    [kept] = marshal.loads(data)
+    assert left_out == 1 and kept[0] == sent[0][0]           # the good trace, by its id

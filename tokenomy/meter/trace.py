@@ -154,7 +154,6 @@ class Tracer:
                 self.sink = trace_export.InProcess(
                     OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s), settings.service_name,
                     __version__)
-        self.unsent = 0                # traces that could not be written for the exporter (not plain values)
         log.info("traces go to %s as service %s", settings.endpoint, settings.service_name)
 
     def start(self, ctx: Any) -> None:
@@ -179,7 +178,7 @@ class Tracer:
     @property
     def dropped(self) -> int:
         """Finished traces dropped before export: the queue to the exporter was full, or the exporter is gone."""
-        return self.sink.dropped + self.unsent
+        return self.sink.dropped
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every finished trace now; False when that did not finish within `timeout_s`."""
@@ -306,8 +305,8 @@ class RequestTrace:
 
     def finish(self, ctx: Any, record_started: float) -> None:
         """End the request's trace: the stages still at work, the record stage's span (from `record_started`, a
-        perf_counter time) and the request's span; then write it, with the finished request's facts, as one
-        marshal string and queue it for the exporter process, which reads the spans' attributes from them. The
+        perf_counter time) and the request's span; then queue it, with the finished request's facts as plain values
+        (trace_export.plain_context), for the exporter process, which reads the spans' attributes from them. The
         trace lets go of its spans."""
         if not self.sampled:
             return
@@ -325,20 +324,9 @@ class RequestTrace:
         content = tracer.content
         self.content = content is not None and content(ctx.tenant)
         spans, self.spans = self.spans, []
-        try:
-            data = trace_export.dumps((
-                self.trace_id, self.tracestate, self.remote, self.anchor_ns, self.anchor, end, self.content,
-                plain_context(ctx, tracer.providers.get(ctx.model or "", "tokenomy"), self.content),
-                [(s.name, s.kind, s.span_id, -1 if s.parent is None else s.parent.index, s.start, s.end, s.reads,
-                  s.attributes, s.error) for s in spans]))
-        except ValueError:          # something on a span is not a plain value: the trace is lost, not the request
-            tracer.unsent += 1
-            if tracer.unsent == 1:
-                log.warning("a request's trace could not be written for export (and later ones like it)",
-                            exc_info=True)
-            return
         self.root = None     # type: ignore[assignment]   (no cycle left: refcounting frees the spans)
-        tracer.sink.put(data)
+        tracer.sink.put((self.trace_id, self.tracestate, self.remote, self.anchor_ns, self.anchor, end, self.content,
+                         plain_context(ctx, tracer.providers.get(ctx.model or "", "tokenomy"), self.content), spans))
 
 
 _STAGES: dict[str, tuple[str, str]] = {}       # a stage's `reads`, by its name (one tuple a stage, not a span)

@@ -1,15 +1,16 @@
 """Exporting the gateway's traces (meter/trace.py) from a process of their own: the exporter process.
 
-The gateway's request path records each span as a few plain values and, when the request ends, writes the trace
-as one `marshal` string (`plain_trace`: the spans, and the finished request's facts that their attributes are
-read from). That string is all the gateway process does per trace: a sender thread hands the queued strings,
-every `SEND_EVERY_S` or 512 traces, to the exporter process over a socket (one write, the interpreter lock released
-while it waits). The exporter process, a fresh interpreter the tracer starts (`ExportProcess`; one per gateway,
-so one per API worker with server.workers > 1), does the rest: it draws the span ids not drawn yet, reads each
-span's attributes (meter/span_attributes.py, on the request's facts rebuilt as the objects it reads), writes OTLP
-protobuf (meter/otlp.py) and posts it with the SDK OTLP/HTTP exporter's client behind the SDK's
-BatchSpanProcessor (OTEL_BSP_* as before). None of that holds the gateway's interpreter lock any more: on the
-shared lock an export thread cost the event loop some 0.1 ms a request (docs/telemetry.md, "What it costs").
+The gateway's request path records each span as a few plain values and, when the request ends, queues the trace
+with the finished request's facts that its attributes are read from (`plain_context`: a tuple, some 1.5 us).
+That is all it does per trace: a sender thread takes what is queued every `SEND_EVERY_S` (or at 512 traces),
+writes it as one `marshal` string (`dumps`: each span a tuple, `plain_trace`) and hands it to the exporter process
+over a socket (one write, the interpreter lock released while it waits). The exporter process, a fresh interpreter
+the tracer starts (`ExportProcess`; one per gateway, so one per API worker with server.workers > 1), does the
+rest: it draws the span ids not drawn yet, reads each span's attributes (meter/span_attributes.py, on the
+request's facts rebuilt as the objects it reads), writes OTLP protobuf (meter/otlp.py) and posts it with the SDK
+OTLP/HTTP exporter's client behind the SDK's BatchSpanProcessor (OTEL_BSP_* as before). None of that holds the
+gateway's interpreter lock: on the shared lock an export thread cost the event loop some 0.1 ms a request
+(docs/telemetry.md, "What it costs").
 
 Bounds and failure: the gateway's queue holds OTEL_BSP_MAX_QUEUE_SIZE traces (2048) and drops (and counts) beyond
 that, never blocking the request path; the exporter's BatchSpanProcessor queue is bounded the same way; a collector
@@ -17,7 +18,7 @@ that is down or an exporter process that died loses spans, never a request. The 
 the socket closes: at the tracer's shutdown after exporting what was queued (the gateway sends its queue first),
 and when the gateway dies, even by SIGKILL (the kernel closes the gateway's end; the exporter also watches its
 parent's pid), so it is never orphaned. A given exporter object (a test's in-memory one) runs in the gateway's
-process instead (`InProcess`), on the same path from the same strings.
+process instead (`InProcess`), on the same path from the same plain form.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ SEND_EVERY_S = 0.2          # how long a finished trace waits in the gateway at 
 SEND_BATCH = 512            # ... or until this many are queued (OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default)
 
 
-# ---- the plain form: written on the request path ------------------------------------------------------------------
+# ---- the plain form: made on the request path (the request's facts) and the sender's thread (the spans) ----------
 #
 # A trace: (trace id hex, tracestate, the caller's span id or None, anchor ns, anchor perf_counter, the request
 #   span's end, whether its content goes on the span, the request's facts (`plain_context`), spans)
@@ -105,9 +106,31 @@ def plain_context(ctx: Any, provider: str, content: bool) -> tuple[Any, ...]:
             ctx.text if content else "")
 
 
-def dumps(trace: tuple[Any, ...]) -> bytes:
-    """A trace's plain form as it goes to the exporter (ValueError: something in it is not a plain value)."""
-    return marshal.dumps(trace)
+def plain_trace(finished: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A finished trace as the request path queues it (meter/trace.py's RequestTrace.finish: the trace's fields,
+    `plain_context`'s tuple and its Span objects) in its plain form: each span a tuple. On the sender's thread:
+    a span's fields are final by then (one of a stream that ends late may still take its end)."""
+    spans = [(s.name, s.kind, s.span_id, -1 if s.parent is None else s.parent.index, s.start, s.end, s.reads,
+              s.attributes, s.error) for s in finished[8]]
+    return (*finished[:8], spans)
+
+
+def dumps(finished: Sequence[tuple[Any, ...]]) -> tuple[bytes, int]:
+    """(one marshal string of these finished traces' plain forms, how many were left out: something on them
+    was not a plain value)."""
+    plain = [plain_trace(t) for t in finished]
+    try:
+        return marshal.dumps(plain), 0
+    except ValueError:
+        kept = []
+        for t in plain:
+            try:
+                marshal.dumps(t)
+            except ValueError:
+                log.warning("a request's trace is left out: something on it is not a plain value", exc_info=True)
+                continue
+            kept.append(t)
+        return marshal.dumps(kept), len(plain) - len(kept)
 
 
 # ---- read back: in the exporter ------------------------------------------------------------------------------------
@@ -213,10 +236,10 @@ class Read:
     remote: bool                  # its parent is the caller's (the request's span with a traceparent)
 
 
-def read(data: bytes) -> tuple[str, str | None, list[Read]]:
+def read(trace: Sequence[Any]) -> tuple[str, str | None, list[Read]]:
     """(trace id hex, tracestate, its spans as they are exported) of a trace's plain form: ids drawn where none
     was, each span's attributes read from the request's facts, a span that never ended ending with the request."""
-    trace_id, tracestate, remote, anchor_ns, anchor, ends, content, plain, spans = marshal.loads(data)
+    trace_id, tracestate, remote, anchor_ns, anchor, ends, content, plain, spans = trace
     provider, ctx = _context(plain)
     ids = [s[2] or random.getrandbits(64) or 1 for s in spans]
     out = []
@@ -251,7 +274,7 @@ class Queued:
     __slots__ = ("data",)
     context = _Sampled()
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: Sequence[Any]) -> None:
         self.data = data
 
 
@@ -296,7 +319,7 @@ class Export:
             return self._result.FAILURE
         return self._result.SUCCESS if self._send(self._encoder.request(spans)).success else self._result.FAILURE
 
-    def encoded(self, data: bytes) -> list[bytes]:
+    def encoded(self, data: Sequence[Any]) -> list[bytes]:
         """A trace's spans as OTLP (ScopeSpans.spans fields)."""
         trace_id, tracestate, spans = read(data)
         tid, state = bytes.fromhex(trace_id), otlp.Encoder.trace_state(tracestate)
@@ -304,7 +327,7 @@ class Export:
         return [span(r.name, r.kind, r.span_id, r.parent_id, tid, state, r.start_ns, r.end_ns, r.attributes, r.error,
                      r.remote) for r in spans]
 
-    def spans(self, data: bytes) -> list[Any]:
+    def spans(self, data: Sequence[Any]) -> list[Any]:
         """A trace's spans as the SDK's ReadableSpans."""
         trace_id, tracestate, reads = read(data)
         tid = int(trace_id, 16)
@@ -355,8 +378,8 @@ class InProcess:
         self.processor = processor(exporter, service_name, version)
         self.dropped = 0
 
-    def put(self, data: bytes) -> None:
-        self.processor.on_end(Queued(data))
+    def put(self, finished: tuple[Any, ...]) -> None:
+        self.processor.on_end(Queued(plain_trace(finished)))
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         return self.processor.force_flush(int(timeout_s * 1000))
@@ -376,7 +399,7 @@ class ExportProcess:
         import socket
 
         self.timeout_s = timeout_s
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[tuple[Any, ...]] = deque()
         self.limit = _queue_size()
         self.refused = 0                         # traces the full queue refused (the request path counts them)
         self.lost = 0                            # ... and those queued when the exporter was gone (the sender's)
@@ -402,12 +425,12 @@ class ExportProcess:
     def dropped(self) -> int:
         return self.refused + self.lost
 
-    def put(self, data: bytes) -> None:
+    def put(self, finished: tuple[Any, ...]) -> None:
         queue = self.queue
         if len(queue) >= self.limit:
             self.refused += 1
             return
-        queue.append(data)
+        queue.append(finished)
         if len(queue) == SEND_BATCH:
             self._wake.set()
 
@@ -428,7 +451,9 @@ class ExportProcess:
                 return False
             try:
                 if items:
-                    self.conn.send_bytes(marshal.dumps(("t", items)))
+                    data, left_out = dumps(items)
+                    self.lost += left_out
+                    self.conn.send_bytes(data)
                 if control:
                     self.conn.send_bytes(marshal.dumps(control))
                 return True
@@ -476,9 +501,9 @@ class ExportProcess:
 # ---- the exporter process -------------------------------------------------------------------------------------------
 
 def main(fd: int, settings: str) -> None:
-    """The exporter process: traces from the gateway's socket `fd` (Connection messages, marshal: ("t", [plain
-    trace ...]) or ("f", seq, timeout_s), a flush answered with (seq, ok)) into the BatchSpanProcessor and the SDK
-    OTLP/HTTP exporter. Exits when the socket closes or the parent dies, after exporting what it holds. Signals
+    """The exporter process: traces from the gateway's socket `fd` (Connection messages, marshal: a list of
+    traces' plain forms, or ("f", seq, timeout_s), a flush answered with (seq, ok)) into the BatchSpanProcessor and
+    the SDK OTLP/HTTP exporter. Exits when the socket closes or the parent dies, after exporting what it holds. Signals
     that stop the gateway (Ctrl-C to its process group, a service manager's SIGTERM to all of it) are the
     gateway's to act on: the exporter ends with the gateway, after what the gateway sent it last."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -501,9 +526,9 @@ def main(fd: int, settings: str) -> None:
                 message = marshal.loads(conn.recv_bytes())
             except (EOFError, OSError):
                 break
-            if message[0] == "t":
-                for data in message[1]:
-                    bsp.on_end(Queued(data))
+            if isinstance(message, list):
+                for trace in message:
+                    bsp.on_end(Queued(trace))
             elif message[0] == "f":
                 ok = bsp.force_flush(int(message[2] * 1000))
                 try:
