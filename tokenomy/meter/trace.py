@@ -18,14 +18,15 @@ environment variables; OTEL_SDK_DISABLED=true turns it off. Spans are exported b
 (meter/trace_export.py) through the SDK's BatchSpanProcessor and OTLP/HTTP exporter: a collector that is down, or
 an exporter process that died, loses spans, never a request.
 
-The request path only records: a span is its name, kind, parent span, perf_counter times and what it says, as
-plain values (`Span.reads`: what its attributes are read from, a stage's name, an upstream call's request and
-usage ...). When the request ends its trace is written as one marshal string with the finished request's facts
-(trace_export.plain_context) and queued for the exporter process, which draws the span ids (an upstream call's is
-drawn on the request path, for its `traceparent`), reads the attributes (meter/span_attributes.py), writes OTLP
-(meter/otlp.py) and posts it. Neither side uses the SDK's span objects or its encoder, and none of the export
-runs under the gateway's interpreter lock: a traced request has eight spans or more and the issue allows it
-0.2 ms (docs/telemetry.md, "How spans are built" and "What it costs").
+The request path only records: a span is its name, kind, parent span, perf_counter times and what it says, as plain
+values (`Span.reads`: what its attributes are read from, a stage's name, an upstream call's request and usage ...).
+When the request ends its trace is queued with the finished request's facts as plain values
+(trace_export.plain_context); a sender thread hands the queue to the exporter process as one marshal string every
+0.2 s, and the exporter process draws the span ids (an upstream call's is drawn on the request path, for its
+`traceparent`), reads the attributes (meter/span_attributes.py), writes OTLP (meter/otlp.py) and posts it. Neither
+side uses the SDK's span objects or its encoder, and none of the export runs under the gateway's interpreter lock: a
+traced request has eight spans or more and the issue allows it 0.2 ms (docs/telemetry.md, "How spans are built" and
+"What it costs").
 
 The stages do not call this module: the pipeline's chain tells the request's trace when each stage starts and
 returns (`RequestTrace.enter` / `left`; a stage's span ends when the next one starts, `handed`), the record stage

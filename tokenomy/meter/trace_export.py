@@ -389,11 +389,12 @@ class InProcess:
 
 
 class ExportProcess:
-    """The gateway's end of its exporter process: `put` queues a finished trace's plain form (the request path:
-    a length test and an append, nothing that waits), a sender thread sends what is queued every SEND_EVERY_S
-    (sooner at SEND_BATCH) in one message, `flush` has the exporter export everything sent so far and says whether
-    that worked, `shutdown` sends what is left, closes the socket and waits for the exporter to export and exit.
-    Beyond the queue's bound (OTEL_BSP_MAX_QUEUE_SIZE) traces are dropped and counted (`dropped`)."""
+    """The gateway's end of its exporter process: `put` queues a finished trace (RequestTrace.finish's tuple; on the
+    request path: a length test and an append, nothing that waits), a sender thread sends what is queued every
+    SEND_EVERY_S (sooner at SEND_BATCH) in one message (`dumps`), `flush` has the exporter export everything sent so
+    far and says whether that worked, `shutdown` sends what is left, closes the socket and waits for the exporter to
+    export and exit. Beyond the queue's bound (OTEL_BSP_MAX_QUEUE_SIZE) traces are dropped and counted
+    (`dropped`)."""
 
     def __init__(self, endpoint: str, timeout_s: float, service_name: str, version: str) -> None:
         import socket
