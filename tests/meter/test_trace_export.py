@@ -159,3 +159,16 @@ def test_a_trace_with_something_on_it_that_is_not_a_plain_value_is_left_out_not_
     data, left_out = trace_export.dumps(sent)
     [kept] = marshal.loads(data)
     assert left_out == 1 and kept[0] == sent[0][0]           # the good trace, by its id
+
+
+def test_an_exporter_process_that_died_loses_spans_never_a_request(collector: Collector) -> None:
+    with StubServer(Stub()) as s, live_server(upstream_config(s.port, telemetry=traced(collector))) as gw:
+        tracer = gw.gateway.tracer
+        tracer.sink.proc.kill()
+        tracer.sink.proc.wait(30)
+        for stream in (False, True):
+            r = httpx.post(gw.base_url + "/chat/completions", timeout=30,
+                           json={"model": "remote", "messages": HELLO, "max_tokens": 5, "stream": stream})
+            assert r.status_code == 200
+        wait_until(lambda: tracer.dropped == 2, what="the sender to find the exporter gone and count the traces")
+        assert tracer.flush(timeout_s=5) is False
