@@ -86,6 +86,16 @@ def main_thread_instructions(out: str) -> int:
     raise RuntimeError(f"{out}-01 has no totals")
 
 
+def process_instructions(out: str) -> int:
+    """Every thread's instruction count together (callgrind's files `-01`, `-02` ...): the event loop's and the
+    threads that share its interpreter lock (an export thread, the ledger writer)."""
+    total = 0
+    for path in glob.glob(out + "-*"):
+        with open(path) as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith("totals:"))
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=200)
@@ -99,6 +109,7 @@ def main() -> None:
         sys.exit("needs valgrind on PATH (Debian/Ubuntu: apt-get install valgrind)")
     work = tempfile.mkdtemp(prefix="tokenomy-callgrind-")
     per: dict[str, float] = {}
+    every: dict[str, float] = {}
     for mode in ("off", "on"):
         out = os.path.join(work, mode)
         subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
@@ -107,16 +118,20 @@ def main() -> None:
                        cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": ROOT},
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
         per[mode] = main_thread_instructions(out) / args.requests
+        every[mode] = process_instructions(out) / args.requests
     for path in glob.glob(os.path.join(work, "*")):
         os.unlink(path)
     os.rmdir(work)
     row = {"requests": args.requests, "off": per["off"], "on": per["on"], "added": per["on"] - per["off"],
-           "added_pct": (per["on"] / per["off"] - 1) * 100}
+           "added_pct": (per["on"] / per["off"] - 1) * 100, "process_off": every["off"], "process_on": every["on"],
+           "process_added": every["on"] - every["off"]}
     if args.json:
         print(json.dumps(row, indent=2))
         return
     print(f"event loop instructions a streamed chat request ({args.requests} counted): off {per['off']:,.0f}, "
-          f"on {per['on']:,.0f}, tracing adds {row['added']:+,.0f} ({row['added_pct']:+.2f} %)")
+          f"on {per['on']:,.0f}, tracing adds {row['added']:+,.0f} ({row['added_pct']:+.2f} %); the gateway "
+          f"process's threads together: off {every['off']:,.0f}, on {every['on']:,.0f}, "
+          f"{row['process_added']:+,.0f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ what the SDK's exporter sends from a live tokenomy, on the embedded engine and i
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub
 from tests.wait import wait_until
 from tokenomy.config import TelemetrySettings
-from tokenomy.meter import otlp, trace
+from tokenomy.meter import otlp, trace, trace_export
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name a color."}]
@@ -192,8 +193,10 @@ def test_the_otlp_tokenomy_writes_is_what_the_sdks_encoder_writes_for_the_same_s
     settings = trace.resolve(TelemetrySettings(traces=True), {})
     assert settings is not None
     tracer = trace.Tracer(settings, {}, exporter=InMemorySpanExporter())
-    export = trace._Export(InMemorySpanExporter(), Resource.create({"service.name": "edge", "deployment.n": 3}),
-                           InstrumentationScope("tokenomy", "1.2.3"))
+    sent: list[Any] = []
+    tracer.sink.put = sent.append          # type: ignore[method-assign]   (the finished trace, as queued)
+    export = trace_export.Export(InMemorySpanExporter(), Resource.create({"service.name": "edge", "deployment.n": 3}),
+                                 InstrumentationScope("tokenomy", "1.2.3"))
     _, parent = caller()
     ctx = RequestContext(gen=GenRequest(model="m"), headers={"traceparent": parent, "tracestate": "a=1, b=2"})
     tracer.start(ctx)
@@ -205,9 +208,12 @@ def test_the_otlp_tokenomy_writes_is_what_the_sdks_encoder_writes_for_the_same_s
     call.finish()
     t.root.child("generate")                   # never finished: ends with the request
     t.finish(ctx, time.perf_counter())
+    data = trace_export.plain_trace(sent[0])       # as the exporter gets it
 
-    ours = ExportTraceServiceRequest.FromString(export._encoder.request(export._encoded(t)))
-    sdk = encode_spans(export._spans(t))
+    random.seed(7)                             # the same span ids drawn for both
+    ours = ExportTraceServiceRequest.FromString(export._encoder.request(export.encoded(data)))
+    random.seed(7)
+    sdk = encode_spans(export.spans(data))
     for span in sdk.resource_spans[0].scope_spans[0].spans:
         if span.status.code == span.status.STATUS_CODE_UNSET:
             span.ClearField("status")          # the SDK writes an empty status; an absent one reads the same

@@ -14,17 +14,19 @@ ledger row (`trace_id`), so a bill line leads to its trace; with tracing off an 
 still recorded there, and nothing else of this module runs: no span object is made.
 
 Tracing is on with `telemetry.traces: true`, or with `traces` left null and an OTLP endpoint in the standard
-environment variables; OTEL_SDK_DISABLED=true turns it off. Spans go through the SDK's BatchSpanProcessor to its
-OTLP/HTTP exporter, on the processor's own thread: a collector that is down loses spans, never a request.
+environment variables; OTEL_SDK_DISABLED=true turns it off. Spans are exported by a process of their own
+(meter/trace_export.py) through the SDK's BatchSpanProcessor and OTLP/HTTP exporter: a collector that is down, or
+an exporter process that died, loses spans, never a request.
 
-The request path only records: a span is its name, kind, parent span and perf_counter times, and what it says is
-read later (`Span.reads`, a function of the finished request's context: `_request_reads`, `_stage_reads`,
-`_call_reads` ...). The finished request's trace goes to the processor whole, with its context; the processor's
-thread draws the span ids (an upstream call's is drawn on the request path, for its `traceparent`), reads the
-attributes (meter/span_attributes.py), writes OTLP (meter/otlp.py) and the exporter's HTTP client sends it; the
-exported trace then lets go of its spans and context. Neither side uses the SDK's span objects or its encoder:
-a traced request has eight spans or more and the issue allows it 0.2 ms (docs/telemetry.md, "How spans are
-built" and "What it costs").
+The request path only records: a span is its name, kind, parent span, perf_counter times and what it says, as plain
+values (`Span.reads`: what its attributes are read from, a stage's name, an upstream call's request and usage ...).
+When the request ends its trace is queued with the finished request's facts as plain values
+(trace_export.plain_context); a sender thread hands the queue to the exporter process as one marshal string every
+0.2 s, and the exporter process draws the span ids (an upstream call's is drawn on the request path, for its
+`traceparent`), reads the attributes (meter/span_attributes.py), writes OTLP (meter/otlp.py) and posts it. Neither
+side uses the SDK's span objects or its encoder, and none of the export runs under the gateway's interpreter lock: a
+traced request has eight spans or more and the issue allows it 0.2 ms (docs/telemetry.md, "How spans are built" and
+"What it costs").
 
 The stages do not call this module: the pipeline's chain tells the request's trace when each stage starts and
 returns (`RequestTrace.enter` / `left`; a stage's span ends when the next one starts, `handed`), the record stage
@@ -34,28 +36,19 @@ engine's timings to `engine`, with the parent it finds in `GenRequest.trace` (No
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from tokenomy.generation import Delta, GenRequest, Usage
-from tokenomy.meter import otlp
-from tokenomy.meter.span_attributes import (
-    OPERATIONS,
-    answer_attributes,
-    content_attributes,
-    error_type,
-    request_attributes,
-    stage_attributes,
-    usage_attributes,
-)
+from tokenomy.meter import trace_export
+from tokenomy.meter.span_attributes import OPERATIONS
+from tokenomy.meter.trace_export import plain_context, plain_request, plain_usage
 
 log = logging.getLogger("tokenomy.trace")
 
@@ -132,17 +125,14 @@ def _sampler(env: Mapping[str, str]) -> tuple[bool, float]:
 # ---- the tracer ---------------------------------------------------------------------------------------------------
 
 class Tracer:
-    """One gateway's tracer: whether a new trace is kept (`sampler`), the OTLP exporter behind the SDK's
-    BatchSpanProcessor (its own, never the process-global provider, so two gateways in one process trace apart),
-    the model -> provider names, and whose content may be recorded (`content(tenant)`: the ledger's store_prompts
-    rule; only with `capture_content`)."""
+    """One gateway's tracer: whether a new trace is kept (`sampler`), where finished traces go (`sink`: its own
+    exporter process, trace_export.ExportProcess, never the process-global provider, so two gateways in one
+    process, or the API workers of one server, export apart; a given `exporter` object runs in this process
+    instead), the model -> provider names, and whose content may be recorded (`content(tenant)`: the ledger's
+    store_prompts rule; only with `capture_content`)."""
 
     def __init__(self, settings: TraceSettings, providers: Mapping[str, str],
                  content: Callable[[str], bool] | None = None, exporter: Any = None) -> None:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
         from tokenomy import __version__
 
         self.settings = settings
@@ -150,13 +140,21 @@ class Tracer:
         self.content = content if settings.capture_content else None
         self.parent_based, ratio = settings.sampler
         self.bound = round(min(max(ratio, 0.0), 1.0) * 2 ** 64)     # TraceIdRatioBased's: the id's low 64 bits
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        self._reads = ("r",)
+        self.sink: trace_export.ExportProcess | trace_export.InProcess
+        if exporter is not None:
+            self.sink = trace_export.InProcess(exporter, settings.service_name, __version__)
+        else:
+            try:
+                self.sink = trace_export.ExportProcess(settings.endpoint, settings.timeout_s, settings.service_name,
+                                                       __version__)
+            except OSError as e:       # no process to be had: export on a thread of this one
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            exporter = OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s)
-        self._reads = (_request_reads, self)
-        self.processor = BatchSpanProcessor(_Export(exporter, Resource.create({"service.name": settings.service_name}),
-                                                    InstrumentationScope("tokenomy", __version__)))
+                log.warning("the trace exporter process could not start (%s): exporting from the gateway's", e)
+                self.sink = trace_export.InProcess(
+                    OTLPSpanExporter(endpoint=settings.endpoint, timeout=settings.timeout_s), settings.service_name,
+                    __version__)
         log.info("traces go to %s as service %s", settings.endpoint, settings.service_name)
 
     def start(self, ctx: Any) -> None:
@@ -178,23 +176,29 @@ class Tracer:
                       ctx.started, self._reads, {})
         ctx.trace, ctx.trace_id = t, trace_id
 
+    @property
+    def dropped(self) -> int:
+        """Finished traces dropped before export: the queue to the exporter was full, or the exporter is gone."""
+        return self.sink.dropped
+
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Export every finished trace now; False when that did not finish within `timeout_s`."""
-        return self.processor.force_flush(int(timeout_s * 1000))
+        return self.sink.flush(timeout_s)
 
     def shutdown(self) -> None:
-        self.processor.shutdown()
+        self.sink.shutdown()
 
 
 class Span:
     """One span as the request path records it: its name, kind, parent span (None: the request's, whose parent is
-    the caller's), perf_counter times, and what it says. Nothing is read or encoded here: `reads` is a function and
-    its arguments, `(f, *args)`, that the export thread calls as `f(ctx, *args)` with the finished request's
-    context for the span's attributes (the request's, a stage's, an upstream call's), and `attributes` holds those
-    set directly (error.type). Its id is drawn when a `traceparent` needs it (an upstream call's) or on export. A
-    span that never ended when its trace is exported ends with the request."""
+    the caller's), perf_counter times, and what it says. Nothing is read or encoded here: `reads` is a tuple of
+    plain values saying what the exporter reads its attributes from (trace_export's plain form: ("r",) the
+    finished request, ("s", stage), ("c", request, ...) an upstream call ...), and `attributes` holds those set
+    directly (error.type). Its id is drawn when a `traceparent` needs it (an upstream call's) or on export. A
+    span that has not ended when its request does ends with the request."""
 
-    __slots__ = ("trace", "name", "kind", "parent", "start", "end", "attributes", "reads", "error", "span_id")
+    __slots__ = ("trace", "name", "kind", "parent", "start", "end", "attributes", "reads", "error", "span_id",
+                 "index")
 
     def __init__(self, trace: RequestTrace, name: str, kind: str, parent: Span | None, start: float,
                  reads: tuple[Any, ...] | None = None, attributes: dict[str, Any] | None = None) -> None:
@@ -204,6 +208,7 @@ class Span:
         self.error: str | None = None          # the status message of a span that failed (error.type says why)
         self.span_id = 0                       # 0: not drawn yet
         if trace.sampled:
+            self.index = len(trace.spans)      # its place in the trace: its children's parent in the plain form
             trace.spans.append(self)
 
     @property
@@ -234,23 +239,15 @@ class Span:
         return headers
 
 
-class _Sampled:
-    """What the BatchSpanProcessor reads of an item before it queues it (`item.context.trace_flags.sampled`)."""
-
-    class trace_flags:   # noqa: N801 (the SDK's attribute name)
-        sampled = True
-
-
 class RequestTrace:
     """One request's trace: its id, the caller's span id and tracestate, whether it is kept, its spans (none when
     it is not: it still propagates), the stage at work (`at_work`: entered, not yet handed on) and those still at
-    work after handing on (a stage that hands on a stream works until the stream ends), the finished request's
-    context (`ctx`, from `finish` until the export reads it), and the clock that turns perf_counter times into UNIX
-    nanoseconds."""
+    work after handing on (a stage that hands on a stream works until the stream ends), and the clock (`anchor_ns`,
+    `anchor`) by which the exporter turns perf_counter times into UNIX nanoseconds. Once finished it holds no
+    span (`root` None, `spans` empty)."""
 
     __slots__ = ("tracer", "trace_id", "sampled", "tracestate", "remote", "root", "spans", "at_work", "open",
-                 "anchor_ns", "anchor", "ctx", "content")
-    context = _Sampled()
+                 "anchor_ns", "anchor", "content")
 
     def __init__(self, tracer: Tracer, trace_id: str, sampled: bool, tracestate: str | None,
                  remote: int | None = None) -> None:
@@ -260,7 +257,6 @@ class RequestTrace:
         self.at_work: Span | None = None
         self.open: list[Span] = []
         self.anchor_ns, self.anchor = time.time_ns(), time.perf_counter()
-        self.ctx: Any = None
         self.content = False                   # whether the request's content goes on its span
         self.root: Span
 
@@ -284,7 +280,7 @@ class RequestTrace:
                 before.end = now
         reads = _STAGES.get(name)
         if reads is None:
-            reads = _STAGES[name] = (_stage_reads, name)
+            reads = _STAGES[name] = ("s", name)
         span = self.at_work = Span(self, name, "internal", self.root, now, reads)
         ctx.gen.trace = span
         return span
@@ -310,8 +306,9 @@ class RequestTrace:
 
     def finish(self, ctx: Any, record_started: float) -> None:
         """End the request's trace: the stages still at work, the record stage's span (from `record_started`, a
-        perf_counter time) and the request's span; then hand it, with the finished request's context, to the
-        exporter, whose thread reads the spans' attributes from it."""
+        perf_counter time) and the request's span; then queue it, with the finished request's facts as plain values
+        (trace_export.plain_context), for the exporter process, which reads the spans' attributes from them. The
+        trace lets go of its spans."""
         if not self.sampled:
             return
         end = time.perf_counter()
@@ -324,205 +321,28 @@ class RequestTrace:
         self.open = []
         Span(self, "record", "internal", self.root, record_started).end = end
         self.root.end = end
-        content = self.tracer.content
+        tracer = self.tracer
+        content = tracer.content
         self.content = content is not None and content(ctx.tenant)
-        self.ctx = _kept(ctx, self.content)
-        self.tracer.processor.on_end(self)
+        spans, self.spans = self.spans, []
+        self.root = None     # type: ignore[assignment]   (no cycle left: refcounting frees the spans)
+        tracer.sink.put((self.trace_id, self.tracestate, self.remote, self.anchor_ns, self.anchor, end, self.content,
+                         plain_context(ctx, tracer.providers.get(ctx.model or "", "tokenomy"), self.content), spans))
 
 
-# ---- what the spans say, read on the export thread ----------------------------------------------------------------
-
-def _kept(ctx: Any, content: bool) -> Any:
-    """What the export thread reads of a finished request: a shallow copy of its context (two dict copies, no
-    attribute read) without what can be large and is never read there (an embeddings answer's vectors, the texts'
-    vectors, the answer stream) and, unless its content goes on the span, without the prompt (messages, prompt,
-    inputs, tools), so that a full queue of traces (a collector that is down) holds little."""
-    kept = object.__new__(type(ctx))
-    kept.__dict__.update(ctx.__dict__)
-    kept.embeddings = kept.vectors = kept.deltas = kept.cover = kept.token_router = kept.lint = None
-    if not content:
-        kept.gen = _slim(ctx.gen)
-    return kept
-
-
-def _slim(gen: GenRequest) -> GenRequest:
-    """A shallow copy of a request without its prompt (what its spans' attributes never read)."""
-    slim = object.__new__(type(gen))
-    slim.__dict__.update(gen.__dict__)
-    slim.messages = slim.prompt = slim.inputs = slim.tools = slim.counted = slim.trace = None
-    return slim
-
-
-def _request_reads(ctx: Any, tracer: Tracer) -> dict[str, Any]:
-    """The request span's attributes (its error.type when it failed: `_Export` makes its status from it)."""
-    attrs = request_attributes(ctx.gen, tracer.providers.get(ctx.model or "", "tokenomy"), stream=ctx.stream)
-    attrs.update(answer_attributes(ctx))
-    if ctx.trace is not None and ctx.trace.content:
-        attrs.update(content_attributes(ctx))
-    error = error_type(ctx)
-    if error is not None:
-        attrs["error.type"] = error
-    return attrs
-
-
-def _stage_reads(ctx: Any, name: str) -> dict[str, Any]:
-    return stage_attributes(name, ctx)
-
-
-_STAGES: dict[str, tuple[Any, str]] = {}       # a stage's `reads`, by its name (one tuple a stage, not a span)
-
-
-def _call_reads(ctx: Any, req: GenRequest, operation: str, model: str, provider: str, url: str,
-                usage: Usage | None) -> dict[str, Any]:
-    attrs = request_attributes(req, provider, model=model, operation=operation)
-    attrs.update(_server(url))
-    if usage is not None:
-        attrs.update(usage_attributes(usage))
-    return attrs
-
-
-def _inference_reads(ctx: Any, req: GenRequest, operation: str, model: str, usage: Usage) -> dict[str, Any]:
-    attrs = request_attributes(req, "tokenomy", model=model, operation=operation)
-    attrs.update(usage_attributes(usage))
-    attrs["gen_ai.response.model"] = model
-    return attrs
-
-
-def _prefill_reads(ctx: Any, usage: Usage) -> dict[str, Any]:
-    return {"gen_ai.usage.input_tokens": usage.prompt_tokens,
-            "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
-            "tokenomy.engine.prefilled_tokens": max(usage.prompt_tokens - usage.cached_tokens, 0)}
-
-
-def _decode_reads(ctx: Any, usage: Usage) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"gen_ai.usage.output_tokens": usage.completion_tokens}
-    if usage.draft_tokens:
-        attrs["tokenomy.engine.draft_tokens"] = usage.draft_tokens
-        attrs["tokenomy.engine.draft_accepted"] = usage.draft_accepted or 0
-    return attrs
-
-
-@dataclass
-class _Read:
-    """A span as it is exported: its ids, times (UNIX ns), attributes (None values left in) and status message."""
-
-    span: Span
-    span_id: int
-    parent_id: int | None
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, Any]
-    error: str | None
-
-
-def _read(t: RequestTrace) -> list[_Read]:
-    """The spans of a finished trace as they are exported: ids drawn where none was, each span's attributes read
-    from the request's context, a span that never ended ending with the request."""
-    spans, ctx = list(t.spans), t.ctx       # a copy: a span of a stream that ends late may still be added
-    ends = t.root.end if t.root.end is not None else time.perf_counter()
-    out = []
-    for s in spans:
-        if not s.span_id:
-            s.span_id = random.getrandbits(64) or 1
-        attrs = {}
-        if s.reads is not None and ctx is not None:
-            try:
-                attrs = s.reads[0](ctx, *s.reads[1:])
-            except Exception:        # one span that cannot be read loses its attributes, not its trace
-                log.exception("a span's attributes could not be read")
-        if s.attributes:
-            attrs.update(s.attributes)
-        error = s.error
-        if s is t.root and error is None and "error.type" in attrs:
-            failed = ctx.error if ctx is not None else None
-            error = (failed.message[:200] if failed is not None else "") or attrs["error.type"]
-        parent = s.parent.span_id if s.parent is not None else t.remote
-        out.append(_Read(s, s.span_id, parent, t.ns(s.start), t.ns(s.end if s.end is not None else ends), attrs,
-                         error))
-    return out
-
-
-class _Export:
-    """The exporter the batch processor's thread calls with finished request traces. With the SDK's OTLP/HTTP
-    exporter (its `_client`: the HTTP client that sends, with its retries, compression, headers and TLS as the
-    OTEL_EXPORTER_OTLP_* variables set them) the spans are written as OTLP by meter/otlp.py and sent by that
-    client in one request; any other exporter (an older SDK's, a test's in-memory one) gets the SDK's
-    ReadableSpans, which cost ten times as much to make and encode."""
-
-    def __init__(self, exporter: Any, resource: Any, scope: Any) -> None:
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.sdk.trace.export import SpanExportResult
-        from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-
-        self.exporter, self.resource, self.scope = exporter, resource, scope
-        self._result = SpanExportResult
-        try:
-            from opentelemetry.exporter.otlp.common.http import _OTLPHTTPClient
-        except ImportError:
-            _OTLPHTTPClient = None    # noqa: N806 (the SDK's class name)
-        client = getattr(exporter, "_client", None)
-        self._send = client.export if _OTLPHTTPClient is not None and isinstance(client, _OTLPHTTPClient) else None
-        self._encoder = otlp.Encoder(resource.attributes, scope.name, scope.version)
-        self._readable, self._context, self._state = ReadableSpan, SpanContext, TraceState
-        self._kinds = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
-        self._flags = TraceFlags(TraceFlags.SAMPLED)
-        self._ok, self._error = Status(StatusCode.UNSET), StatusCode.ERROR
-        self._status = Status
-
-    def export(self, traces: Sequence[RequestTrace]) -> Any:
-        encode = self._encoded if self._send is not None else self._spans
-        spans: list[Any] = []
-        for t in traces:
-            try:
-                spans += encode(t)
-            except Exception:            # one trace that cannot be read is dropped, not the batch
-                log.exception("a request's trace could not be exported")
-            t.spans, t.ctx = [], None    # exported: no cycle (span -> trace -> spans, context) keeps them alive
-        if self._send is None:
-            return self.exporter.export(spans)
-        if getattr(self.exporter, "_shutdown", False):
-            return self._result.FAILURE
-        return self._result.SUCCESS if self._send(self._encoder.request(spans)).success else self._result.FAILURE
-
-    def _encoded(self, t: RequestTrace) -> list[bytes]:
-        tid, state = bytes.fromhex(t.trace_id), otlp.Encoder.trace_state(t.tracestate)
-        span, root = self._encoder.span, t.root
-        return [span(r.span.name, r.span.kind, r.span_id, r.parent_id, tid, state, r.start_ns, r.end_ns, r.attributes,
-                     r.error, r.span is root) for r in _read(t)]
-
-    def _spans(self, t: RequestTrace) -> list[Any]:
-        tid = int(t.trace_id, 16)
-        state = self._state.from_header([t.tracestate]) if t.tracestate else None
-        out = []
-        for r in _read(t):
-            attributes = {k: v for k, v in r.attributes.items() if v is not None}
-            context = self._context(tid, r.span_id, False, self._flags, state)
-            remote = r.span is t.root
-            parent = (self._context(tid, r.parent_id, remote, self._flags, state)
-                      if r.parent_id is not None else None)
-            out.append(self._readable(
-                r.span.name, context=context, parent=parent, resource=self.resource, kind=self._kinds[r.span.kind],
-                attributes=attributes, status=self._ok if r.error is None else self._status(self._error, r.error),
-                start_time=r.start_ns, end_time=r.end_ns, instrumentation_scope=self.scope))
-        return out
-
-    def shutdown(self) -> None:
-        self.exporter.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.exporter.force_flush(timeout_millis)
+_STAGES: dict[str, tuple[str, str]] = {}       # a stage's `reads`, by its name (one tuple a stage, not a span)
 
 
 # ---- backends: upstream calls and the engine ----------------------------------------------------------------
 
 class Call:
     """One upstream call's CLIENT span; `headers` carry its traceparent to the upstream. Its attributes are read on
-    export, from the call's request and its usage."""
+    export, from the call's request and its usage (their plain forms)."""
 
     __slots__ = ("span", "headers", "finishes", "usage", "_reads")
 
     def __init__(self, parent: Span, operation: str, model: str, provider: str, url: str, req: GenRequest) -> None:
-        self._reads = (_call_reads, _slim(req), operation, model, provider, url)
+        self._reads = ("c", plain_request(req), operation, model, provider, url)
         self.span = parent.child(f"{operation} {model}", kind="client", reads=self._reads + (None,))
         self.headers = self.span.traceparent()
         self.finishes: list[str] = []
@@ -531,21 +351,12 @@ class Call:
     def end(self, error: BaseException | None = None) -> None:
         span = self.span
         if self.usage is not None:
-            span.reads = self._reads + (self.usage,)
+            span.reads = self._reads + (plain_usage(self.usage),)
         if self.finishes:
             span.attributes = {**(span.attributes or {}), "gen_ai.response.finish_reasons": self.finishes}
         if error is not None:
             _failed(span, error)
         span.end = time.perf_counter()
-
-
-@functools.lru_cache(maxsize=256)
-def _server(url: str) -> tuple[tuple[str, Any], ...]:
-    """server.address and server.port of an upstream's URL (none without a host)."""
-    where = urlsplit(url)
-    if not where.hostname:
-        return ()
-    return ("server.address", where.hostname), ("server.port", where.port or (443 if where.scheme == "https" else 80))
 
 
 def client_stream(parent: Span | None, make: Callable[[dict[str, str] | None], AsyncIterator[Delta]],
@@ -620,14 +431,15 @@ def engine(parent: Span | None, req: GenRequest, model: str, started: float, arr
 def _engine(parent: Span, req: GenRequest, model: str, started: float, arrival: float, usage: Usage) -> None:
     end = time.perf_counter()
     operation = OPERATIONS.get(req.kind, req.kind)
+    u = plain_usage(usage)
     inference = parent.child(f"{operation} {model}", start=started,
-                             reads=(_inference_reads, _slim(req), operation, model, usage))
+                             reads=("i", plain_request(req), operation, model, u))
     scheduled = min(arrival + max(usage.queue_s, 0.0), end)
     first = min(max(arrival + usage.ttft_s, scheduled), end) if usage.ttft_s is not None else end
     inference.child("queue", start=arrival).end = scheduled
-    inference.child("prefill", start=scheduled, reads=(_prefill_reads, usage)).end = first
+    inference.child("prefill", start=scheduled, reads=("p", u)).end = first
     if usage.ttft_s is not None:
-        inference.child("decode", start=first, reads=(_decode_reads, usage)).end = end
+        inference.child("decode", start=first, reads=("d", u)).end = end
     inference.end = end
 
 
