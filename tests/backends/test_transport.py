@@ -1,6 +1,7 @@
 """The upstream clients' connections on asyncio (backends/transport.py) keep httpx's contract: answers arrive
 whole, a connection the server closed is not reused, and timeouts and broken connections are httpx's errors.
-Each test runs a real HTTP/1.1 server on loopback (asyncio streams) that misbehaves as told."""
+Each test runs a real HTTP/1.1 server on loopback (asyncio streams) that misbehaves as told, on asyncio's event
+loop and on uvloop's (the one `tokenomy serve` runs on where it is installed: api/server.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import shutil
 import ssl
 import subprocess
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,20 @@ from tests.wait import wait_until_async
 from tokenomy.backends.transport import AsyncioBackend, Pool, on_asyncio
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+Run = Callable[[Coroutine[object, object, None]], None]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Run:
+    """Run a test's coroutine to its end on the event loop named by the parameter."""
+    factory = None
+    if request.param == "uvloop":
+        factory = pytest.importorskip("uvloop").new_event_loop
+
+    def go(main: Coroutine[object, object, None]) -> None:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(main)
+    return go
 
 
 async def _request(reader: asyncio.StreamReader) -> bytes:
@@ -46,7 +61,7 @@ def _client(base: str, **kw: object) -> httpx.AsyncClient:
     return client
 
 
-def test_answers_arrive_whole_on_one_kept_alive_connection_large_ones_too() -> None:
+def test_answers_arrive_whole_on_one_kept_alive_connection_large_ones_too(run: Run) -> None:
     big = bytes(range(256)) * 16384           # 4 MiB: more than the read-ahead, so reading pauses and resumes
     accepted = []
 
@@ -68,10 +83,10 @@ def test_answers_arrive_whole_on_one_kept_alive_connection_large_ones_too() -> N
             assert got == big
         assert len(accepted) == 1             # kept alive: one connection for all four
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+def test_a_connection_the_server_closed_while_idle_is_not_reused(run: Run) -> None:
     closed = asyncio.Event()
     accepted = []
 
@@ -94,10 +109,10 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
             assert (await client.post("/x", content=b"b")).content == b"one"
         assert len(accepted) == 2
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_a_server_that_does_not_answer_is_a_read_timeout_and_one_that_refuses_a_connect_error() -> None:
+def test_a_server_that_does_not_answer_is_a_read_timeout_and_one_that_refuses_a_connect_error(run: Run) -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _request(reader)
         await reader.read()                   # never answers; returns when the client gives up
@@ -114,10 +129,10 @@ def test_a_server_that_does_not_answer_is_a_read_timeout_and_one_that_refuses_a_
             with pytest.raises(httpx.ConnectError):
                 await client.get("/x")
 
-    asyncio.run(main())
+    run(main())
 
 
-def test_a_connection_cut_mid_answer_is_an_httpx_error() -> None:
+def test_a_connection_cut_mid_answer_is_an_httpx_error(run: Run) -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _request(reader)
         writer.write(_answer(b"x" * 1000)[:-500])     # half the body, then the connection goes
@@ -130,11 +145,11 @@ def test_a_connection_cut_mid_answer_is_an_httpx_error() -> None:
             with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
                 await client.post("/x", content=b"a")
 
-    asyncio.run(main())
+    run(main())
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="makes its certificate with the openssl command")
-def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path) -> None:
+def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path, run: Run) -> None:
     """TLS starts on the asyncio connection (an https upstream: OpenAI's, Anthropic's): a certificate the client
     trusts serves every request on one connection; one it does not is httpx's ConnectError."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -169,4 +184,4 @@ def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path) -> None:
                 with pytest.raises(httpx.ConnectError):
                     await client.get("/x")
 
-    asyncio.run(main())
+    run(main())

@@ -40,8 +40,7 @@ class _Connection(asyncio.Protocol):
         self.reading = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport       # type: ignore[assignment]  # uvloop's are not asyncio.Transport's subclasses
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
