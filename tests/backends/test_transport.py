@@ -1,5 +1,6 @@
-"""The upstream clients' connections on asyncio (backends/transport.py) keep httpx's contract: answers arrive
-whole, a connection the server closed is not reused, and timeouts and broken connections are httpx's errors.
+"""The upstream clients' transport (backends/transport.py: plain HTTP/1.1 on H1Transport, https on httpx's pool
+with its connections on asyncio) keeps httpx's contract: answers arrive whole, a connection the server closed is
+not reused, and timeouts and broken connections are httpx's errors.
 Each test runs a real HTTP/1.1 server on loopback (asyncio streams) that misbehaves as told, on asyncio's event
 loop and on uvloop's (the one `tokenomy serve` runs on where it is installed: api/server.py)."""
 
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from tests.wait import wait_until_async
-from tokenomy.backends.transport import AsyncioBackend, Pool, on_asyncio
+from tokenomy.backends.transport import AsyncioBackend, H1Transport, Pool, on_asyncio
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Run = Callable[[Coroutine[object, object, None]], None]
@@ -56,9 +57,16 @@ async def _serve(handler: Handler) -> tuple[asyncio.Server, str]:
 
 def _client(base: str, **kw: object) -> httpx.AsyncClient:
     client = on_asyncio(httpx.AsyncClient(base_url=base, **kw))  # type: ignore[arg-type]
-    pool = client._transport._pool       # type: ignore[attr-defined]
+    transport = client._transport       # type: ignore[attr-defined]
+    assert isinstance(transport, H1Transport)  # plain HTTP/1.1 on httptools; the rest on the pool under it
+    pool = transport._fallback._pool     # type: ignore[attr-defined]
     assert type(pool) is Pool and isinstance(pool._network_backend, AsyncioBackend)
     return client
+
+
+def _idle_closed(client: httpx.AsyncClient) -> bool:
+    """Every idle connection of the client's plain-HTTP pool is known to be closed by its server."""
+    return all(c.eof for idle in client._transport._idle.values() for c in idle)  # type: ignore[attr-defined]
 
 
 def test_answers_arrive_whole_on_one_kept_alive_connection_large_ones_too(run: Run) -> None:
@@ -103,9 +111,8 @@ def test_a_connection_the_server_closed_while_idle_is_not_reused(run: Run) -> No
         async with server, _client(base) as client:
             assert (await client.post("/x", content=b"a")).content == b"one"
             await closed.wait()
-            pool = client._transport._pool    # type: ignore[attr-defined]
-            # the close reaches the connection as the event loop reads it: the pool sees it expired, no read needed
-            await wait_until_async(lambda: all(c.has_expired() for c in pool.connections), timeout=30)
+            # the close reaches the connection as the event loop reads it: the pool knows it, no read needed
+            await wait_until_async(lambda: _idle_closed(client), timeout=30)
             assert (await client.post("/x", content=b"b")).content == b"one"
         assert len(accepted) == 2
 
@@ -183,5 +190,81 @@ def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path, run: Run) 
             async with _client(base) as client:      # the system's roots: a self-signed certificate is refused
                 with pytest.raises(httpx.ConnectError):
                     await client.get("/x")
+
+    run(main())
+
+
+def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_connection_is_reused(run: Run) -> None:
+    """A chunked answer keeps its connection; one that says `connection: close`, one whose end is the connection's
+    (no length), and one the client stopped reading each cost their connection; a server that hangs up without
+    answering is httpx's RemoteProtocolError."""
+    accepted = []
+    answers = [
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",   # same connection
+        _answer(b"bye", close=True),
+        b"HTTP/1.1 200 OK\r\n\r\nuntil the end",                                      # new connection
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",             # new: its end never comes
+        b"",                                                                          # new: no answer
+        _answer(b"last"),                                                             # new
+    ]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        try:
+            while answers and await _request(reader):
+                answer = answers.pop(0)
+                writer.write(answer)
+                await writer.drain()
+                if not answer.startswith(b"HTTP/1.1 200 OK\r\ntransfer-encoding"):
+                    break
+        except asyncio.IncompleteReadError:
+            pass                                  # the client closed the connection
+        writer.close()
+
+    async def main() -> None:
+        server, base = await _serve(handler)
+        async with server, _client(base) as client:
+            assert (await client.post("/x", content=b"a")).content == b"abcdefg"
+            assert (await client.post("/x", content=b"b")).content == b"hi"
+            assert len(accepted) == 1
+            assert (await client.post("/x", content=b"c")).content == b"bye"
+            assert (await client.post("/x", content=b"d")).content == b"until the end"
+            assert len(accepted) == 2
+            async with client.stream("POST", "/x", content=b"e") as r:
+                async for _ in r.aiter_bytes():
+                    break                         # stop reading: the answer's end would come on the connection
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post("/x", content=b"f")
+            assert (await client.post("/x", content=b"g")).content == b"last"
+        assert len(accepted) == 5
+
+    run(main())
+
+
+def test_at_most_max_connections_at_once_and_a_request_past_them_waits_for_one(run: Run) -> None:
+    release = asyncio.Event()
+    accepted = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        while await _request(reader):
+            await release.wait()
+            writer.write(_answer(b"ok"))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, base = await _serve(handler)
+        limits = httpx.Limits(max_connections=1)
+        async with server, _client(base, limits=limits, timeout=httpx.Timeout(5, pool=0.2)) as client:
+            first = asyncio.create_task(client.post("/x", content=b"a"))
+            await wait_until_async(lambda: len(accepted) == 1, timeout=30)
+            with pytest.raises(httpx.PoolTimeout):
+                await client.post("/x", content=b"b")
+            second = asyncio.create_task(client.post("/x", content=b"c"))
+            release.set()
+            assert (await first).content == b"ok" and (await second).content == b"ok"
+        assert len(accepted) == 1
 
     run(main())
