@@ -197,10 +197,12 @@ def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path, run: Run) 
 def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_connection_is_reused(run: Run) -> None:
     """A chunked answer keeps its connection; one that says `connection: close`, one whose end is the connection's
     (no length), and one the client stopped reading each cost their connection; a server that hangs up without
-    answering is httpx's RemoteProtocolError."""
+    answering is httpx's RemoteProtocolError; a cookie an answer sets goes with the next requests."""
     accepted = []
+    heads = []
     answers = [
-        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nset-cookie: session=s1; Path=/\r\n\r\n"
+        b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",   # same connection
         _answer(b"bye", close=True),
         b"HTTP/1.1 200 OK\r\n\r\nuntil the end",                                      # new connection
@@ -212,7 +214,8 @@ def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_co
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         accepted.append(writer)
         try:
-            while answers and await _request(reader):
+            while answers and (head := await _request(reader)):
+                heads.append(head)
                 answer = answers.pop(0)
                 writer.write(answer)
                 await writer.drain()
@@ -225,6 +228,7 @@ def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_co
     async def main() -> None:
         server, base = await _serve(handler)
         async with server, _client(base) as client:
+            client.cookies.set("jar", "kept", domain="127.0.0.1")
             assert (await client.post("/x", content=b"a")).content == b"abcdefg"
             assert (await client.post("/x", content=b"b")).content == b"hi"
             assert len(accepted) == 1
@@ -238,6 +242,8 @@ def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_co
                 await client.post("/x", content=b"f")
             assert (await client.post("/x", content=b"g")).content == b"last"
         assert len(accepted) == 5
+        # the cookie one answer set goes with the next requests, beside the client's own (httpx's jar)
+        assert b"session=s1" not in heads[0] and all(b"session=s1" in h and b"jar=kept" in h for h in heads[1:])
 
     run(main())
 
