@@ -274,3 +274,27 @@ def test_at_most_max_connections_at_once_and_a_request_past_them_waits_for_one(r
         assert len(accepted) == 1
 
     run(main())
+
+
+def test_a_header_with_a_line_break_is_refused_not_sent(run: Run) -> None:
+    """A value that would end the header line early (one a client's own header could carry) never reaches the
+    upstream: httpx's LocalProtocolError, as h11 refuses it."""
+    heads = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await _request(reader):
+            heads.append(head)
+            writer.write(_answer(b"ok"))
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, base = await _serve(handler)
+        async with server, _client(base) as client:
+            for bad in ("a\r\nx-injected: 1", "a\nb", "a\rb"):
+                with pytest.raises(httpx.LocalProtocolError):
+                    await client.post("/x", content=b"a", headers={"x-client": bad})
+            assert (await client.post("/x", content=b"a", headers={"x-client": "fine"})).content == b"ok"
+        assert len(heads) == 1 and b"x-client: fine" in heads[0]
+
+    run(main())

@@ -461,15 +461,18 @@ class H1Transport(httpx.AsyncBaseTransport):
         body = getattr(request, "_content", None)
         if url.scheme != "http" or body is None or request.method in ("HEAD", "CONNECT"):
             return await self._fallback.handle_async_request(request)
+        raw = request.headers.raw
+        head = b"".join([b"%s %s HTTP/1.1\r\n" % (request.method.encode(), url.raw_path),
+                         *[b"%s: %s\r\n" % kv for kv in raw]])
+        if not (head.count(b"\n") == head.count(b"\r") == len(raw) + 1 and b"\0" not in head):
+            # a line break or NUL inside a header (or the path): h11 refuses it with httpx's LocalProtocolError
+            return await self._fallback.handle_async_request(request)
         timeouts = request.extensions.get("timeout", {})
         key = (url.host, url.port or 80)
         conn = await self._take(key, timeouts.get("connect"), timeouts.get("pool"), request)
         try:
             conn.expect()
-            head = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), url.raw_path)]
-            head += [b"%s: %s\r\n" % kv for kv in request.headers.raw]
-            head.append(b"\r\n")
-            conn.transport.write(b"".join(head) + body)      # type: ignore[union-attr]
+            conn.transport.write(head + b"\r\n" + body)      # type: ignore[union-attr]
             if conn.paused:
                 conn.drained = conn.loop.create_future()
                 try:
