@@ -196,14 +196,16 @@ def test_an_https_upstream_is_verified_and_kept_alive(tmp_path: Path, run: Run) 
 
 def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_connection_is_reused(run: Run) -> None:
     """A chunked answer keeps its connection; one that says `connection: close`, one whose end is the connection's
-    (no length), and one the client stopped reading each cost their connection; a server that hangs up without
-    answering is httpx's RemoteProtocolError; a cookie an answer sets goes with the next requests."""
+    (no length), and one the client stopped reading each cost their connection; an interim (1xx) answer is passed
+    over; a server that hangs up without answering is httpx's RemoteProtocolError; a cookie an answer sets goes
+    with the next requests."""
     accepted = []
     heads = []
     answers = [
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nset-cookie: session=s1; Path=/\r\n\r\n"
         b"3\r\nabc\r\n4\r\ndefg\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",   # same connection
+        b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nreal",  # same
         _answer(b"bye", close=True),
         b"HTTP/1.1 200 OK\r\n\r\nuntil the end",                                      # new connection
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",             # new: its end never comes
@@ -219,7 +221,7 @@ def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_co
                 answer = answers.pop(0)
                 writer.write(answer)
                 await writer.drain()
-                if not answer.startswith(b"HTTP/1.1 200 OK\r\ntransfer-encoding"):
+                if not answer.startswith((b"HTTP/1.1 200 OK\r\ntransfer-encoding", b"HTTP/1.1 103")):
                     break
         except asyncio.IncompleteReadError:
             pass                                  # the client closed the connection
@@ -231,6 +233,8 @@ def test_chunked_and_close_delimited_answers_arrive_whole_and_only_a_reusable_co
             client.cookies.set("jar", "kept", domain="127.0.0.1")
             assert (await client.post("/x", content=b"a")).content == b"abcdefg"
             assert (await client.post("/x", content=b"b")).content == b"hi"
+            r = await client.post("/x", content=b"b2")        # an interim answer first: the real one is the answer
+            assert (r.status_code, r.content, "link" in r.headers) == (200, b"real", False)
             assert len(accepted) == 1
             assert (await client.post("/x", content=b"c")).content == b"bye"
             assert (await client.post("/x", content=b"d")).content == b"until the end"

@@ -297,6 +297,7 @@ class _H1(asyncio.Protocol):
         self.head = False                # the answer's head is in
         self.complete = False            # ... and its whole body
         self.keep_alive = False          # ... and it leaves the connection open for the next request
+        self.interim = False             # an interim (1xx) answer is being read
         self.body: list[bytes] = []
         self.buffered = 0
         self.eof = False
@@ -311,6 +312,7 @@ class _H1(asyncio.Protocol):
         """Ready for the next answer on this connection."""
         self.parser = httptools.HttpResponseParser(self)
         self.status, self.headers, self.head, self.complete, self.keep_alive = 0, [], False, False, False
+        self.interim = False
         self.body, self.buffered = [], 0
 
     # httptools' callbacks
@@ -318,7 +320,12 @@ class _H1(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:          # an interim answer (100 Continue, 103 Early Hints): the real one follows
+            self.interim = True
+            self.headers = []
+            return
+        self.status = status
         self.head = True
 
     def on_body(self, body: bytes) -> None:
@@ -326,6 +333,9 @@ class _H1(asyncio.Protocol):
         self.buffered += len(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.complete = True
         self.keep_alive = self.parser.should_keep_alive()    # llhttp forgets it once the message is done
 
@@ -385,6 +395,20 @@ class _H1(asyncio.Protocol):
     def reusable(self) -> bool:
         return (self.complete and not self.eof and self.error is None and self.keep_alive
                 and self.transport is not None and not self.transport.is_closing())
+
+
+def _close(conn: _H1) -> None:
+    """Close a connection, from its own event loop or (an idle one a client kept across loops) another's."""
+    if conn.transport is None or conn.loop.is_closed():
+        return                           # its loop is gone: the socket closes when the transport is collected
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is conn.loop:
+        conn.transport.close()
+    else:
+        conn.loop.call_soon_threadsafe(conn.transport.close)
 
 
 class _Body(httpx.AsyncByteStream):
@@ -508,8 +532,7 @@ class H1Transport(httpx.AsyncBaseTransport):
                 if conn.loop is loop and fresh and not conn.eof and not closing:
                     self._open += 1
                     return conn
-                if conn.transport is not None:
-                    conn.transport.close()
+                _close(conn)
             if self._max is None or self._open + self._idle_count() < self._max:
                 break
             if self._close_one_idle():   # another origin's: room for a new connection
@@ -550,8 +573,8 @@ class H1Transport(httpx.AsyncBaseTransport):
             conn.idle_since = conn.loop.time()
             conn.parser = None
             idle.append(conn)
-        elif conn.transport is not None:
-            conn.transport.close()
+        else:
+            _close(conn)
         self._wake_one()
 
     def _idle_count(self) -> int:
@@ -560,9 +583,7 @@ class H1Transport(httpx.AsyncBaseTransport):
     def _close_one_idle(self) -> bool:
         for idle in self._idle.values():
             if idle:
-                conn = idle.pop(0)
-                if conn.transport is not None:
-                    conn.transport.close()
+                _close(idle.pop(0))
                 return True
         return False
 
@@ -576,7 +597,6 @@ class H1Transport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
-                if conn.transport is not None:
-                    conn.transport.close()
+                _close(conn)
         self._idle.clear()
         await self._fallback.aclose()
