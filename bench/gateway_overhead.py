@@ -10,10 +10,11 @@ CPU time per request (its event loop's, its other threads', and its trace export
 thread counters.
 `--load hey` puts tokenomy beside the floor of its own stack (issue 37): a native load generator (`hey`, the Debian
 package) against four endpoints in alternating rounds: the stub itself, a bare proxy (BARE_PROXY: a Starlette app
-that forwards the body with httpx, under uvicorn as tokenomy runs), tokenomy (no keys; default caches and ledger)
-and tokenomy with a key and a budget; non-streamed chat at each concurrency level: req/s, p50, p99 and the ratio
-to the bare proxy. Then the same four streamed, with a small raw-socket client (hey cannot see the first byte):
-time to first byte and content chunks a second.
+that forwards the body with stock httpx, under uvicorn with the same settings as `tokenomy serve`: the parser
+and event loop of tokenomy.api.server.uvicorn_options, httptools and uvloop where installed), tokenomy (no keys;
+default caches and ledger) and tokenomy with a key and a budget; non-streamed chat at each concurrency level:
+req/s, p50, p99 and the ratio to the bare proxy. Then the same four streamed, with a small raw-socket client (hey
+cannot see the first byte): time to first byte and content chunks a second.
 
     .venv/bin/python bench/gateway_overhead.py [--requests 300] [--json]
     .venv/bin/python bench/gateway_overhead.py --dialects [--requests 2000]
@@ -224,13 +225,18 @@ ENDPOINTS = ("stub", "bare proxy", "tokenomy", "tokenomy keys+budget")
 def bare_proxy(port: int, upstream: str) -> None:
     """BARE_PROXY: the floor for any Python gateway on this stack. One pooled httpx client; the body goes to the
     upstream as it came, the answer comes back as it went (a stream chunk by chunk); served by uvicorn as
-    `tokenomy serve` serves (asyncio, h11, log level warning)."""
+    `tokenomy serve` serves (the same uvicorn_options: httptools and uvloop where installed, else h11 and asyncio;
+    log level warning), so that the comparison is of what each does with a request, not of their servers."""
     import uvicorn
+
+    sys.path.insert(0, ROOT)             # this checkout's tokenomy, as the gateways the bench starts run it
     from starlette.applications import Starlette
     from starlette.background import BackgroundTask
     from starlette.requests import Request
     from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
+
+    from tokenomy.api.server import uvicorn_options
 
     client = httpx.AsyncClient(base_url=upstream, timeout=60,
                                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))
@@ -248,7 +254,7 @@ def bare_proxy(port: int, upstream: str) -> None:
         return Response("ok")
 
     app = Starlette(routes=[Route("/v1/chat/completions", forward, methods=["POST"]), Route("/health", health)])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_options())
 
 
 def hey(url: str, concurrency: int, seconds: float, key: str | None = None) -> dict[str, float]:

@@ -267,7 +267,7 @@ def worker_main(fd: int) -> None:
     import uvicorn
 
     from tokenomy.api.app import create_app
-    from tokenomy.api.server import configure_logging
+    from tokenomy.api.server import configure_logging, uvicorn_options
     from tokenomy.gateway import Gateway
 
     configure_logging()
@@ -290,5 +290,6 @@ def worker_main(fd: int) -> None:
 
     conn.send(("ready", {"pid": os.getpid()}))
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
-    server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=5,
+                                           **uvicorn_options()))
     server.run(sockets=[sock])

@@ -1,15 +1,20 @@
-"""The HTTP transport every upstream client uses: httpx's own (its pool, h11, its errors and timeouts), with the
-connections under the pool on asyncio directly instead of through anyio.
+"""The HTTP transport every upstream client uses, under httpx's client (its API, timeouts, errors): for plain
+HTTP/1.1 (a local vLLM, llama.cpp or any upstream on http://) H1Transport, a keep-alive pool of asyncio
+connections whose answers httptools parses; for the rest (https, a proxy, HTTP/2, a streamed request body)
+httpx's own pool with h11, its connections on asyncio directly instead of through anyio.
 
-Why: on the gateway's request path httpx's connection pool asks every pooled connection, at each request and at
-each answer's end, whether it has expired, and the stock stream answers through anyio's typed attributes and a
-poll() of the socket; with 16 connections that was a tenth of the gateway's CPU a request (docs/hardening.md,
-"Gateway overhead"). Here a connection is an asyncio protocol that reads as the event loop does, so a server's
-close is already known without a system call, and a read or write that need not wait does not set a timer.
+Why: on the gateway's request path httpx's client was the largest cost. At one connection httpx, httpcore and h11
+were more than half of the gateway's own CPU a request, and H1Transport cut the gateway's CPU a request by about
+two fifths. With many connections httpx's pool asks every pooled connection, at each request and at each answer's
+end, whether it has expired, and the stock stream answers through anyio's typed attributes and a poll() of the
+socket; with 16 connections that was a tenth of the gateway's CPU a request. Here a connection is an asyncio
+protocol that reads as the event loop does, so a server's close is already known without a system call, and a
+read or write that need not wait does not set a timer (docs/hardening.md, "Gateway overhead").
 
 The contract of httpcore's network streams holds: reads return at most `max_bytes` (b"" at the end), a read or
 write past its timeout raises httpcore's ReadTimeout or WriteTimeout, a broken connection ReadError or WriteError,
-a refused or timed-out connect ConnectError or ConnectTimeout (httpx maps them to its own).
+a refused or timed-out connect ConnectError or ConnectTimeout (httpx maps them to its own). H1Transport raises
+httpx's own exceptions for the same cases (its docstring).
 """
 
 from __future__ import annotations
@@ -17,11 +22,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import httpcore
 import httpx
+
+try:
+    import httptools
+except ImportError:                      # pragma: no cover  (a dependency; without it the stock parser serves)
+    httptools = None
 
 HIGH_WATER = 256 * 1024          # bytes read ahead of the reader before the socket stops being read
 
@@ -40,8 +50,7 @@ class _Connection(asyncio.Protocol):
         self.reading = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport       # type: ignore[assignment]  # uvloop's are not asyncio.Transport's subclasses
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -75,7 +84,7 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_result(None)
 
 
-async def _wait(fut: asyncio.Future[None], timeout: float | None, timed_out: type[Exception]) -> None:
+async def _wait(fut: asyncio.Future[None], timeout: float | None, timed_out: Callable[[str], Exception]) -> None:
     """Await `fut`; after `timeout` seconds (None: no limit) it fails with `timed_out`."""
     if timeout is None:
         await fut
@@ -245,12 +254,349 @@ class Pool(httpcore.AsyncConnectionPool):
         return closing
 
 
+class Cookies(httpx.Cookies):
+    """httpx's cookie jar, which skips the jar for an answer that sets no cookie (an upstream's, as a rule): for
+    every answer httpx builds a urllib request to ask the jar, 7% of the gateway's CPU a request at one connection."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        if "set-cookie" in response.headers:
+            super().extract_cookies(response)
+
+
 def on_asyncio(client: httpx.AsyncClient) -> httpx.AsyncClient:
     """`client` with its own pool (a proxy's from the environment stays as httpx makes it) a Pool whose
-    connections are on AsyncioBackend; as it was when httpx's internals are not the ones this was written for."""
-    pool = getattr(getattr(client, "_transport", None), "_pool", None)
+    connections are on AsyncioBackend, and in front of it an H1Transport for plain HTTP/1.1 where httptools is
+    installed and the pool is a plain one (no HTTP/2, Unix socket, local address, socket options or connect
+    retries); its cookie jar a Cookies; as it was when httpx's internals are not the ones this was written for."""
+    if type(getattr(client, "_cookies", None)) is httpx.Cookies:
+        client._cookies.__class__ = Cookies
+    transport = getattr(client, "_transport", None)
+    pool = getattr(transport, "_pool", None)
     if (type(pool) is httpcore.AsyncConnectionPool and hasattr(pool, "_network_backend")
             and hasattr(pool, "_max_keepalive_connections") and httpcore.__version__.startswith("1.")):
         pool.__class__ = Pool
         pool._network_backend = AsyncioBackend()
+        plain = not (pool._http2 or pool._uds or pool._local_address or pool._socket_options or pool._retries)
+        if httptools is not None and plain and pool._http1:
+            client._transport = H1Transport(transport, pool._max_connections, pool._max_keepalive_connections,
+                                            pool._keepalive_expiry)
     return client
+
+
+# ---- the lean path: plain HTTP/1.1 to an upstream, parsed by httptools ------------------------------------------
+class _H1(asyncio.Protocol):
+    """One HTTP/1.1 connection to an upstream; each answer parsed by httptools (llhttp, C) as its bytes arrive:
+    its status and headers, then its body's pieces, until the message is complete."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.parser: Any = None
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head = False                # the answer's head is in
+        self.complete = False            # ... and its whole body
+        self.keep_alive = False          # ... and it leaves the connection open for the next request
+        self.interim = False             # an interim (1xx) answer is being read
+        self.body: list[bytes] = []
+        self.buffered = 0
+        self.eof = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.drained: asyncio.Future[None] | None = None
+        self.paused = False
+        self.reading = True
+        self.idle_since = 0.0
+
+    def expect(self) -> None:
+        """Ready for the next answer on this connection."""
+        self.parser = httptools.HttpResponseParser(self)
+        self.status, self.headers, self.head, self.complete, self.keep_alive = 0, [], False, False, False
+        self.interim = False
+        self.body, self.buffered = [], 0
+
+    # httptools' callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:          # an interim answer (100 Continue, 103 Early Hints): the real one follows
+            self.interim = True
+            self.headers = []
+            return
+        self.status = status
+        self.head = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()    # llhttp forgets it once the message is done
+
+    # asyncio's
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport       # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.parser is None or self.complete:
+            self.error = httpx.RemoteProtocolError("the upstream sent bytes no request asked for")
+            self.eof = True
+            self.transport.close()       # type: ignore[union-attr]
+        else:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError as e:
+                self.error = httpx.RemoteProtocolError(f"malformed HTTP answer: {e}")
+                self.eof = True
+                self.transport.close()   # type: ignore[union-attr]
+            if self.buffered > HIGH_WATER and self.reading:
+                self.transport.pause_reading()   # type: ignore[union-attr]
+                self.reading = False
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        if exc is not None and self.error is None:
+            self.error = exc
+        self._wake()
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self, timeout: float | None, timed_out: Callable[[str], Exception]) -> None:
+        self.waiter = self.loop.create_future()
+        try:
+            await _wait(self.waiter, timeout, timed_out)
+        finally:
+            self.waiter = None
+
+    def reusable(self) -> bool:
+        return (self.complete and not self.eof and self.error is None and self.keep_alive
+                and self.transport is not None and not self.transport.is_closing())
+
+
+def _close(conn: _H1) -> None:
+    """Close a connection, from its own event loop or (an idle one a client kept across loops) another's."""
+    if conn.transport is None or conn.loop.is_closed():
+        return                           # its loop is gone: the socket closes when the transport is collected
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is conn.loop:
+        conn.transport.close()
+    else:
+        conn.loop.call_soon_threadsafe(conn.transport.close)
+
+
+class _Body(httpx.AsyncByteStream):
+    """An answer's body as its pieces arrive; at its end (or when closed) the connection goes back to the pool
+    when it can carry the next request, else it closes."""
+
+    def __init__(self, pool: H1Transport, key: tuple[str, int], conn: _H1, request: httpx.Request,
+                 read_timeout: float | None, delimited: bool) -> None:
+        self._pool, self._key, self._conn, self._request = pool, key, conn, request
+        self._timeout = read_timeout
+        self._delimited = delimited      # Content-Length or chunked: else the body ends when the connection does
+        self._done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        c = self._conn
+        while True:
+            if c.body:
+                data = c.body[0] if len(c.body) == 1 else b"".join(c.body)
+                c.body.clear()
+                c.buffered = 0
+                if not c.reading and not c.eof:
+                    c.transport.resume_reading()     # type: ignore[union-attr]
+                    c.reading = True
+                yield data
+            elif c.complete:
+                break
+            elif c.eof:
+                if c.error is None and not self._delimited:
+                    break
+                self._release(keep=False)
+                if isinstance(c.error, httpx.HTTPError):
+                    raise c.error
+                raise httpx.RemoteProtocolError("peer closed connection without sending complete message body",
+                                                request=self._request)
+            else:
+                await c.wait(self._timeout, lambda m: httpx.ReadTimeout(m, request=self._request))
+        self._release(keep=True)
+
+    async def aclose(self) -> None:
+        self._release(keep=True)
+
+    def _release(self, keep: bool) -> None:
+        if not self._done:
+            self._done = True
+            self._pool._release(self._key, self._conn, keep and self._conn.reusable())
+
+
+class H1Transport(httpx.AsyncBaseTransport):
+    """httpx's transport for the common case, plain HTTP/1.1 to an upstream: per origin a keep-alive pool of
+    asyncio connections whose answers httptools parses, and an httpx.Response whose body streams; httpx's client
+    above it (its API, timeouts, redirects, errors) is unchanged. A request it does not take (https, a body that
+    streams, HEAD or CONNECT) goes to `fallback`, httpx's own transport (TLS, HTTP/2 and proxies stay there).
+    Why: on the gateway's request path at one connection, httpx's client with httpcore and h11 under it was more
+    than half of the gateway's own CPU (docs/hardening.md, "Gateway overhead").
+
+    The contract is httpx's: an idle connection the server closed is not reused; one whose answer was not read to
+    its end, or that said `connection: close`, is closed; an idle one older than `keepalive_expiry` is closed; at
+    most `max_connections` at once (a request past them waits up to the pool timeout: PoolTimeout); a refused or
+    timed-out connect is ConnectError or ConnectTimeout, a read or write past its timeout ReadTimeout or
+    WriteTimeout, a connection that ends before its answer does RemoteProtocolError (or ReadError)."""
+
+    def __init__(self, fallback: httpx.AsyncBaseTransport, max_connections: int | None,
+                 max_keepalive_connections: int | None, keepalive_expiry: float | None) -> None:
+        self._fallback = fallback
+        self._max = max_connections
+        self._max_idle = max_keepalive_connections if max_keepalive_connections is not None else 1 << 30
+        self._expiry = keepalive_expiry
+        self._idle: dict[tuple[str, int], list[_H1]] = {}
+        self._open = 0                   # connections a request holds now
+        self._waiters: list[asyncio.Future[None]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        body = getattr(request, "_content", None)
+        if url.scheme != "http" or body is None or request.method in ("HEAD", "CONNECT"):
+            return await self._fallback.handle_async_request(request)
+        raw = request.headers.raw
+        head = b"".join([b"%s %s HTTP/1.1\r\n" % (request.method.encode(), url.raw_path),
+                         *[b"%s: %s\r\n" % kv for kv in raw]])
+        if not (head.count(b"\n") == head.count(b"\r") == len(raw) + 1 and b"\0" not in head):
+            # a line break or NUL inside a header (or the path): h11 refuses it with httpx's LocalProtocolError
+            return await self._fallback.handle_async_request(request)
+        timeouts = request.extensions.get("timeout", {})
+        key = (url.host, url.port or 80)
+        conn = await self._take(key, timeouts.get("connect"), timeouts.get("pool"), request)
+        try:
+            conn.expect()
+            conn.transport.write(head + b"\r\n" + body)      # type: ignore[union-attr]
+            if conn.paused:
+                conn.drained = conn.loop.create_future()
+                try:
+                    await _wait(conn.drained, timeouts.get("write"),
+                                lambda m: httpx.WriteTimeout(m, request=request))
+                finally:
+                    conn.drained = None
+            read = timeouts.get("read")
+            while not conn.head:
+                if conn.eof:
+                    if isinstance(conn.error, httpx.HTTPError):
+                        raise conn.error
+                    raise httpx.RemoteProtocolError("Server disconnected without sending a response.",
+                                                    request=request)
+                await conn.wait(read, lambda m: httpx.ReadTimeout(m, request=request))
+        except BaseException:
+            self._release(key, conn, False)
+            raise
+        delimited = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in conn.headers)
+        return httpx.Response(conn.status, headers=conn.headers,
+                              stream=_Body(self, key, conn, request, read, delimited or conn.complete),
+                              extensions={"http_version": b"HTTP/1.1"})
+
+    async def _take(self, key: tuple[str, int], connect: float | None, pool_timeout: float | None,
+                    request: httpx.Request) -> _H1:
+        loop = asyncio.get_running_loop()
+        while True:
+            idle = self._idle.get(key)
+            while idle:                  # the most recently used first: the likeliest to be still open
+                conn = idle.pop()
+                fresh = self._expiry is None or loop.time() - conn.idle_since < self._expiry
+                closing = conn.transport is None or conn.transport.is_closing()
+                if conn.loop is loop and fresh and not conn.eof and not closing:
+                    self._open += 1
+                    return conn
+                _close(conn)
+            if self._max is None or self._open + self._idle_count() < self._max:
+                break
+            if self._close_one_idle():   # another origin's: room for a new connection
+                continue
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await _wait(waiter, pool_timeout, lambda m: httpx.PoolTimeout(m, request=request))
+            except BaseException:
+                self._wake_one()         # a wake this request got as it gave up goes to the next one
+                raise
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self._open += 1
+        try:
+            async with asyncio.timeout(connect):
+                _, conn = await loop.create_connection(_H1, key[0], key[1])
+        except TimeoutError:
+            self._give_up()
+            raise httpx.ConnectTimeout("connect timed out", request=request) from None
+        except OSError as e:
+            self._give_up()
+            raise httpx.ConnectError(str(e) or type(e).__name__, request=request) from e
+        except BaseException:
+            self._give_up()
+            raise
+        return conn
+
+    def _give_up(self) -> None:
+        self._open -= 1
+        self._wake_one()
+
+    def _release(self, key: tuple[str, int], conn: _H1, keep: bool) -> None:
+        self._open -= 1
+        idle = self._idle.setdefault(key, [])
+        if keep and len(idle) < self._max_idle:
+            conn.idle_since = conn.loop.time()
+            conn.parser = None
+            idle.append(conn)
+        else:
+            _close(conn)
+        self._wake_one()
+
+    def _idle_count(self) -> int:
+        return sum(len(v) for v in self._idle.values())
+
+    def _close_one_idle(self) -> bool:
+        for idle in self._idle.values():
+            if idle:
+                _close(idle.pop(0))
+                return True
+        return False
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            w = self._waiters.pop(0)
+            if not w.done():
+                w.set_result(None)
+                return
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                _close(conn)
+        self._idle.clear()
+        await self._fallback.aclose()
