@@ -168,6 +168,9 @@ class Budgets:
         self.allow = allowances          # grant allowances (this process settles what it holds in them either way)
         self.allowances = Allowances(shared, lease_s, lease_clock, self._observe_slot) if shared is not None else None
         self._ledger: Any = None
+        self._plans: dict[tuple[str | None, str | None, int], tuple[list[Any], list[Slot]]] = {}
+        self._gauges: dict[tuple[str, str, str, str], Any] = {}     # budget_used's children, by their labels
+        self._live_day = -1             # the UTC day whose periods' totals _prune last kept
 
     @property
     def enabled(self) -> bool:
@@ -177,6 +180,20 @@ class Budgets:
         for k in (("key", key_id), ("tenant", tenant)):
             if k[1] is not None and k in self.subjects:
                 yield self.subjects[k]
+
+    def _plan(self, key_id: str | None, tenant: str | None, now: float) -> tuple[list[Any], list[Slot]]:
+        """The budgets of a key and tenant at UNIX time `now`: (subject, period, period start, period end) for
+        each, and their slots, made once a UTC day per key and tenant (the lists are shared: read only)."""
+        day = int(now // 86400)
+        plan = self._plans.get((key_id, tenant, day))
+        if plan is None:
+            checks = [(s, period, *_bounds(period, day)) for s in self._applicable(key_id, tenant)
+                      for period in PERIODS]
+            slots: list[Slot] = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
+            if len(self._plans) >= 4096:
+                self._plans.clear()
+            plan = self._plans[(key_id, tenant, day)] = (checks, slots)
+        return plan
 
     def seed(self, ledger: Any) -> None:
         """Load this month's (and so today's) spend from the ledger; call once at start."""
@@ -222,8 +239,7 @@ class Budgets:
             self.holding.pop(row.request_id, None)
             return
         now = self.clock()
-        spent = [(s, period, *period_bounds(period, now)) for s in self._applicable(row.key_id, row.tenant)
-                 for period in PERIODS] if usd or tokens else []
+        spent = self._plan(row.key_id, row.tenant, now)[0] if usd or tokens else []
         if self.shared is not None:
             self._record_shared(row, hold, spent, usd, tokens)
             return
@@ -294,11 +310,9 @@ class Budgets:
         if not self.enabled or (usd <= 0 and tokens <= 0):
             return None
         now = self.clock()
-        checks = [(s, period, *period_bounds(period, now)) for s in self._applicable(key_id, tenant)
-                  for period in PERIODS]
+        checks, slots = self._plan(key_id, tenant, now)
         if not checks:
             return None
-        slots: list[Slot] = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
         window_ample = None
         allowance = None
         if self.shared is None:
@@ -448,7 +462,11 @@ class Budgets:
                 continue
             ratio = slot[i] / limit
             if self.metrics is not None:
-                self.metrics.budget_used.labels(s.scope, s.ident, period, unit).set(ratio)
+                labels = (s.scope, s.ident, period, unit)
+                gauge = self._gauges.get(labels)
+                if gauge is None:
+                    gauge = self._gauges[labels] = self.metrics.budget_used.labels(*labels)
+                gauge.set(ratio)
             mark = (s.scope, s.ident, period, unit, start.timestamp())
             if ratio >= s.limits.warn_at and mark not in self._warned:
                 self._warned.add(mark)
@@ -459,7 +477,12 @@ class Budgets:
                     self.metrics.budget_warnings.labels(s.scope, period, unit).inc()
 
     def _prune(self, now: float) -> None:
-        live = {period_bounds(p, now)[0].timestamp() for p in PERIODS}
+        """Forget the totals and holds of periods that ended (once a UTC day: nothing ends in between)."""
+        day = int(now // 86400)
+        if day == self._live_day:
+            return
+        self._live_day = day
+        live = {_bounds(p, day)[0].timestamp() for p in PERIODS}
         for k in [k for k in self._used if k[3] not in live]:
             del self._used[k]
         for k in [k for k in self._held if k[3] not in live and not self._held[k]]:
