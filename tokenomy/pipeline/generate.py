@@ -8,7 +8,9 @@ against the schema (formats checked, every choice), or the request ends with a 4
 says why (the validator's errors, or the cut at max_tokens before the JSON closed); a stream ends with that error
 event in place of its finish. A finished answer that does not validate gets one repair first (its errors fed
 back, as an upstream's `schema_policy: repair`); a cut one does not, since the same max_tokens would cut it again.
-The tokens generated are billed all the same.
+The tokens generated are billed all the same. A grammar that leaves out part of its schema (`OutputFormat.relaxed`:
+keywords llguidance cannot enforce) makes even an embedded answer checkable: strict ones as above, others flagged
+when they break the schema.
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ class Generate:
                     ctx.deltas = _continue(first, stream, ctx, req if strict else None)
                 else:
                     ctx.result = await _collect(stream)
-                    if name in self.schema_policy or strict:
-                        ctx.result = await self._check_schema(ctx, name, backend, req, ctx.result,
-                                                              "repair" if strict else self.schema_policy[name])
+                    policy = "repair" if strict else self.schema_policy.get(name) or (
+                        "flag" if relaxed_format(req) else None)
+                    if policy is not None:
+                        ctx.result = await self._check_schema(ctx, name, backend, req, ctx.result, policy)
                     ctx.usage = ctx.result.usage
                     ctx.finish_reason = ctx.result.finish_reason
                     ctx.text = ctx.result.text
@@ -128,6 +131,20 @@ def repair_messages(messages: list[dict], answer: str, problem: str) -> list[dic
     return [*messages, {"role": "assistant", "content": answer},
             {"role": "user", "content": f"That answer is invalid: {problem}. Reply again with only the corrected "
                                         "answer."}]
+
+
+def relaxed_format(req: Any) -> bool:
+    """Whether the request's grammar leaves out part of its schema (structured/normalize.relax: uniqueItems, an
+    overlapping oneOf...), so that even a constrained answer must be validated; a non-strict one is flagged."""
+    if req.response_format is None and not req.tools:
+        return False
+    from tokenomy.structured import SchemaError, output_format
+
+    try:
+        fmt = output_format(req.response_format, req.tools, req.tool_choice)
+    except SchemaError:
+        return False
+    return fmt is not None and bool(fmt.relaxed)
 
 
 def is_strict(req: Any) -> bool:
@@ -232,27 +249,37 @@ def merge_tool_calls(deltas: list[dict]) -> list[dict]:
 async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContext,
                     strict: Any = None) -> AsyncIterator[Delta]:
     """Replay the first delta, then the rest; a failure mid-stream becomes an error delta. With `strict` (the
-    request of a strict json_schema), the last delta is checked first: an answer that breaks its schema ends with a
-    schema_unsatisfied error delta instead of its finish."""
+    request of a strict json_schema), each choice's finishing delta is checked before it goes out (every choice
+    when n > 1): an answer that breaks its schema ends the stream with a schema_unsatisfied error delta instead of
+    its finish."""
     async def deltas() -> AsyncIterator[Delta]:
         yield first
         if not first.last:
             async for d in rest:
                 yield d
 
+    texts: dict[int, str] = {}
+    calls: dict[int, list[dict]] = {}
     try:
         async for d in deltas():
-            if strict is not None and d.last and d.error is None:
-                _seen(d, ctx)
-                problem = answer_problem(strict, ctx.text, ctx.finish_reason)
-                if problem is not None:
-                    if d.text or d.tool_calls:
-                        yield dataclasses.replace(d, finish_reason=None, usage=None)
-                    ctx.finish_reason, ctx.stream_error = "error", problem
-                    yield Delta(error=problem, error_code="schema_unsatisfied", finish_reason="error")
-                    return
-                yield d
-                continue
+            if strict is not None and d.error is None:
+                texts[d.index] = texts.get(d.index, "") + d.text
+                if d.tool_calls:
+                    calls.setdefault(d.index, []).extend(d.tool_calls)
+                if d.finish_reason is not None or d.last:
+                    _seen(d, ctx)
+                    merged = merge_tool_calls(calls[d.index]) if d.index in calls else None
+                    problem = answer_problem(strict, texts[d.index], d.finish_reason or ctx.finish_reason, merged)
+                    if problem is not None:
+                        if (strict.params.get("n") or 1) > 1:
+                            problem = f"choice {d.index}: {problem}"
+                        if d.text or d.tool_calls:
+                            yield dataclasses.replace(d, finish_reason=None, usage=None)
+                        ctx.finish_reason, ctx.stream_error = "error", problem
+                        yield Delta(error=problem, error_code="schema_unsatisfied", finish_reason="error")
+                        return
+                    yield d
+                    continue
             yield _seen(d, ctx)
     except BackendError as e:
         ctx.finish_reason = "error"
