@@ -143,10 +143,14 @@ def unique_fmt(strict: bool) -> dict[str, Any]:
 
 def test_a_schema_the_grammar_cannot_enforce_is_checked_even_without_strict() -> None:
     """uniqueItems is left out of the grammar (structured/normalize.relax): an answer that repeats an item is
-    repaired under strict, and flagged (not silently returned) without it."""
+    repaired under strict (as a one-item list: structured/normalize.narrow_for_repair), and flagged (not silently
+    returned) without it."""
     with gateway(Stub(texts=['{"tags": ["a", "a"]}', '{"tags": ["a", "b"]}'])) as (gw, stub):
         r = ask(gw, response_format=unique_fmt(True))
         assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired" and stub.hits == 2
+        # the repair is asked under a narrower schema, where a repeated item cannot happen again
+        sent = [b["response_format"]["json_schema"]["schema"]["properties"]["tags"] for b in stub.bodies]
+        assert "maxItems" not in sent[0] and sent[1]["maxItems"] == 1
         loose = ask(gw, response_format=unique_fmt(False))       # the stub says its last text again: valid
         assert loose.status_code == 200 and "x-tokenomy-schema" not in loose.headers
     with gateway(Stub(texts=['{"tags": ["a", "a"]}'])) as (gw, stub):

@@ -268,3 +268,17 @@ def test_long_max_length_beside_a_pattern_is_lowered():
     assert n["properties"]["r"]["maxLength"] == 5000                  # no pattern: the lexer copes
     assert n["properties"]["s"]["maxLength"] == 900                   # never below minLength
     _narrower(s, n, [{"q": "a" * 10}, {"q": "a" * 600}, {"r": "x" * 4000}])
+
+
+def test_narrow_for_repair_caps_unique_lists_that_may_hold_one_item():
+    from tokenomy.structured.normalize import narrow_for_repair
+
+    s = {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "pair": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+        "free": {"type": "array", "items": {"type": "string"}}}}
+    n = narrow_for_repair(s)
+    assert n is not None and n["properties"]["tags"]["maxItems"] == 1 and "maxItems" not in s["properties"]["tags"]
+    assert "maxItems" not in n["properties"]["pair"] and "maxItems" not in n["properties"]["free"]
+    _narrower(s, n, [{"tags": ["a"]}, {"tags": ["a", "a"]}, {"tags": ["a", "b"]}, {"pair": ["a", "b"]}])
+    assert narrow_for_repair({"type": "array", "uniqueItems": True, "maxItems": 1}) is None

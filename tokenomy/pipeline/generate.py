@@ -110,7 +110,8 @@ class Generate:
         if problem is None:
             return result
         if policy == "repair" and req.kind == "chat" and result.finish_reason != "length":
-            fix = dataclasses.replace(req, messages=repair_messages(list(req.messages or []), result.text, problem))
+            fix = dataclasses.replace(req, messages=repair_messages(list(req.messages or []), result.text, problem),
+                                      response_format=repair_format(req.response_format))
             repaired = await _collect(backend.stream(fix))
             ctx.escalations.append((name, result.usage))   # the first try is paid
             if schema_problem(req, repaired) is None:
@@ -124,6 +125,20 @@ class Generate:
         ctx.response_headers["x-tokenomy-schema"] = "invalid"
         ctx.schema_problem = problem
         return result
+
+
+def repair_format(response_format: Any) -> Any:
+    """The response_format a repair is made under: a json_schema's schema narrowed where a repeat would break it
+    again (structured/normalize.narrow_for_repair); the answer is still checked against the request's own."""
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return response_format
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        return response_format
+    from tokenomy.structured.normalize import narrow_for_repair
+
+    narrowed = narrow_for_repair(spec["schema"])
+    return response_format if narrowed is None else {**response_format, "json_schema": {**spec, "schema": narrowed}}
 
 
 def repair_messages(messages: list[dict], answer: str, problem: str) -> list[dict]:

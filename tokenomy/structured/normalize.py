@@ -226,6 +226,29 @@ def relax(node: dict[str, Any], relaxed: set[str]) -> None:
     _relax_property_counts(node, relaxed)
 
 
+def narrow_for_repair(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """A narrower copy of ``schema`` for a repair's second try, or None when there is none.
+
+    The grammar leaves ``uniqueItems`` out (``relax``); a small model that repeated an item tends to repeat it
+    again. An array that may hold a single item (``minItems`` at most 1) gets ``maxItems: 1``, which no
+    repetition can break. A narrowing, except under ``oneOf``/``not``/``if``; the repaired answer is validated
+    against the original schema either way.
+    """
+    out = copy.deepcopy(schema)
+    changed = False
+
+    def narrow(node: dict[str, Any]) -> None:
+        nonlocal changed
+        low, high = node.get("minItems", 0), node.get("maxItems")
+        if (node.get("uniqueItems") is True and isinstance(low, int) and low <= 1
+                and not (isinstance(high, int) and high <= 1)):
+            node["maxItems"] = 1
+            changed = True
+
+    walk(out, narrow)
+    return out if changed else None
+
+
 def _relax_property_counts(node: dict[str, Any], relaxed: set[str]) -> None:
     """llguidance takes ``min``/``maxProperties`` only when every listed property is required."""
     props, required = node.get("properties"), node.get("required", [])
