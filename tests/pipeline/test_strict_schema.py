@@ -185,3 +185,25 @@ def test_the_embedded_engine_answers_a_schema_it_cannot_fully_enforce_or_says_wh
         valid = jsonschema.Draft202012Validator(schema).is_valid(
             json.loads(loose.json()["choices"][0]["message"]["content"]))
         assert (loose.headers.get("x-tokenomy-schema") == "invalid") == (not valid)
+
+
+def test_a_strict_stream_the_grammar_cannot_fully_enforce_is_repaired_before_it_is_sent() -> None:
+    """With uniqueItems left out of the grammar, a strict stream is collected first: its broken answer is repaired
+    and the repaired one streamed, with its finish; a repair that fails is a plain 422, nothing streamed."""
+    def stream(gw: Any) -> tuple[httpx.Response, list[dict]]:
+        with httpx.stream("POST", gw.base_url + "/chat/completions", timeout=60, json={
+                "model": "up", "messages": [{"role": "user", "content": "tags"}], "stream": True,
+                "response_format": unique_fmt(True)}) as r:
+            r.read()
+            return r, [json.loads(line[6:]) for line in r.iter_lines()
+                       if line.startswith("data: ") and line != "data: [DONE]"]
+
+    with gateway(Stub(texts=['{"tags": ["a", "a"]}', '{"tags": ["a"]}'])) as (gw, stub):
+        r, events = stream(gw)
+        assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired" and stub.hits == 2
+        text = "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+        assert json.loads(text) == {"tags": ["a"]}
+        assert [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")] == ["stop"]
+    with gateway(Stub(texts=['{"tags": ["a", "a"]}'])) as (gw, _):
+        r, _events = stream(gw)
+        assert r.status_code == 422 and "non-unique" in r.json()["error"]["message"]

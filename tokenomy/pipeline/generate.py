@@ -6,7 +6,8 @@ until their first delta exists; after that a failure ends the stream with an err
 A `json_schema` response_format with `strict: true` is a promise: every answer the client gets parses and validates
 against the schema (formats checked, every choice), or the request ends with a 422 `schema_unsatisfied` that
 says why (the validator's errors, or the cut at max_tokens before the JSON closed); a stream ends with that error
-event in place of its finish. A finished answer that does not validate gets one repair first (its errors fed
+event in place of its finish (a strict stream whose grammar leaves keywords out is collected first, so that it
+can be repaired too, then sent). A finished answer that does not validate gets one repair first (its errors fed
 back, as an upstream's `schema_policy: repair`); a cut one does not, since the same max_tokens would cut it again.
 The tokens generated are billed all the same. A grammar that leaves out part of its schema (`OutputFormat.relaxed`:
 keywords llguidance cannot enforce) makes even an embedded answer checkable: strict ones as above, others flagged
@@ -55,19 +56,27 @@ class Generate:
             stream = backend.stream(req)
             try:
                 strict = is_strict(req)
-                if ctx.stream:
+                # A strict stream whose grammar leaves keywords out is collected first, so that a broken answer
+                # can still be repaired before anything is sent; it then goes out at once.
+                held = ctx.stream and strict and relaxed_format(req)
+                if ctx.stream and not held:
                     first = await anext(stream)
                     ctx.deltas = _continue(first, stream, ctx, req if strict else None)
                 else:
-                    ctx.result = await _collect(stream)
+                    result = await _collect(stream)
                     policy = "repair" if strict else self.schema_policy.get(name) or (
                         "flag" if relaxed_format(req) else None)
                     if policy is not None:
-                        ctx.result = await self._check_schema(ctx, name, backend, req, ctx.result, policy)
-                    ctx.usage = ctx.result.usage
-                    ctx.finish_reason = ctx.result.finish_reason
-                    ctx.text = ctx.result.text
-                    problem = strict_problem(req, ctx.result) if strict else None
+                        result = await self._check_schema(ctx, name, backend, req, result, policy)
+                    problem = strict_problem(req, result) if strict else None
+                    if held and problem is None:
+                        replay = _deltas_of(result)
+                        ctx.deltas = _continue(await anext(replay), replay, ctx)
+                    else:
+                        ctx.result = result
+                        ctx.usage = result.usage
+                        ctx.finish_reason = result.finish_reason
+                        ctx.text = result.text
                     if problem is not None:
                         ctx.model = name
                         raise APIError(422, problem, param="response_format", code="schema_unsatisfied")
@@ -259,6 +268,17 @@ def merge_tool_calls(deltas: list[dict]) -> list[dict]:
             c["function"]["name"] = fn["name"]
         c["function"]["arguments"] += fn.get("arguments") or ""
     return [calls[i] for i in sorted(calls)]
+
+
+async def _deltas_of(result: Result) -> AsyncIterator[Delta]:
+    """A collected answer as a stream: each choice's text, then each one's finish, the usage on the last."""
+    choices = result.all_choices
+    for i, c in enumerate(choices):
+        calls = [{**call, "index": k} for k, call in enumerate(c.tool_calls)] if c.tool_calls else None
+        yield Delta(text=c.text, logprobs=c.logprobs, confidence=c.confidence, tool_calls=calls, index=i)
+    for i, c in enumerate(choices):
+        yield Delta(finish_reason=c.finish_reason, stop_sequence=c.stop_sequence, index=i,
+                    usage=result.usage if i == len(choices) - 1 else None)
 
 
 async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContext,
