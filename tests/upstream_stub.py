@@ -61,13 +61,15 @@ async def read_body(receive: Any) -> bytes:
 class Stub:
     def __init__(self, delay: float = 0.0, fail_status: int | None = None, fail_times: int = 0,
                  no_usage: bool = False, stall_after: int | None = None, json_for_stream: bool = False,
-                 tool_arguments: str | None = None, texts: list[str] | None = None, finish: str = "stop") -> None:
+                 tool_arguments: str | None = None, texts: list[str | list[str]] | None = None,
+                 finish: str = "stop") -> None:
         self.delay, self.fail_status, self.fail_times = delay, fail_status, fail_times
         self.no_usage, self.stall_after = no_usage, stall_after
         self.json_for_stream = json_for_stream   # answer a streamed request with one JSON body, as some servers do
         # a chat request with tools is answered with a call of its first tool with these arguments (a JSON text)
         self.tool_arguments = tool_arguments
-        # chat and completion answers in turn (the last one again once they run out), with this finish_reason
+        # chat and completion answers in turn (the last one again once they run out), with this finish_reason; a
+        # turn given as a list says one text per choice (n > 1)
         self.texts, self.finish = texts, finish
         self.hits = 0
         self.bodies: list[dict[str, Any]] = []       # every request body, in order
@@ -108,10 +110,13 @@ class Stub:
             await self._tool_call(send, req, bool(req.get("stream")) and not self.json_for_stream)
             return
         words, matched = answer(req.get("stop"))
+        n = int(req.get("n") or 1)                        # every choice says the same words...
+        said: list[list[str]] = []                        # ... unless a turn of `texts` is a list: one per choice
         if self.texts:
-            text = self.texts[min(len(self.bodies), len(self.texts)) - 1]
-            words, matched = [text[i:i + 4] for i in range(0, len(text), 4)], None
-        n = int(req.get("n") or 1)                        # every choice says the same words
+            turn = self.texts[min(len(self.bodies), len(self.texts)) - 1]
+            said = [[t[i:i + 4] for i in range(0, len(t), 4)] for t in ([turn] if isinstance(turn, str) else turn)]
+            words, matched = said[0], None
+        said = [said[min(i, len(said) - 1)] for i in range(n)] if len(said) > 1 else [words] * n
         usage: dict[str, Any] = {"prompt_tokens": 7, "completion_tokens": n * len(words),
                                  "total_tokens": 7 + n * len(words)}
         if req.get("prediction"):                         # as OpenAI reports a prediction's tokens
@@ -122,9 +127,9 @@ class Stub:
                 choice: dict[str, Any] = {"index": i, "finish_reason": self.finish, "logprobs": None,
                                           "stop_reason": matched}
                 if chat:
-                    choice["message"] = {"role": "assistant", "content": "".join(words)}
+                    choice["message"] = {"role": "assistant", "content": "".join(said[i])}
                 else:
-                    choice["text"] = "".join(words)
+                    choice["text"] = "".join(said[i])
                 choices.append(choice)
             out = {"id": "stub-1", "object": "chat.completion" if chat else "text_completion",
                    "created": int(time.time()), "model": req.get("model", "stub"), "choices": choices}
@@ -134,10 +139,13 @@ class Stub:
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
-        for i, w in enumerate(words):
+        for i in range(max(len(ws) for ws in said)):
             if self.stall_after is not None and i >= self.stall_after:
                 await asyncio.sleep(3600)
             for index in range(n):
+                if i >= len(said[index]):
+                    continue
+                w = said[index][i]
                 delta = {"content": w} if chat else None
                 choice = {"index": index, "delta": delta, "finish_reason": None} if chat else \
                     {"index": index, "text": w, "finish_reason": None}

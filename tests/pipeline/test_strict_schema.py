@@ -112,3 +112,98 @@ def test_the_embedded_engine_answers_a_strict_schema_with_json_that_validates() 
             messages=[{"role": "user", "content": "How many legs has a cat? Answer in JSON."}],
             response_format=fmt(), max_tokens=24, temperature=0)  # type: ignore[arg-type]
         jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMA)
+
+
+def test_a_stream_of_several_choices_checks_each_before_its_finish() -> None:
+    """n > 1: each choice's finish goes out only once that choice validates; the second one's breaks the schema,
+    so the stream ends with the error, naming it, in place of that finish."""
+    with gateway(Stub(texts=[['{"n": 1}', '{"n": "two"}']])) as (gw, _):
+        with httpx.stream("POST", gw.base_url + "/chat/completions", timeout=60, json={
+                "model": "up", "messages": [{"role": "user", "content": "a number"}], "response_format": fmt(),
+                "n": 2, "stream": True}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        err = events[-1]["error"]
+        assert err["code"] == "schema_unsatisfied" and err["message"].startswith("choice 1:")
+        assert "$.n" in err["message"]
+        finished = [c["index"] for e in events[:-1] for c in e.get("choices", []) if c.get("finish_reason")]
+        assert finished == [0]                                   # the valid choice finished, the other did not
+        # the same answers in one body: a 422 naming the choice, as before
+        r = ask(gw, n=2)
+        assert r.status_code == 422 and "choice 1" in r.json()["error"]["message"]
+
+
+UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+          "required": ["tags"], "additionalProperties": False}
+
+
+def unique_fmt(strict: bool) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "tags", "schema": UNIQUE, "strict": strict}}
+
+
+def test_a_schema_the_grammar_cannot_enforce_is_checked_even_without_strict() -> None:
+    """uniqueItems is left out of the grammar (structured/normalize.relax): an answer that repeats an item is
+    repaired under strict (as a one-item list: structured/normalize.narrow_for_repair), and flagged (not silently
+    returned) without it."""
+    with gateway(Stub(texts=['{"tags": ["a", "a"]}', '{"tags": ["a", "b"]}'])) as (gw, stub):
+        r = ask(gw, response_format=unique_fmt(True))
+        assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired" and stub.hits == 2
+        # the repair is asked under a narrower schema, where a repeated item cannot happen again
+        sent = [b["response_format"]["json_schema"]["schema"]["properties"]["tags"] for b in stub.bodies]
+        assert "maxItems" not in sent[0] and sent[1]["maxItems"] == 1
+        loose = ask(gw, response_format=unique_fmt(False))       # the stub says its last text again: valid
+        assert loose.status_code == 200 and "x-tokenomy-schema" not in loose.headers
+    with gateway(Stub(texts=['{"tags": ["a", "a"]}'])) as (gw, stub):
+        loose = ask(gw, response_format=unique_fmt(False))
+        assert loose.status_code == 200 and loose.headers["x-tokenomy-schema"] == "invalid" and stub.hits == 1
+        assert "non-unique" in row(gw, loose).error
+
+
+def test_the_embedded_engine_answers_a_schema_it_cannot_fully_enforce_or_says_why() -> None:
+    """A strict schema with keywords llguidance lacks (uniqueItems, an overlapping oneOf) is no longer refused with
+    a 400: the answer is made under the rest of the schema, validated, repaired once, and returned only if valid."""
+    schema = {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "uniqueItems": True, "minItems": 1},
+        "size": {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 100}]}},
+        "required": ["tags", "size"], "additionalProperties": False}
+    with live_server({"cache": NO_CACHE, "engine": SMALL_ENGINE}) as gw:
+        def ask_flag(strict: bool) -> httpx.Response:
+            return httpx.post(gw.base_url + "/chat/completions", timeout=120, json={
+                "model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": 48,
+                "messages": [{"role": "user", "content": "Colours of a flag and its size, in JSON."}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "flag", "schema": schema,
+                                                                           "strict": strict}}})
+
+        r = ask_flag(True)
+        if r.status_code == 200:
+            jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), schema)
+        else:
+            assert r.status_code == 422 and r.json()["error"]["code"] == "schema_unsatisfied", r.text
+        # without strict the answer is returned, and flagged exactly when it breaks what the grammar left out
+        loose = ask_flag(False)
+        assert loose.status_code == 200
+        valid = jsonschema.Draft202012Validator(schema).is_valid(
+            json.loads(loose.json()["choices"][0]["message"]["content"]))
+        assert (loose.headers.get("x-tokenomy-schema") == "invalid") == (not valid)
+
+
+def test_a_strict_stream_the_grammar_cannot_fully_enforce_is_repaired_before_it_is_sent() -> None:
+    """With uniqueItems left out of the grammar, a strict stream is collected first: its broken answer is repaired
+    and the repaired one streamed, with its finish; a repair that fails is a plain 422, nothing streamed."""
+    def stream(gw: Any) -> tuple[httpx.Response, list[dict]]:
+        with httpx.stream("POST", gw.base_url + "/chat/completions", timeout=60, json={
+                "model": "up", "messages": [{"role": "user", "content": "tags"}], "stream": True,
+                "response_format": unique_fmt(True)}) as r:
+            r.read()
+            return r, [json.loads(line[6:]) for line in r.iter_lines()
+                       if line.startswith("data: ") and line != "data: [DONE]"]
+
+    with gateway(Stub(texts=['{"tags": ["a", "a"]}', '{"tags": ["a"]}'])) as (gw, stub):
+        r, events = stream(gw)
+        assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired" and stub.hits == 2
+        text = "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+        assert json.loads(text) == {"tags": ["a"]}
+        assert [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")] == ["stop"]
+    with gateway(Stub(texts=['{"tags": ["a", "a"]}'])) as (gw, _):
+        r, _events = stream(gw)
+        assert r.status_code == 422 and "non-unique" in r.json()["error"]["message"]

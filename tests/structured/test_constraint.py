@@ -335,6 +335,26 @@ def test_past_the_soft_limit_strict_mode_ends_the_answer_within_max_tokens(compi
     assert not loose.is_complete()
 
 
+def test_a_strict_schema_gets_wrap_up_on_a_model_without_a_wrap_up_share(compiler, tokenizer, replan_any):
+    """A model given as a GGUF path has no wrap-up share; a strict json_schema's answer is planned at
+    STRICT_WRAP_UP all the same, and ends within max_tokens where the unplanned one is cut (a 422)."""
+    from tokenomy.backends.embedded import STRICT_WRAP_UP, wrap_up_share
+    from tokenomy.structured.constraint import closing_length, start_constraint
+
+    assert wrap_up_share(None, strict=False) is None and wrap_up_share(0.6, strict=True) == 0.6
+    names = [f"field_{i}" for i in range(6)]
+    schema = {"type": "object", "properties": {n: {"type": "string", "minLength": 40} for n in names},
+              "required": names, "additionalProperties": False}
+    grammar = compiler.compile(json_schema_format(schema))
+    budget = closing_length(grammar) + 48
+    c = start_constraint(grammar, budget, wrap_up=wrap_up_share(None, strict=True))
+    assert c.soft_limit is not None and c.soft_limit <= STRICT_WRAP_UP * budget
+    assert _adversary(c, tokenizer, budget) <= budget and c.is_complete()
+    cut = start_constraint(grammar, budget, wrap_up=wrap_up_share(None, strict=False))
+    _adversary(cut, tokenizer, budget)
+    assert not cut.is_complete()
+
+
 def test_a_grammar_too_slow_to_replan_is_strict_from_its_soft_limit_and_ends_in_time(compiler, tokenizer,
                                                                                      monkeypatch):
     from tokenomy.structured.constraint import REPLAN_EVERY, REPLAN_MARGIN, closing_length

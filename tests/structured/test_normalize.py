@@ -221,3 +221,64 @@ def test_recursive_schemas_llguidance_refused_now_compile(compiler):
         reason = llguidance.LLMatcher.validate_grammar(raw)
         assert "circular references" in reason or "oneOf" in reason  # refused as written
         assert compiler.compile(json_schema_format(schema)).compile_ms >= 0
+
+
+def _narrower(original: dict, rewritten: dict, instances: list) -> None:
+    """Every instance the rewrite accepts, the original accepts (and some the original accepts, it refuses)."""
+    cls = jsonschema.Draft202012Validator
+    accepted = [i for i in instances if cls(rewritten).is_valid(i)]
+    assert accepted and all(cls(original).is_valid(i) for i in accepted), accepted
+
+
+def test_relax_narrows_where_it_can_and_names_what_it_widens():
+    s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}},
+         "minProperties": 2}
+    relaxed: set[str] = set()
+    n = normalize(s, relaxed=relaxed)
+    assert n["required"] == ["a", "b"] and "minProperties" not in n and relaxed == set()
+    _narrower(s, n, [{}, {"a": 1}, {"a": 1, "c": 2}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}])
+    s = {"type": "array", "contains": {"type": "string"}, "minContains": 2}
+    n = normalize(s, relaxed=relaxed)
+    assert n == {"type": "array", "minItems": 2} and relaxed == {"contains"}   # the count kept, a narrowing
+    assert normalize({"oneOf": [{"type": "integer"}, {"type": "number"}]}, relaxed=relaxed)["anyOf"]
+    assert relaxed == {"contains", "oneOf"}
+    # without `relaxed` nothing is widened: the caller gets the schema llguidance refuses, as before
+    assert "oneOf" in normalize({"oneOf": [{"type": "integer"}, {"type": "number"}]})
+
+
+def test_a_relaxed_one_of_keeps_its_branches_open():
+    """Closing the branches of an overlapping oneOf would shut out the only answers that match exactly one: here
+    {"a": 1} matches both, and {"a": 1, "b": "x"} only the first, which a closed first branch refuses."""
+    s = {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                   {"type": "object", "properties": {"b": {"type": "integer"}}}]}
+    n = normalize(s, close=True, relaxed=set())
+    assert all("additionalProperties" not in b for b in n["anyOf"])
+    valid = {"a": 1, "b": "x"}
+    assert jsonschema.Draft202012Validator(s).is_valid(valid) and jsonschema.Draft202012Validator(n).is_valid(valid)
+
+
+def test_long_max_length_beside_a_pattern_is_lowered():
+    from tokenomy.structured.normalize import PATTERN_MAX_LENGTH
+
+    s = {"properties": {"q": {"type": "string", "pattern": "^[a-z ]*$", "maxLength": 5000},
+                        "r": {"type": "string", "maxLength": 5000},
+                        "s": {"type": "string", "pattern": "^a", "minLength": 900, "maxLength": 5000}}}
+    n = normalize(s)
+    assert n["properties"]["q"]["maxLength"] == PATTERN_MAX_LENGTH
+    assert n["properties"]["r"]["maxLength"] == 5000                  # no pattern: the lexer copes
+    assert n["properties"]["s"]["maxLength"] == 900                   # never below minLength
+    _narrower(s, n, [{"q": "a" * 10}, {"q": "a" * 600}, {"r": "x" * 4000}])
+
+
+def test_narrow_for_repair_caps_unique_lists_that_may_hold_one_item():
+    from tokenomy.structured.normalize import narrow_for_repair
+
+    s = {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "pair": {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "minItems": 2},
+        "free": {"type": "array", "items": {"type": "string"}}}}
+    n = narrow_for_repair(s)
+    assert n is not None and n["properties"]["tags"]["maxItems"] == 1 and "maxItems" not in s["properties"]["tags"]
+    assert "maxItems" not in n["properties"]["pair"] and "maxItems" not in n["properties"]["free"]
+    _narrower(s, n, [{"tags": ["a"]}, {"tags": ["a", "a"]}, {"tags": ["a", "b"]}, {"pair": ["a", "b"]}])
+    assert narrow_for_repair({"type": "array", "uniqueItems": True, "maxItems": 1}) is None

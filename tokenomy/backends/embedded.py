@@ -74,6 +74,18 @@ def logit_bias(bias: dict[str, Any], n_vocab: int) -> dict[int, float]:
     return out
 
 
+
+# A strict json_schema's answer must close: one cut at max_tokens is a 422. A model without a measured wrap-up
+# share (a GGUF path) still gets wrap-up for it, at a share of 1: the soft limit is then where the schema's
+# shortest way to the end barely fits (Constraint.plan_wrap_up), so an answer that would end anyway is untouched.
+STRICT_WRAP_UP = 1.0
+
+
+def wrap_up_share(configured: float | None, strict: bool) -> float | None:
+    """The wrap-up share a constrained answer is planned with: the model's, or STRICT_WRAP_UP for a strict
+    json_schema when the model has none."""
+    return configured if configured is not None or not strict else STRICT_WRAP_UP
+
 class EmbeddedBackend:
     def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None,
                  structured: StructuredSettings | None = None, address: str | None = None,
@@ -180,7 +192,8 @@ class EmbeddedBackend:
             sp.prediction = self.engine.tokenizer.encode(predicted, add_special=False)[:self.engine.max_model_len]
         n = int(req.params.get("n") or 1)
         best_of = max(int(req.params.get("best_of") or n), n)
-        spec = None if fmt is None else ConstraintSpec(fmt, self.structured.break_loops, self.structured.wrap_up)
+        spec = None if fmt is None else ConstraintSpec(fmt, self.structured.break_loops, wrap_up_share(
+            self.structured.wrap_up, fmt.strict))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
 

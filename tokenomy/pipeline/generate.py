@@ -6,9 +6,12 @@ until their first delta exists; after that a failure ends the stream with an err
 A `json_schema` response_format with `strict: true` is a promise: every answer the client gets parses and validates
 against the schema (formats checked, every choice), or the request ends with a 422 `schema_unsatisfied` that
 says why (the validator's errors, or the cut at max_tokens before the JSON closed); a stream ends with that error
-event in place of its finish. A finished answer that does not validate gets one repair first (its errors fed
+event in place of its finish (a strict stream whose grammar leaves keywords out is collected first, so that it
+can be repaired too, then sent). A finished answer that does not validate gets one repair first (its errors fed
 back, as an upstream's `schema_policy: repair`); a cut one does not, since the same max_tokens would cut it again.
-The tokens generated are billed all the same.
+The tokens generated are billed all the same. A grammar that leaves out part of its schema (`OutputFormat.relaxed`:
+keywords llguidance cannot enforce) makes even an embedded answer checkable: strict ones as above, others flagged
+when they break the schema.
 """
 
 from __future__ import annotations
@@ -53,18 +56,27 @@ class Generate:
             stream = backend.stream(req)
             try:
                 strict = is_strict(req)
-                if ctx.stream:
+                # A strict stream whose grammar leaves keywords out is collected first, so that a broken answer
+                # can still be repaired before anything is sent; it then goes out at once.
+                held = ctx.stream and strict and relaxed_format(req)
+                if ctx.stream and not held:
                     first = await anext(stream)
                     ctx.deltas = _continue(first, stream, ctx, req if strict else None)
                 else:
-                    ctx.result = await _collect(stream)
-                    if name in self.schema_policy or strict:
-                        ctx.result = await self._check_schema(ctx, name, backend, req, ctx.result,
-                                                              "repair" if strict else self.schema_policy[name])
-                    ctx.usage = ctx.result.usage
-                    ctx.finish_reason = ctx.result.finish_reason
-                    ctx.text = ctx.result.text
-                    problem = strict_problem(req, ctx.result) if strict else None
+                    result = await _collect(stream)
+                    policy = "repair" if strict else self.schema_policy.get(name) or (
+                        "flag" if relaxed_format(req) else None)
+                    if policy is not None:
+                        result = await self._check_schema(ctx, name, backend, req, result, policy)
+                    problem = strict_problem(req, result) if strict else None
+                    if held and problem is None:
+                        replay = _deltas_of(result)
+                        ctx.deltas = _continue(await anext(replay), replay, ctx)
+                    else:
+                        ctx.result = result
+                        ctx.usage = result.usage
+                        ctx.finish_reason = result.finish_reason
+                        ctx.text = result.text
                     if problem is not None:
                         ctx.model = name
                         raise APIError(422, problem, param="response_format", code="schema_unsatisfied")
@@ -107,7 +119,8 @@ class Generate:
         if problem is None:
             return result
         if policy == "repair" and req.kind == "chat" and result.finish_reason != "length":
-            fix = dataclasses.replace(req, messages=repair_messages(list(req.messages or []), result.text, problem))
+            fix = dataclasses.replace(req, messages=repair_messages(list(req.messages or []), result.text, problem),
+                                      response_format=repair_format(req.response_format))
             repaired = await _collect(backend.stream(fix))
             ctx.escalations.append((name, result.usage))   # the first try is paid
             if schema_problem(req, repaired) is None:
@@ -123,11 +136,39 @@ class Generate:
         return result
 
 
+def repair_format(response_format: Any) -> Any:
+    """The response_format a repair is made under: a json_schema's schema narrowed where a repeat would break it
+    again (structured/normalize.narrow_for_repair); the answer is still checked against the request's own."""
+    if not isinstance(response_format, dict) or response_format.get("type") != "json_schema":
+        return response_format
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        return response_format
+    from tokenomy.structured.normalize import narrow_for_repair
+
+    narrowed = narrow_for_repair(spec["schema"])
+    return response_format if narrowed is None else {**response_format, "json_schema": {**spec, "schema": narrowed}}
+
+
 def repair_messages(messages: list[dict], answer: str, problem: str) -> list[dict]:
     """The conversation of a schema repair: the invalid answer, then what is wrong with it."""
     return [*messages, {"role": "assistant", "content": answer},
             {"role": "user", "content": f"That answer is invalid: {problem}. Reply again with only the corrected "
                                         "answer."}]
+
+
+def relaxed_format(req: Any) -> bool:
+    """Whether the request's grammar leaves out part of its schema (structured/normalize.relax: uniqueItems, an
+    overlapping oneOf...), so that even a constrained answer must be validated; a non-strict one is flagged."""
+    if req.response_format is None and not req.tools:
+        return False
+    from tokenomy.structured import SchemaError, output_format
+
+    try:
+        fmt = output_format(req.response_format, req.tools, req.tool_choice)
+    except SchemaError:
+        return False
+    return fmt is not None and bool(fmt.relaxed)
 
 
 def is_strict(req: Any) -> bool:
@@ -229,30 +270,51 @@ def merge_tool_calls(deltas: list[dict]) -> list[dict]:
     return [calls[i] for i in sorted(calls)]
 
 
+async def _deltas_of(result: Result) -> AsyncIterator[Delta]:
+    """A collected answer as a stream: each choice's text, then each one's finish, the usage on the last."""
+    choices = result.all_choices
+    for i, c in enumerate(choices):
+        calls = [{**call, "index": k} for k, call in enumerate(c.tool_calls)] if c.tool_calls else None
+        yield Delta(text=c.text, logprobs=c.logprobs, confidence=c.confidence, tool_calls=calls, index=i)
+    for i, c in enumerate(choices):
+        yield Delta(finish_reason=c.finish_reason, stop_sequence=c.stop_sequence, index=i,
+                    usage=result.usage if i == len(choices) - 1 else None)
+
+
 async def _continue(first: Delta, rest: AsyncIterator[Delta], ctx: RequestContext,
                     strict: Any = None) -> AsyncIterator[Delta]:
     """Replay the first delta, then the rest; a failure mid-stream becomes an error delta. With `strict` (the
-    request of a strict json_schema), the last delta is checked first: an answer that breaks its schema ends with a
-    schema_unsatisfied error delta instead of its finish."""
+    request of a strict json_schema), each choice's finishing delta is checked before it goes out (every choice
+    when n > 1): an answer that breaks its schema ends the stream with a schema_unsatisfied error delta instead of
+    its finish."""
     async def deltas() -> AsyncIterator[Delta]:
         yield first
         if not first.last:
             async for d in rest:
                 yield d
 
+    texts: dict[int, str] = {}
+    calls: dict[int, list[dict]] = {}
     try:
         async for d in deltas():
-            if strict is not None and d.last and d.error is None:
-                _seen(d, ctx)
-                problem = answer_problem(strict, ctx.text, ctx.finish_reason)
-                if problem is not None:
-                    if d.text or d.tool_calls:
-                        yield dataclasses.replace(d, finish_reason=None, usage=None)
-                    ctx.finish_reason, ctx.stream_error = "error", problem
-                    yield Delta(error=problem, error_code="schema_unsatisfied", finish_reason="error")
-                    return
-                yield d
-                continue
+            if strict is not None and d.error is None:
+                texts[d.index] = texts.get(d.index, "") + d.text
+                if d.tool_calls:
+                    calls.setdefault(d.index, []).extend(d.tool_calls)
+                if d.finish_reason is not None or d.last:
+                    _seen(d, ctx)
+                    merged = merge_tool_calls(calls[d.index]) if d.index in calls else None
+                    problem = answer_problem(strict, texts[d.index], d.finish_reason or ctx.finish_reason, merged)
+                    if problem is not None:
+                        if (strict.params.get("n") or 1) > 1:
+                            problem = f"choice {d.index}: {problem}"
+                        if d.text or d.tool_calls:
+                            yield dataclasses.replace(d, finish_reason=None, usage=None)
+                        ctx.finish_reason, ctx.stream_error = "error", problem
+                        yield Delta(error=problem, error_code="schema_unsatisfied", finish_reason="error")
+                        return
+                    yield d
+                    continue
             yield _seen(d, ctx)
     except BackendError as e:
         ctx.finish_reason = "error"

@@ -337,6 +337,7 @@ class Constraint:
         self.strict = False  # past the soft limit with no room to spare: follow the walk to the end exactly
         self.strict_past_soft_limit = False  # set by plan_wrap_up for a grammar too slow to re-plan
         self._next_replan = REPLAN_EVERY
+        self._last_need: int | None = None   # the walk to the end at the last check past the soft limit
         self.wrapups = 0  # masks narrowed by the wrap-up rule
         self.steered = 0  # of those, steps steered toward the end of a string that could not end yet
         self._path: list[int] = []  # the rest of the steered path, valid while len(history) == _path_at
@@ -382,7 +383,8 @@ class Constraint:
         slack). Catches what the plan from an empty answer cannot see: an object the model chose to open whose
         required keys alone fill the budget, or long optional detours. Past the soft limit, every
         REPLAN_EVERY / 4 tokens: once the walk to the end (plus that interval) no longer fits in what is left,
-        switch to ``strict``, where the mask keeps only the walk's own token, so the answer ends in time."""
+        or has grown since the last check (a detour), switch to ``strict``, where the mask keeps only the walk's
+        own token, so the answer ends in time."""
         n = len(self.history)
         if self.max_tokens is None or self.soft_limit is None or self.strict or n < self._next_replan:
             return
@@ -394,8 +396,14 @@ class Constraint:
                 self.replans += 1
             return
         self._next_replan = n + REPLAN_EVERY // 4
-        if self.closing_need(left) + REPLAN_EVERY // 4 >= left:
+        # Past the soft limit the way to the end should shrink. When it grows instead, the model is taking a
+        # detour (in WashingtonPost wp_83 it added one optional key after another before the one still required:
+        # 55, 81, 58, 73, 50 tokens to go, then 188 with 95 left, and the answer was cut at max_tokens), so the
+        # walk takes over at once rather than when the detour no longer fits, which can be too late.
+        need = self.closing_need(left)
+        if need + REPLAN_EVERY // 4 >= left or (self._last_need is not None and need > self._last_need):
             self.strict = True
+        self._last_need = need
     def bitmask(self) -> np.ndarray:
         """Packed mask for the next token: int32 words, bit ``t % 32`` of word ``t // 32`` set iff allowed."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)

@@ -29,7 +29,7 @@ import llguidance
 import numpy as np
 
 from tokenomy.lru import LRU
-from tokenomy.structured.normalize import walk
+from tokenomy.structured.normalize import PATTERN_MAX_LENGTH, unenforced_pattern, walk
 from tokenomy.structured.schema import JSON_OPTIONS, OutputFormat, SchemaError, json_schema_format
 from tokenomy.structured.token_tables import TokenTables
 
@@ -208,11 +208,14 @@ def _string_patterns(fmt: OutputFormat) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
 
     def visit(node: dict[str, Any]) -> None:
-        if isinstance(node.get("pattern"), str):
+        # a pattern the grammar cannot express is not in it (normalize.relax): the answer is validated instead
+        if isinstance(node.get("pattern"), str) and not unenforced_pattern(node["pattern"]):
             spec = {"type": "string", "pattern": node["pattern"]}
             for k in ("minLength", "maxLength"):
                 if isinstance(node.get(k), int):
                     spec[k] = node[k]
+            if spec.get("maxLength", 0) > PATTERN_MAX_LENGTH:      # as normalize.cap_pattern_lengths does
+                spec["maxLength"] = max(PATTERN_MAX_LENGTH, spec.get("minLength", 0))
             found.setdefault(json.dumps(spec, sort_keys=True), spec)
 
     for schema in [fmt.schema, *fmt.tools.values()]:

@@ -31,6 +31,15 @@ not where ``required`` names a key outside ``properties``.
 
 And size bounds, ``max_length`` / ``max_items`` (off unless given): a default ``maxLength`` on free strings and
 ``maxItems`` on arrays that set none (``bound_sizes``), skipped under ``oneOf``/``not``/``if``.
+
+And, with ``relaxed`` (a set the caller passes), the keywords llguidance cannot enforce are taken out of the
+grammar instead of refusing the schema (``relax``): ``uniqueItems``, ``contains``, ``if``/``then``/``else``, a
+``not`` the rewrites above could not express, a ``oneOf`` not proven exclusive (it becomes ``anyOf``), a
+``format`` llguidance has no rule for (``regex``, ``uri-reference``...), a ``pattern`` with look-around or
+back-references, ``propertyNames``, and ``min``/``maxProperties`` beside optional properties. This WIDENS the
+grammar: the names of what was relaxed are added to ``relaxed``, and an answer made under such a grammar must be
+validated against the original schema (pipeline/generate.py does, and repairs or refuses it). A
+``minProperties`` met by requiring listed optional properties in order is a narrowing instead, and not reported.
 """
 
 from __future__ import annotations
@@ -105,11 +114,12 @@ def walk(schema: Any, visit: Callable[[dict[str, Any]], None]) -> None:
 
 
 def normalize(schema: dict[str, Any], close: bool = False, max_length: int | None = None,
-              max_items: int | None = None) -> dict[str, Any]:
+              max_items: int | None = None, relaxed: set[str] | None = None) -> dict[str, Any]:
     """Return a rewritten deep copy of ``schema`` (see the module docstring); the input is not modified.
 
     ``close`` closes plain objects (``close_objects``); ``max_length`` / ``max_items`` are default size bounds
-    for free strings and arrays (``bound_sizes``). All three only narrow.
+    for free strings and arrays (``bound_sizes``). All three only narrow. With ``relaxed`` (a set), keywords
+    the grammar cannot enforce are dropped and their names added to it (``relax``: a widening).
     """
     out = copy.deepcopy(schema)
 
@@ -124,8 +134,140 @@ def normalize(schema: dict[str, Any], close: bool = False, max_length: int | Non
     walk(out, lambda node: _absorb_universal_pattern(out, node))
     if close:
         close_objects(out)
+    if relaxed is not None:
+        # After closing: a branch of an overlapping oneOf stays open as the client wrote it (closing one could
+        # shut out the only answers that match exactly one branch), and the keywords that block closing (if,
+        # not...) are dropped after that too. Before the size bounds, which then reach the branches: a bound
+        # only takes answers away, and a small model needs it to end a list.
+        walk(out, lambda node: _relax_one_of(node, relaxed))
     bound_sizes(out, max_length, max_items)
+    cap_pattern_lengths(out)
+    if relaxed is not None:
+        walk(out, lambda node: relax(node, relaxed))
     return out
+
+
+# A string's pattern is intersected with its length bounds in one lexer; with a long maxLength that blows up on
+# an ordinary pattern (GitHub's "^$|(^(?:\\S+\\s+){0,99}\\S+$)" within 5000 characters: fails at 1000, works
+# at 500), so a longer bound beside a pattern is lowered to this (a narrowing).
+PATTERN_MAX_LENGTH = 500
+
+
+def cap_pattern_lengths(schema: dict[str, Any]) -> None:
+    """In place: ``maxLength`` above PATTERN_MAX_LENGTH beside a ``pattern`` becomes PATTERN_MAX_LENGTH (or
+    ``minLength`` when that is longer); skipped under ``oneOf``/``not``/``if``, as ``bound_sizes``."""
+    _, frozen = _marks(schema)
+
+    def cap(node: dict[str, Any]) -> None:
+        high, low = node.get("maxLength"), node.get("minLength", 0)
+        if (id(node) not in frozen and isinstance(node.get("pattern"), str) and isinstance(high, int)
+                and high > PATTERN_MAX_LENGTH and isinstance(low, int)):
+            node["maxLength"] = max(PATTERN_MAX_LENGTH, low)
+
+    walk(schema, cap)
+
+
+# Standard formats llguidance 1.x has no rule for (it refuses the schema); jsonschema's checker still applies.
+UNENFORCED_FORMATS = frozenset({"idn-email", "idn-hostname", "iri", "iri-reference", "json-pointer", "regex",
+                                "relative-json-pointer", "uri-reference", "uri-template"})
+
+
+def unenforced_pattern(pattern: Any) -> bool:
+    """True if ``pattern`` uses a regex feature llguidance's regex engine (a DFA) cannot compile: look-around
+    or a back-reference."""
+    if not isinstance(pattern, str):
+        return False
+    # drop escaped backslashes first so that "\\1" (a literal backslash, then 1) is not a back-reference
+    plain = pattern.replace("\\\\", "")
+    return re.search(r"[(][?]<?[=!]|\\(?:[1-9]|k<)", plain) is not None
+
+
+def _relax_one_of(node: dict[str, Any], relaxed: set[str]) -> None:
+    """A ``oneOf`` still here (not proven exclusive) -> ``anyOf``: at least one branch instead of exactly one."""
+    branches = node.get("oneOf")
+    if not isinstance(branches, list):
+        return
+    del node["oneOf"]
+    if len(branches) > 1:
+        relaxed.add("oneOf")
+    if "anyOf" in node:
+        node.setdefault("allOf", []).append({"anyOf": branches})
+    else:
+        node["anyOf"] = branches
+
+
+def relax(node: dict[str, Any], relaxed: set[str]) -> None:
+    """Drop from ``node`` what the grammar cannot enforce (see the module docstring), naming it in ``relaxed``."""
+    unique = node.pop("uniqueItems", None)
+    if unique is True and not (isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
+        relaxed.add("uniqueItems")
+    if "contains" in node:
+        low = node.pop("minContains", 1)
+        node.pop("maxContains", None)
+        if node.pop("contains") is not True:
+            relaxed.add("contains")
+        if isinstance(low, int) and low > node.get("minItems", 0):
+            node["minItems"] = low     # a narrowing: the items the dropped keyword needs at the least
+    for kw in ("if", "then", "else"):
+        if kw in node:
+            del node[kw]
+            relaxed.add("if")
+    for kw in ("not", "propertyNames"):
+        if kw in node:
+            del node[kw]
+            relaxed.add(kw)
+    fmt = node.get("format")
+    if fmt in UNENFORCED_FORMATS:
+        del node["format"]
+        relaxed.add("format")
+    if unenforced_pattern(node.get("pattern")):
+        del node["pattern"]
+        relaxed.add("pattern")
+    _relax_property_counts(node, relaxed)
+
+
+def narrow_for_repair(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """A narrower copy of ``schema`` for a repair's second try, or None when there is none.
+
+    The grammar leaves ``uniqueItems`` out (``relax``); a small model that repeated an item tends to repeat it
+    again. An array that may hold a single item (``minItems`` at most 1) gets ``maxItems: 1``, which no
+    repetition can break. A narrowing, except under ``oneOf``/``not``/``if``; the repaired answer is validated
+    against the original schema either way.
+    """
+    out = copy.deepcopy(schema)
+    changed = False
+
+    def narrow(node: dict[str, Any]) -> None:
+        nonlocal changed
+        low, high = node.get("minItems", 0), node.get("maxItems")
+        if (node.get("uniqueItems") is True and isinstance(low, int) and low <= 1
+                and not (isinstance(high, int) and high <= 1)):
+            node["maxItems"] = 1
+            changed = True
+
+    walk(out, narrow)
+    return out if changed else None
+
+
+def _relax_property_counts(node: dict[str, Any], relaxed: set[str]) -> None:
+    """llguidance takes ``min``/``maxProperties`` only when every listed property is required."""
+    props, required = node.get("properties"), node.get("required", [])
+    if not isinstance(props, dict) or not isinstance(required, list) or set(props) <= set(required):
+        return
+    low, high = node.get("minProperties"), node.get("maxProperties")
+    if isinstance(low, int):
+        del node["minProperties"]
+        missing = low - len(set(required))
+        optional = [k for k in props if k not in required and props[k] is not False]
+        if 0 < missing <= len(optional):
+            node["required"] = [*required, *optional[:missing]]   # a narrowing: these keys make the count
+        elif missing > 0:
+            relaxed.add("minProperties")
+    if isinstance(high, int):
+        del node["maxProperties"]
+        closed = node.get("additionalProperties") is False and "patternProperties" not in node
+        if not (closed and len(props) <= high):
+            relaxed.add("maxProperties")
 
 
 def close_objects(schema: dict[str, Any]) -> None:

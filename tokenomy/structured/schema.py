@@ -86,6 +86,9 @@ class OutputFormat:
     may_call: bool = False  # a tool call is allowed
     name: str | None = None  # response_format.json_schema.name
     strict: bool = False
+    # Keywords taken out of the grammar because llguidance cannot enforce them (normalize.relax): the grammar
+    # then admits answers the schema refuses, so every answer must be validated (pipeline/generate.py).
+    relaxed: tuple[str, ...] = ()
 
     @property
     def param(self) -> str:
@@ -134,19 +137,23 @@ def _output_format(response_format: Any, tools: Any, tool_choice: Any, parallel_
     # A private copy: the memoised format must not change if the caller later mutates its request.
     response_format, tools = copy.deepcopy(response_format), copy.deepcopy(tools)
     answer = _answer_schema(response_format)
+    relaxed: set[str] = set()
     choice, functions = _tool_choice(tool_choice, tools)
     if choice == "none":
         if answer is None:
             return None
         kind, schema, name, strict = answer
         # The JSON form skips the Lark front end, which costs about 5 ms per compile.
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(_normalized(schema, bounds), overrides=JSON_OPTIONS)
-        return OutputFormat(kind=kind, grammar=grammar, schema=schema, name=name, strict=strict)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(_normalized(schema, bounds, relaxed),
+                                                                overrides=JSON_OPTIONS)
+        return OutputFormat(kind=kind, grammar=grammar, schema=schema, name=name, strict=strict,
+                            relaxed=tuple(sorted(relaxed)))
 
     callable_ = {choice: functions[choice]} if choice not in ("auto", "required") else functions
-    calls = _calls_schema(callable_, bounds, single=not parallel_tool_calls or choice not in ("auto", "required"))
+    calls = _calls_schema(callable_, bounds, relaxed,
+                          single=not parallel_tool_calls or choice not in ("auto", "required"))
     rules = [f'calls: "{TOOL_CALL_OPEN}" call_list "{TOOL_CALL_CLOSE}"',
-             f"call_list: %json {_json_text(calls, bounds)}"]
+             f"call_list: %json {_json_text(calls, bounds, relaxed)}"]
     schema = name = None
     strict = False
     if choice != "auto":
@@ -158,10 +165,11 @@ def _output_format(response_format: Any, tools: Any, tool_choice: Any, parallel_
     else:
         _, schema, name, strict = answer
         start = "start: answer | calls"
-        rules.append(f"answer: %json {_json_text(schema, bounds)}")
+        rules.append(f"answer: %json {_json_text(schema, bounds, relaxed)}")
     return OutputFormat(kind="tools", grammar=_lark("\n".join([start, *rules])), schema=schema,
                         tools={n: f["parameters"] for n, f in callable_.items()},
-                        may_answer=choice == "auto", may_call=True, name=name, strict=strict)
+                        may_answer=choice == "auto", may_call=True, name=name, strict=strict,
+                        relaxed=tuple(sorted(relaxed)))
 
 
 def json_schema_format(schema: dict[str, Any], *, max_string_length: int | None = None,
@@ -244,11 +252,13 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
     return functions
 
 
-def _calls_schema(functions: dict[str, dict[str, Any]], bounds: _Bounds, single: bool) -> dict[str, Any]:
+def _calls_schema(functions: dict[str, dict[str, Any]], bounds: _Bounds, relaxed: set[str],
+                  single: bool) -> dict[str, Any]:
     """JSON Schema of the call list: an array of {name: const, arguments: parameters}, one branch per function."""
     branches = []
     for i, (name, fn) in enumerate(functions.items()):
-        params = _normalized(fn["parameters"], bounds)  # a deep copy: rebasing must not touch the request's schema
+        # a deep copy: rebasing must not touch the request's schema
+        params = _normalized(fn["parameters"], bounds, relaxed)
         params.pop("$schema", None)
         params.pop("$id", None)
         rebase_refs(params, f"/items/anyOf/{i}/properties/arguments")
@@ -264,16 +274,18 @@ def _calls_schema(functions: dict[str, dict[str, Any]], bounds: _Bounds, single:
     return schema
 
 
-def _normalized(schema: dict[str, Any], bounds: _Bounds) -> dict[str, Any]:
+def _normalized(schema: dict[str, Any], bounds: _Bounds, relaxed: set[str]) -> dict[str, Any]:
+    """The schema the grammar is built from; what had to be relaxed is added to ``relaxed``."""
     try:
-        return normalize(schema, close=CLOSE_OBJECTS, max_length=bounds.max_length, max_items=bounds.max_items)
+        return normalize(schema, close=CLOSE_OBJECTS, max_length=bounds.max_length, max_items=bounds.max_items,
+                         relaxed=relaxed)
     except RecursionError as e:  # deepcopy recurses; a pathologically deep schema lands here
         raise SchemaError("schema is nested too deeply") from e
 
 
-def _json_text(schema: dict[str, Any], bounds: _Bounds) -> str:
+def _json_text(schema: dict[str, Any], bounds: _Bounds, relaxed: set[str]) -> str:
     """A schema as inline ``%json`` text: normalised, with JSON_OPTIONS as its ``x-guidance``."""
-    out = _normalized(schema, bounds)
+    out = _normalized(schema, bounds, relaxed)
     out["x-guidance"] = JSON_OPTIONS
     return json.dumps(out, ensure_ascii=False)
 
