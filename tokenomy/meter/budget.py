@@ -128,6 +128,52 @@ class Hold:
     allowance: Allowance | None = None   # held in this process's allowance (its first reservation), not in `slots`
 
 
+class _Held:
+    """One budget slot's holds in this process (store local): request id -> [usd, tokens, lease end], with their
+    sums kept, so a reservation costs the same however many requests are in flight."""
+
+    __slots__ = ("by_rid", "usd", "tokens", "next_end")
+
+    def __init__(self) -> None:
+        self.by_rid: dict[str, list[float]] = {}
+        self.usd = self.tokens = 0.0
+        self.next_end = math.inf        # at most the earliest lease end among the holds
+
+    def __len__(self) -> int:
+        return len(self.by_rid)
+
+    def add(self, rid: str, usd: float, tokens: float, end: float) -> None:
+        h = self.by_rid.setdefault(rid, [0.0, 0.0, 0.0])
+        h[0], h[1], h[2] = h[0] + usd, h[1] + tokens, end
+        self.usd += usd
+        self.tokens += tokens
+        self.next_end = min(self.next_end, end)
+
+    def pop(self, rid: str) -> None:
+        h = self.by_rid.pop(rid, None)
+        if h is None:
+            return
+        if self.by_rid:
+            self.usd -= h[0]
+            self.tokens -= h[1]
+        else:                           # none left: no rounding carried over
+            self.usd = self.tokens = 0.0
+            self.next_end = math.inf
+
+    def renew(self, rid: str, end: float) -> None:
+        h = self.by_rid.get(rid)
+        if h is not None:
+            h[2] = end
+
+    def expire(self, t: float) -> None:
+        """Drop the holds whose lease ended by `t` (nobody renewed them: their request ended without settling)."""
+        if t < self.next_end:
+            return
+        for rid in [r for r, h in self.by_rid.items() if h[2] <= t]:
+            self.pop(rid)
+        self.next_end = min((h[2] for h in self.by_rid.values()), default=math.inf)
+
+
 @dataclass
 class _Subject:
     scope: str          # key | tenant
@@ -159,7 +205,7 @@ class Budgets:
         self._used: dict[tuple[str, str, str, float], list[float]] = {}
         self._warned: set[tuple[str, str, str, str, float]] = set()
         # in this process (store local): slot -> request id -> [usd, tokens, lease end on lease_clock]
-        self._held: dict[Slot, dict[str, list[float]]] = {}
+        self._held: dict[Slot, _Held] = {}
         self.holding: dict[str, Hold] = {}       # request id -> what it holds: this process's requests in flight
         self.settling: set[str] = set()          # of those, the ones whose settle is queued (meter/shared.py)
         self.lease_s, self.lease_clock = lease_s, lease_clock
@@ -246,7 +292,8 @@ class Budgets:
         self.holding.pop(row.request_id, None)
         with self._lock:
             for slot in hold.slots if hold is not None else []:
-                self._held.get(slot, {}).pop(row.request_id, None)
+                if slot in self._held:
+                    self._held[slot].pop(row.request_id)
             for s, period, start, _ in spent:
                 total = self._used.setdefault((s.scope, s.ident, period, start.timestamp()), [0.0, 0.0])
                 total[0] += usd
@@ -342,21 +389,21 @@ class Budgets:
         t = self.lease_clock()
         with self._lock:
             for (s, period, _, end), slot in zip(checks, slots, strict=True):
-                held = self._held.setdefault(slot, {})
-                for gone in [r for r, h in held.items() if h[2] <= t]:
-                    del held[gone]          # a hold nobody renewed: its request ended without settling
+                held = self._held.get(slot)
+                if held is None:
+                    held = self._held[slot] = _Held()
+                held.expire(t)
                 spent = self._used.get(slot, (0.0, 0.0))
                 for i, (unit, need) in enumerate((("usd", usd), ("tokens", tokens))):
                     limit = s.limits.limit(unit, period)
                     if limit is None or need <= 0:
                         continue
-                    on_hold = sum(h[i] for h in held.values())
+                    on_hold = held.tokens if i else held.usd
                     if spent[i] + on_hold + need > limit * (1 + 1e-9):
                         raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, limit, spent[i], end, now,
                                              held=on_hold, need=need)
             for slot in slots:
-                h = self._held[slot].setdefault(rid, [0.0, 0.0, 0.0])
-                h[0], h[1], h[2] = h[0] + usd, h[1] + tokens, t + self.lease_s
+                self._held[slot].add(rid, usd, tokens, t + self.lease_s)
 
     def _reserve_shared(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
                         now: float, window: tuple[str, int, int, float] | None, allow: bool = False,
@@ -404,9 +451,8 @@ class Budgets:
             with self._lock:
                 for rid, hold in holding:
                     for slot in hold.slots:
-                        h = self._held.get(slot, {}).get(rid)
-                        if h is not None:
-                            h[2] = until
+                        if slot in self._held:
+                            self._held[slot].renew(rid, until)
             return
         try:
             self.shared.renew([(self.shared.budget_leases_key(slot), rid) for rid, hold in holding
@@ -426,7 +472,8 @@ class Budgets:
         if self.shared is None:
             with self._lock:
                 for slot in hold.slots:
-                    self._held.get(slot, {}).pop(request_id, None)
+                    if slot in self._held:
+                        self._held[slot].pop(request_id)
             return
         try:
             self.shared.budget_settle(hold.slots, [], request_id, 0.0, 0.0)
@@ -441,8 +488,8 @@ class Budgets:
             usd, tokens = self.shared.budget_held(slot)
             return usd, int(tokens)
         with self._lock:
-            held = list(self._held.get(slot, {}).values())
-        return sum(h[0] for h in held), int(sum(h[1] for h in held))
+            held = self._held.get(slot)
+            return (held.usd, round(held.tokens)) if held is not None else (0.0, 0)
 
     def close(self) -> None:
         """Give this process's allowances back to the shared store (a gateway stopping; its requests ended)."""
