@@ -36,12 +36,13 @@ except ImportError:                      # pragma: no cover  (a dependency; with
 HIGH_WATER = 256 * 1024          # bytes read ahead of the reader before the socket stops being read
 
 
-class _Connection(asyncio.Protocol):
-    """One connection's bytes as they arrive, and whether it has ended."""
+class _Protocol(asyncio.Protocol):
+    """What both kinds of connection below keep of asyncio's callbacks: whether the connection ended (and why),
+    a reader's waiter woken by every event, and writers' flow control (`drained` resolves when the send buffer
+    empties or the connection is lost). Subclasses read the bytes (`data_received`)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
         self.eof = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future[None] | None = None
@@ -52,13 +53,6 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport       # type: ignore[assignment]  # uvloop's are not asyncio.Transport's subclasses
 
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if len(self.buffer) > HIGH_WATER and self.reading and self.transport is not None:
-            self.transport.pause_reading()
-            self.reading = False
-        self._wake()
-
     def eof_received(self) -> bool:
         self.eof = True
         self._wake()
@@ -66,7 +60,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
-        self.error = exc
+        if exc is not None and self.error is None:      # an error seen in the bytes before stays the reason
+            self.error = exc
         self._wake()
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
@@ -82,6 +77,21 @@ class _Connection(asyncio.Protocol):
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+
+class _Connection(_Protocol):
+    """One connection's bytes as they arrive, and whether it has ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) > HIGH_WATER and self.reading and self.transport is not None:
+            self.transport.pause_reading()
+            self.reading = False
+        self._wake()
 
 
 async def _wait(fut: asyncio.Future[None], timeout: float | None, timed_out: Callable[[str], Exception]) -> None:
@@ -284,12 +294,12 @@ def on_asyncio(client: httpx.AsyncClient) -> httpx.AsyncClient:
 
 
 # ---- the lean path: plain HTTP/1.1 to an upstream, parsed by httptools ------------------------------------------
-class _H1(asyncio.Protocol):
+class _H1(_Protocol):
     """One HTTP/1.1 connection to an upstream; each answer parsed by httptools (llhttp, C) as its bytes arrive:
     its status and headers, then its body's pieces, until the message is complete."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        super().__init__()
         self.loop = asyncio.get_running_loop()
         self.parser: Any = None
         self.status = 0
@@ -300,12 +310,6 @@ class _H1(asyncio.Protocol):
         self.interim = False             # an interim (1xx) answer is being read
         self.body: list[bytes] = []
         self.buffered = 0
-        self.eof = False
-        self.error: BaseException | None = None
-        self.waiter: asyncio.Future[None] | None = None
-        self.drained: asyncio.Future[None] | None = None
-        self.paused = False
-        self.reading = True
         self.idle_since = 0.0
 
     def expect(self) -> None:
@@ -340,9 +344,6 @@ class _H1(asyncio.Protocol):
         self.keep_alive = self.parser.should_keep_alive()    # llhttp forgets it once the message is done
 
     # asyncio's
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport       # type: ignore[assignment]
-
     def data_received(self, data: bytes) -> None:
         if self.parser is None or self.complete:
             self.error = httpx.RemoteProtocolError("the upstream sent bytes no request asked for")
@@ -359,31 +360,6 @@ class _H1(asyncio.Protocol):
                 self.transport.pause_reading()   # type: ignore[union-attr]
                 self.reading = False
         self._wake()
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.eof = True
-        if exc is not None and self.error is None:
-            self.error = exc
-        self._wake()
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
 
     async def wait(self, timeout: float | None, timed_out: Callable[[str], Exception]) -> None:
         self.waiter = self.loop.create_future()
