@@ -74,7 +74,6 @@ def logit_bias(bias: dict[str, Any], n_vocab: int) -> dict[int, float]:
     return out
 
 
-
 # A strict json_schema's answer must close: one cut at max_tokens is a 422. A model without a measured wrap-up
 # share (a GGUF path) still gets wrap-up for it, at a share of 1: the soft limit is then where the schema's
 # shortest way to the end barely fits (Constraint.plan_wrap_up), so an answer that would end anyway is untouched.
@@ -85,6 +84,7 @@ def wrap_up_share(configured: float | None, strict: bool) -> float | None:
     """The wrap-up share a constrained answer is planned with: the model's, or STRICT_WRAP_UP for a strict
     json_schema when the model has none."""
     return configured if configured is not None or not strict else STRICT_WRAP_UP
+
 
 class EmbeddedBackend:
     def __init__(self, name: str, gguf_path: str, cfg: EngineConfig | None = None,

@@ -404,6 +404,7 @@ class Constraint:
         if need + REPLAN_EVERY // 4 >= left or (self._last_need is not None and need > self._last_need):
             self.strict = True
         self._last_need = need
+
     def bitmask(self) -> np.ndarray:
         """Packed mask for the next token: int32 words, bit ``t % 32`` of word ``t // 32`` set iff allowed."""
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
