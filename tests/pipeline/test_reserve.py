@@ -307,3 +307,29 @@ def test_a_hold_settles_when_its_row_cannot_be_written() -> None:
                            json={"model": "remote", "max_tokens": 5, "messages": MESSAGES}, timeout=30)
             assert r.status_code == 200 and settled(g)
             assert g.gateway.budgets.held("key", key_id, "day") == (0.0, 0)
+
+
+def test_an_upstreams_margin_is_the_most_it_billed_beyond_the_count_in_its_last_256_answers() -> None:
+    from tokenomy.generation import Usage
+    from tokenomy.meter.budget import Budgets
+    from tokenomy.pipeline.reserve import Reserve
+
+    stage = Reserve(Budgets(), None, lambda model, batch: None, lambda model: None)   # an upstream: no window
+    asked = RequestContext(gen=GenRequest(model="up", messages=MESSAGES))
+    asked.prompt_tokens = 100
+
+    def answered(billed: int) -> None:
+        ctx = RequestContext(gen=GenRequest(model="up", messages=MESSAGES), reserved=("up", 0.0), model="up",
+                             prompt_tokens=100, usage=Usage(prompt_tokens=billed, completion_tokens=1))
+        stage.on_record(ctx)
+
+    assert stage.prompt_bound(asked, "up") == 100 + 26        # nothing seen yet: 10% + 16
+    answered(100 + 90)
+    for _ in range(255):
+        answered(100 + 3)
+    assert stage.prompt_bound(asked, "up") == 100 + 90        # the 90 is still among the last 256
+    answered(100 + 40)
+    assert stage.prompt_bound(asked, "up") == 100 + 40        # it left: the most of the rest
+    for _ in range(256):
+        answered(100)
+    assert stage.prompt_bound(asked, "up") == 100 + 26        # back to the floor

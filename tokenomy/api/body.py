@@ -61,8 +61,8 @@ async def parse_recorded(gateway: Any, request: Request, model: type[BaseModel],
     without a valid key); a refused request still gets its ledger row (status 4xx, no model), through
     `gateway.refused`."""
     try:
-        if gateway.keyring.enabled:
-            gateway.keyring.lookup(request.headers.get("authorization"))
+        if gateway.keyring.enabled:      # kept for the admit stage (api/serve.py run), which hashes it once
+            request.scope["tokenomy.key"] = gateway.keyring.lookup(request.headers.get("authorization"))
         return await parse(request, model, gateway.config.server.max_body_bytes)
     except (APIError, RequestValidationError) as e:
         err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")

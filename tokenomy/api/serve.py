@@ -34,7 +34,10 @@ async def run(request: Request, gateway: object, gen: GenRequest, stream: bool,
     raises ClientLeft when the client disconnects first (the work is cancelled), and APIError with the tokenomy
     headers merged into its own. `headers`: the request's as the pipeline should see them (lower-cased; a
     dialect may map its own key header into `authorization`), else the request's own."""
-    ctx = RequestContext(gen=gen, stream=stream, headers=headers if headers is not None else headers_of(request))
+    if headers is None:     # the request's own: the key parse_recorded (api/body.py) checked is the one they hold
+        ctx = RequestContext(gen=gen, stream=stream, headers=headers_of(request), key=request.scope.get("tokenomy.key"))
+    else:
+        ctx = RequestContext(gen=gen, stream=stream, headers=headers)
     return await run_context(request, gateway, ctx)
 
 

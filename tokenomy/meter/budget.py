@@ -181,6 +181,10 @@ class _Subject:
     name: str           # what messages call it (the key's name)
     limits: BudgetLimits
 
+    def __post_init__(self) -> None:
+        # (unit, period) -> its limit, None: unlimited (read on every reservation and settle)
+        self.limit = {(unit, period): self.limits.limit(unit, period) for unit in UNITS for period in PERIODS}
+
 
 class Budgets:
     def __init__(self, keys: dict[str, BudgetLimits] | None = None, tenants: dict[str, BudgetLimits] | None = None,
@@ -227,18 +231,22 @@ class Budgets:
             if k[1] is not None and k in self.subjects:
                 yield self.subjects[k]
 
-    def _plan(self, key_id: str | None, tenant: str | None, now: float) -> tuple[list[Any], list[Slot]]:
+    def _plan(self, key_id: str | None, tenant: str | None, now: float) -> tuple[list[Any], list[Slot], list[Any]]:
         """The budgets of a key and tenant at UNIX time `now`: (subject, period, period start, period end) for
-        each, and their slots, made once a UTC day per key and tenant (the lists are shared: read only)."""
+        each, their slots, and (check, slot, USD limit, token limit) for those with a limit (the only ones a
+        reservation in process holds in), made once a UTC day per key and tenant (the lists are shared: read only)."""
         day = int(now // 86400)
         plan = self._plans.get((key_id, tenant, day))
         if plan is None:
             checks = [(s, period, *_bounds(period, day)) for s in self._applicable(key_id, tenant)
                       for period in PERIODS]
             slots: list[Slot] = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
+            limited = [(c, slot, c[0].limit["usd", c[1]], c[0].limit["tokens", c[1]])
+                       for c, slot in zip(checks, slots, strict=True)
+                       if c[0].limit["usd", c[1]] is not None or c[0].limit["tokens", c[1]] is not None]
             if len(self._plans) >= 4096:
                 self._plans.clear()
-            plan = self._plans[(key_id, tenant, day)] = (checks, slots)
+            plan = self._plans[(key_id, tenant, day)] = (checks, slots, limited)
         return plan
 
     def seed(self, ledger: Any) -> None:
@@ -285,20 +293,23 @@ class Budgets:
             self.holding.pop(row.request_id, None)
             return
         now = self.clock()
-        spent = self._plan(row.key_id, row.tenant, now)[0] if usd or tokens else []
+        spent, slots, _ = self._plan(row.key_id, row.tenant, now) if usd or tokens else ([], [], [])
         if self.shared is not None:
             self._record_shared(row, hold, spent, usd, tokens)
             return
         self.holding.pop(row.request_id, None)
         with self._lock:
             for slot in hold.slots if hold is not None else []:
-                if slot in self._held:
-                    self._held[slot].pop(row.request_id)
-            for s, period, start, _ in spent:
-                total = self._used.setdefault((s.scope, s.ident, period, start.timestamp()), [0.0, 0.0])
+                held = self._held.get(slot)
+                if held is not None:
+                    held.pop(row.request_id)
+            for (s, period, _, _), slot in zip(spent, slots, strict=True):
+                total = self._used.get(slot)
+                if total is None:
+                    total = self._used[slot] = [0.0, 0.0]
                 total[0] += usd
                 total[1] += tokens
-                self._observe(s, period, start, total)
+                self._observe(s, period, slot[3], total)
             self._prune(now)
 
     def _record_shared(self, row: LedgerRow, hold: Hold | None, spent: list[Any], usd: float, tokens: float) -> None:
@@ -313,7 +324,7 @@ class Budgets:
                 return
             with self._lock:
                 for (s, period, start, _), total in zip(spent, totals, strict=True):
-                    self._observe(s, period, start, list(total))
+                    self._observe(s, period, start.timestamp(), list(total))
 
         charged = [((s.scope, s.ident, period, start.timestamp()), end.timestamp() + 86400)
                    for s, period, start, end in spent]
@@ -341,7 +352,8 @@ class Budgets:
 
     def applies(self, key_id: str | None, tenant: str | None) -> bool:
         """Whether any budget applies to this key or tenant (else there is nothing to reserve)."""
-        return any(True for _ in self._applicable(key_id, tenant))
+        subjects = self.subjects
+        return bool(subjects) and (("key", key_id) in subjects or ("tenant", tenant) in subjects)
 
     def reserve(self, key_id: str | None, tenant: str | None, request_id: str, usd: float, tokens: float,
                 window: tuple[str, int, int, float] | None = None) -> bool | None:
@@ -357,13 +369,13 @@ class Budgets:
         if not self.enabled or (usd <= 0 and tokens <= 0):
             return None
         now = self.clock()
-        checks, slots = self._plan(key_id, tenant, now)
+        checks, slots, limited = self._plan(key_id, tenant, now)
         if not checks:
             return None
         window_ample = None
         allowance = None
         if self.shared is None:
-            self._reserve_local(checks, slots, request_id, usd, tokens, now)
+            slots = self._reserve_local(limited, request_id, usd, tokens, now)
             ample = False
         else:
             # a request's first reservation, without a tpm window to hold with it, may be held in an allowance
@@ -374,36 +386,42 @@ class Budgets:
             if allowance is None:
                 ample, window_ample, allowance = self._reserve_shared(checks, slots, request_id, usd, tokens, now,
                                                                       window, fresh)
-        hold = self.holding.setdefault(request_id, Hold(slots=[]))
+        hold = self.holding.get(request_id)
+        if hold is None:
+            hold = self.holding[request_id] = Hold(slots=[])
         if allowance is not None:
             hold.allowance, hold.usd, hold.tokens = allowance, usd, tokens
             return window_ample
-        hold.slots += [s for s in slots if s not in hold.slots]
+        if hold.slots:
+            hold.slots += [s for s in slots if s not in hold.slots]
+        else:
+            hold.slots = list(slots)
         hold.usd += usd
         hold.tokens += tokens
         hold.ample = hold.ample and ample
         return window_ample
 
-    def _reserve_local(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
-                       now: float) -> None:
+    def _reserve_local(self, limited: list[Any], rid: str, usd: float, tokens: float, now: float) -> list[Slot]:
+        """Hold in process in each slot with a limit (`_plan`'s third list), or raise; the slots held in."""
         t = self.lease_clock()
         with self._lock:
-            for (s, period, _, end), slot in zip(checks, slots, strict=True):
+            for (s, period, _, end), slot, usd_limit, tokens_limit in limited:
                 held = self._held.get(slot)
                 if held is None:
                     held = self._held[slot] = _Held()
                 held.expire(t)
                 spent = self._used.get(slot, (0.0, 0.0))
-                for i, (unit, need) in enumerate((("usd", usd), ("tokens", tokens))):
-                    limit = s.limits.limit(unit, period)
-                    if limit is None or need <= 0:
-                        continue
-                    on_hold = held.tokens if i else held.usd
-                    if spent[i] + on_hold + need > limit * (1 + 1e-9):
-                        raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, limit, spent[i], end, now,
-                                             held=on_hold, need=need)
-            for slot in slots:
-                self._held[slot].add(rid, usd, tokens, t + self.lease_s)
+                if usd_limit is not None and usd > 0 and spent[0] + held.usd + usd > usd_limit * (1 + 1e-9):
+                    raise BudgetExceeded(s.scope, s.ident, s.name, "usd", period, usd_limit, spent[0], end, now,
+                                         held=held.usd, need=usd)
+                if tokens_limit is not None and tokens > 0 and \
+                        spent[1] + held.tokens + tokens > tokens_limit * (1 + 1e-9):
+                    raise BudgetExceeded(s.scope, s.ident, s.name, "tokens", period, tokens_limit, spent[1], end,
+                                         now, held=held.tokens, need=tokens)
+            end_at = t + self.lease_s
+            for _, slot, _, _ in limited:
+                self._held[slot].add(rid, usd, tokens, end_at)
+        return [slot for _, slot, _, _ in limited]
 
     def _reserve_shared(self, checks: list[Any], slots: list[Slot], rid: str, usd: float, tokens: float,
                         now: float, window: tuple[str, int, int, float] | None, allow: bool = False,
@@ -412,7 +430,7 @@ class Budgets:
         same for the tokens-per-minute window held with it (None: not held here), and with `allow`, the allowance
         granted instead when the budgets are far from their limits (the request is held in it), else None."""
         assert self.shared is not None
-        limits = [(slot, s.limits.limit("usd", period), s.limits.limit("tokens", period))
+        limits = [(slot, s.limit["usd", period], s.limit["tokens", period])
                   for (s, period, _, _), slot in zip(checks, slots, strict=True)]
         expire_at = max(end.timestamp() for _, _, _, end in checks) + 86400
         grant = self.allowances.grant() if allow and self.allowances is not None else None
@@ -433,7 +451,7 @@ class Budgets:
             if unit == "tpm":
                 raise WindowFull(spent, held)
             s, period, _, end = checks[i]
-            raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, s.limits.limit(unit, period) or 0.0,
+            raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, s.limit[unit, period] or 0.0,
                                  spent, end, now, held=held, need=usd if unit == "usd" else tokens)
         if granted and grant is not None and self.allowances is not None:
             return ample, window_ample, self.allowances.add(slots, grant[0], granted * usd, granted * tokens,
@@ -500,11 +518,13 @@ class Budgets:
         s = self.subjects.get(slot[:2])
         if s is not None:
             with self._lock:
-                self._observe(s, slot[2], dt.datetime.fromtimestamp(slot[3], dt.UTC), list(total))
+                self._observe(s, slot[2], slot[3], list(total))
 
-    def _observe(self, s: _Subject, period: str, start: dt.datetime, slot: list[float]) -> None:
+    def _observe(self, s: _Subject, period: str, start: float, slot: list[float]) -> None:
+        """Set a budget's used-share gauges from its period's totals `slot` (period start: UNIX time `start`), and
+        warn once a period when a share crosses warn_at."""
         for i, unit in enumerate(UNITS):
-            limit = s.limits.limit(unit, period)
+            limit = s.limit[unit, period]
             if limit is None:
                 continue
             ratio = slot[i] / limit
@@ -514,8 +534,10 @@ class Budgets:
                 if gauge is None:
                     gauge = self._gauges[labels] = self.metrics.budget_used.labels(*labels)
                 gauge.set(ratio)
-            mark = (s.scope, s.ident, period, unit, start.timestamp())
-            if ratio >= s.limits.warn_at and mark not in self._warned:
+            if ratio < s.limits.warn_at:
+                continue
+            mark = (s.scope, s.ident, period, unit, start)
+            if mark not in self._warned:
                 self._warned.add(mark)
                 log.warning("budget warning: %s '%s' has used %.0f%% of its %s %s budget (%s of %s)",
                             s.scope, s.name, 100 * ratio, "daily" if period == "day" else "monthly", unit,
@@ -559,6 +581,6 @@ class Budgets:
                                headers={"retry-after": "1"}) from e
         for (s, period, _, end), (usd, tokens) in zip(checks, totals, strict=True):
             for unit, used in (("usd", usd), ("tokens", tokens)):
-                limit = s.limits.limit(unit, period)
+                limit = s.limit[unit, period]
                 if limit is not None and used >= limit:
                     raise BudgetExceeded(s.scope, s.ident, s.name, unit, period, limit, used, end, now)

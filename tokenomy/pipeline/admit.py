@@ -105,7 +105,7 @@ class Admit:
         if self.keyring.enabled:
             # a batch request (ctx.batch_id, set only by tokenomy/batch/) carries the key id it was created with
             info = (self.keyring.by_id(ctx.key_id) if ctx.batch_id is not None
-                    else self.keyring.lookup(ctx.headers.get("authorization")))
+                    else ctx.key or self.keyring.lookup(ctx.headers.get("authorization")))
             ctx.key_id, ctx.tenant = info.key_id, info.tenant
             if info.allowed is not None:
                 ctx.allowed_models = frozenset(info.allowed) if info.allowed is not None else None

@@ -49,7 +49,7 @@ class Generate:
             if ctx.token_router is not None and name == ctx.token_router.name:
                 backend = ctx.token_router      # the small model's turn of a token route (router/token_routing.py)
             if ctx.cover is not None:
-                ctx.cover(name)       # a dearer fallback holds the difference first (pipeline/reserve.py)
+                ctx.cover(ctx, name)  # a dearer fallback holds the difference first (pipeline/reserve.py)
             req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream,
                                       headers=ctx.headers)
             ctx.serving = name

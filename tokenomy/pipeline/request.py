@@ -81,6 +81,7 @@ class RequestContext:
     # admit
     key_id: str | None = None
     tenant: str = "default"
+    key: Any = None     # the admit stage's KeyInfo when the API layer already checked the request's own key with it
     allowed_models: frozenset[str] | None = None   # the key's allow-list (None: every model)
     # context
     prompt_tokens: int | None = None
@@ -105,10 +106,10 @@ class RequestContext:
     escalations: list[tuple[str, Usage]] = field(default_factory=list)   # discarded (paid) answers: model, usage
     token_router: Any = None                  # a token route's TokenRouter (router/token_routing.py), which serves
     #                                           its small model's candidate in the generate stage
-    # reserve (pipeline/reserve.py): the model the request's hold is priced at and its USD; `cover(model)` holds
-    # more before a dearer model serves it (a fallback), raising the budget's 429 when that does not fit
+    # reserve (pipeline/reserve.py): the model the request's hold is priced at and its USD; `cover(ctx, model)`
+    # holds more before a dearer model serves it (a fallback), raising the budget's 429 when that does not fit
     reserved: tuple[str, float] | None = None
-    cover: Callable[[str], None] | None = None
+    cover: Callable[[RequestContext, str], None] | None = None
     # generate
     result: Result | None = None
     deltas: AsyncIterator[Delta] | None = None

@@ -13,7 +13,7 @@ The most a request can cost is its prompt plus its output bound:
   max_tokens so the bound holds (an upstream whose window tokenomy does not know);
 - choices: `n`, or `best_of` when larger;
 - priced at the model the route chose (the first candidate; a token route, whose answer both its models write,
-  at the dearer). Generate calls `ctx.cover(model)` before it falls back to another candidate: a dearer one
+  at the dearer). Generate calls `ctx.cover(ctx, model)` before it falls back to another candidate: a dearer one
   reserves the difference first, and the fallback is refused (429) when that does not fit. A cascade runs this
   stage once per answer it asks for, so each reserves its own.
 An embeddings request holds its inputs' tokens: UTF-8 bytes + 2 per text, a bound for any tokenizer.
@@ -57,6 +57,7 @@ class Reserve:
         self.settings = settings or LimitsSettings()
         self._renewal: asyncio.Task[None] | None = None
         self.extra: dict[str, deque[int]] = {}     # model -> prompt tokens an upstream billed beyond the count
+        self._extra_max: dict[str, int] = {}       # model -> max(self.extra[model]), kept as it changes
 
     def traced(self, ctx: RequestContext) -> bool:
         """Whether the request has anything to hold (a trace shows this stage only then)."""
@@ -82,7 +83,7 @@ class Reserve:
             self.admit.reserve_tokens(ctx, int(tokens))
         ctx.reserved = (model, usd)
         ctx.response_headers["x-tokenomy-reserved"] = f"tokens={int(tokens)}; usd={usd:.8f}; model={model}"
-        ctx.cover = lambda name: self.cover(ctx, name)
+        ctx.cover = self.cover       # called with ctx: no closure over it, so no reference cycle
         await call_next(ctx)
 
     def _reserve(self, ctx: RequestContext, tpm: bool, usd: float, tokens: float) -> bool:
@@ -131,8 +132,7 @@ class Reserve:
         counted = ctx.prompt_tokens or 0
         if self.window(model) is not None and ctx.prompt_tokens_exact:
             return counted                   # the embedded engine: the count is what it renders and bills
-        seen = self.extra.get(model)
-        return counted + max(math.ceil(counted * 0.1) + 16, max(seen) if seen else 0)
+        return counted + max(math.ceil(counted * 0.1) + 16, self._extra_max.get(model, 0))
 
     def on_record(self, ctx: RequestContext) -> None:
         """Record sink (after the meter's, which settles): free a hold the meter could not settle (its row failed,
@@ -144,7 +144,15 @@ class Reserve:
         if ctx.reserved is None or u is None or ctx.model is None or ctx.prompt_tokens is None or u.parts \
                 or ctx.cache in ("exact", "semantic") or self.window(ctx.model) is not None:
             return
-        self.extra.setdefault(ctx.model, deque(maxlen=256)).append(max(u.prompt_tokens - ctx.prompt_tokens, 0))
+        seen = self.extra.get(ctx.model)
+        if seen is None:
+            seen = self.extra[ctx.model] = deque(maxlen=256)
+        extra = max(u.prompt_tokens - ctx.prompt_tokens, 0)
+        top = self._extra_max.get(ctx.model, 0)
+        dropped = seen[0] if len(seen) == seen.maxlen else -1
+        seen.append(extra)
+        # the max changes only by what came in, or when the one that left held it
+        self._extra_max[ctx.model] = max(seen) if dropped >= top > extra else max(top, extra)
 
     def _usd(self, ctx: RequestContext, model: str, prompt: float, completion: float) -> float:
         p = self.price(model, ctx.batch_id is not None)
