@@ -73,6 +73,24 @@ def test_a_repair_that_validates_is_returned() -> None:
         jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), SCHEMA)
 
 
+def test_each_broken_choice_of_several_is_repaired_on_its_own() -> None:
+    # n=3: choices 1 and 2 break the schema; each is asked again alone (n=1), and both repairs validate
+    stub = Stub(texts=[['{"n": 1}', '{"n": "two"}', '{"n": "three"}'], '{"n": 2}', '{"n": 3}'])
+    with gateway(stub) as (gw, stub):
+        r = ask(gw, n=3)
+        assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired", r.text
+        answers = [json.loads(c["message"]["content"]) for c in r.json()["choices"]]
+        for a in answers:
+            jsonschema.validate(a, SCHEMA)
+        assert answers[0] == {"n": 1} and stub.hits == 3
+        assert [b.get("n") for b in stub.bodies] == [3, 1, 1]
+    # a choice whose repair breaks it again ends the strict request with which choice and why
+    with gateway(Stub(texts=[['{"n": 1}', '{"n": "two"}'], '{"n": "still two"}'])) as (gw, stub):
+        r = ask(gw, n=2)
+        assert r.status_code == 422 and stub.hits == 2
+        assert r.json()["error"]["message"].startswith("choice 1: ") and "still two" in r.json()["error"]["message"]
+
+
 def test_an_answer_cut_at_max_tokens_is_refused_without_a_repair() -> None:
     with gateway(Stub(texts=['{"n": 12'], finish="length")) as (gw, stub):
         r = ask(gw)
@@ -128,9 +146,11 @@ def test_a_stream_of_several_choices_checks_each_before_its_finish() -> None:
         assert "$.n" in err["message"]
         finished = [c["index"] for e in events[:-1] for c in e.get("choices", []) if c.get("finish_reason")]
         assert finished == [0]                                   # the valid choice finished, the other did not
-        # the same answers in one body: a 422 naming the choice, as before
+        # the same answers in one body: the broken choice is asked again on its own (the stub's next answer to
+        # n=1 is its first choice's, which validates); a stream's choices went out as they were made
         r = ask(gw, n=2)
-        assert r.status_code == 422 and "choice 1" in r.json()["error"]["message"]
+        assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired"
+        assert [json.loads(c["message"]["content"]) for c in r.json()["choices"]] == [{"n": 1}, {"n": 1}]
 
 
 UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
@@ -207,3 +227,17 @@ def test_a_strict_stream_the_grammar_cannot_fully_enforce_is_repaired_before_it_
     with gateway(Stub(texts=['{"tags": ["a", "a"]}'])) as (gw, _):
         r, _events = stream(gw)
         assert r.status_code == 422 and "non-unique" in r.json()["error"]["message"]
+
+
+def test_a_format_the_validator_knows_is_checked_not_skipped() -> None:
+    # date-time and uri are checked only with jsonschema's format-nongpl extra, a dependency: without it they pass
+    schema = {"type": "object", "properties": {"at": {"type": "string", "format": "date-time"},
+                                               "url": {"type": "string", "format": "uri"}},
+              "required": ["at", "url"], "additionalProperties": False}
+    stamped = {"type": "json_schema", "json_schema": {"name": "stamp", "schema": schema, "strict": True}}
+    answers = ['{"at": "yesterday", "url": "not a uri"}', '{"at": "2026-12-03T05:00:00Z", "url": "https://x.org/a"}']
+    with gateway(Stub(texts=answers)) as (gw, stub):
+        r = ask(gw, response_format=stamped)
+        assert r.status_code == 200 and r.headers["x-tokenomy-schema"] == "repaired" and stub.hits == 2
+        repair = stub.bodies[1]["messages"][-1]["content"]
+        assert "date-time" in repair and "uri" in repair

@@ -113,27 +113,42 @@ class Generate:
 
     async def _check_schema(self, ctx: RequestContext, name: str, backend: Any, req: Any, result: Result,
                             policy: str) -> Result:
-        """Validate an answer (an upstream's is not constrained; a strict request's may be cut or break what the
-        grammar does not enforce), then flag it or make one bounded repair."""
-        problem = schema_problem(req, result)
-        if problem is None:
-            return result
-        if policy == "repair" and req.kind == "chat" and result.finish_reason != "length":
-            fix = dataclasses.replace(req, messages=repair_messages(list(req.messages or []), result.text, problem),
-                                      response_format=repair_format(req.response_format))
-            repaired = await _collect(backend.stream(fix))
-            ctx.escalations.append((name, result.usage))   # the first try is paid
-            if schema_problem(req, repaired) is None:
-                if self.metrics is not None:
-                    self.metrics.schema_invalid.labels(name, "repaired").inc()
-                ctx.response_headers["x-tokenomy-schema"] = "repaired"
-                return repaired
-            result, problem = repaired, schema_problem(req, repaired)
+        """Validate an answer, each of its choices (n > 1) on its own (an upstream's is not constrained; a strict
+        request's may be cut or break what the grammar does not enforce), then flag it or make one bounded repair
+        of each broken choice (a choice of several is asked for alone: n = 1)."""
+        choices = result.choices or [result]
+        several = len(choices) > 1
+        checked: list[Result] = []
+        repaired = 0
+        problems: list[str] = []
+        for i, c in enumerate(choices):
+            problem = schema_problem(req, c)
+            if problem is not None and policy == "repair" and req.kind == "chat" and c.finish_reason != "length":
+                params = {k: v for k, v in req.params.items() if k != "best_of"} if several else req.params
+                fix = dataclasses.replace(req, messages=repair_messages(list(req.messages or []), c.text, problem),
+                                          response_format=repair_format(req.response_format),
+                                          params={**params, "n": 1} if several else params)
+                again = await _collect(backend.stream(fix))
+                if several:         # the choices' answer stands, billed; the repair is paid besides
+                    ctx.escalations.append((name, again.usage))
+                    again.usage = result.usage
+                else:               # the first try is paid; the repair's answer is the one returned
+                    ctx.escalations.append((name, c.usage))
+                c, problem = again, schema_problem(req, again)
+                repaired += problem is None
+            if problem is not None:
+                problems.append(f"choice {i}: {problem}" if several else problem)
+            checked.append(c)
         if self.metrics is not None:
-            self.metrics.schema_invalid.labels(name, "flagged").inc()
-        ctx.response_headers["x-tokenomy-schema"] = "invalid"
-        ctx.schema_problem = problem
-        return result
+            for outcome, count in (("repaired", repaired), ("flagged", len(problems))):
+                if count:
+                    self.metrics.schema_invalid.labels(name, outcome).inc(count)
+        if problems:
+            ctx.response_headers["x-tokenomy-schema"] = "invalid"
+            ctx.schema_problem = "; ".join(problems)[:300]
+        elif repaired:
+            ctx.response_headers["x-tokenomy-schema"] = "repaired"
+        return dataclasses.replace(checked[0], choices=checked) if several else checked[0]
 
 
 def repair_format(response_format: Any) -> Any:
