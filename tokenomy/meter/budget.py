@@ -563,9 +563,7 @@ class Budgets:
         if not self.enabled:
             return
         now = self.clock()
-        checks = [(s, period, *period_bounds(period, now)) for s in self._applicable(key_id, tenant)
-                  for period in PERIODS]
-        slots = [(s.scope, s.ident, period, start.timestamp()) for s, period, start, _ in checks]
+        checks, slots, _ = self._plan(key_id, tenant, now)
         if not slots:
             return
         if self.shared is None:
