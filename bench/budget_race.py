@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests import services  # noqa: E402  (Redis for the shared-store parts, as the tests start it)
-from tokenomy.meter.ledger import Ledger  # noqa: E402
+from tokenomy.ledger.ledger import Ledger  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = [{"role": "user", "content": "Count from 1 to 50, separated by commas."}]
@@ -322,10 +322,10 @@ def run_calls(n: int = 3000) -> dict[str, Any]:
     budget: two slots a request, as in the cost part)."""
     import dataclasses
 
-    from tests.meter.synthetic import Spec, rows_for
+    from tests.helpers.synthetic import Spec, rows_for
     from tokenomy.config import BudgetLimits
-    from tokenomy.meter.budget import Budgets
-    from tokenomy.meter.shared import SharedCounters
+    from tokenomy.limits.budget import Budgets
+    from tokenomy.limits.shared_counters import SharedCounters
 
     [row] = rows_for([Spec("large", 12, 0, 3, key_id="k1", tenant="acme")], now=time.time(), prefix="x")
     server = services.start_redis()

@@ -2,7 +2,7 @@
 
 SmolLM2-135M answers first; Gemma-3-270M answers when the cascade's signals fail. The 48 prompts are short
 factual questions with a known answer, split in two interleaved halves: floors are calibrated on one half
-(`tokenomy.offline.router.floors`, the code behind `tokenomy router calibrate --cascade`) and every policy is
+(`tokenomy.tools.router_training.floors`, the code behind `tokenomy router calibrate --cascade`) and every policy is
 measured on the other. Each model answers each measured prompt once (greedy); each cascade policy is then
 replayed through `cascade.judge`, the function the route stage calls, so an escalated request costs the cheap
 answer plus the capable model's real answer, as the ledger bills it. Prices are the packaged models' notional
@@ -31,9 +31,9 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from tokenomy.config import CascadeSettings, EmbeddedModelSpec  # noqa: E402
-from tokenomy.meter.pricing import cost  # noqa: E402
-from tokenomy.offline.router.floors import Answer, choose_floors, sample_answers  # noqa: E402
+from tokenomy.ledger.pricing import cost  # noqa: E402
 from tokenomy.router.cascade import judge  # noqa: E402
+from tokenomy.tools.router_training.floors import FirstAnswer, choose_floors, sample_answers  # noqa: E402
 
 QUESTIONS = [
     ("What is the capital of France?", r"\bparis\b"),
@@ -88,10 +88,10 @@ QUESTIONS = [
 
 
 async def answer(spec: EmbeddedModelSpec, prompts: list[str], max_tokens: int,
-                 threads: int) -> list[Answer]:
+                 threads: int) -> list[FirstAnswer]:
     from tokenomy.backends.embedded import EmbeddedBackend
     from tokenomy.engine.config import EngineConfig
-    from tokenomy.models import resolve_gguf
+    from tokenomy.models.catalog import resolve_gguf
 
     assert spec.gguf is not None
     backend = EmbeddedBackend(spec.name, str(resolve_gguf(spec.gguf)), EngineConfig(
@@ -103,7 +103,7 @@ async def answer(spec: EmbeddedModelSpec, prompts: list[str], max_tokens: int,
         await backend.close()
 
 
-def replay(settings: CascadeSettings | None, small: list[Answer], big: list[Answer], answers: list[str],
+def replay(settings: CascadeSettings | None, small: list[FirstAnswer], big: list[FirstAnswer], answers: list[str],
            small_spec: EmbeddedModelSpec, big_spec: EmbeddedModelSpec) -> dict:
     """One policy on the measured half: None = always big; a CascadeSettings whose floors never fire and with no
     other signal = always small."""

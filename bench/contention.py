@@ -21,7 +21,7 @@ from rich.table import Table  # noqa: E402
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine  # noqa: E402
 from tokenomy.engine.sampling_params import SamplingParams  # noqa: E402
-from tokenomy.models import resolve_gguf  # noqa: E402
+from tokenomy.models.catalog import resolve_gguf  # noqa: E402
 
 
 def answer(engine: Engine, tokens: int) -> float:

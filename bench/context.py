@@ -63,8 +63,8 @@ def rouge_l(a: str, b: str) -> float:
 
 # ---- compression ---------------------------------------------------------------------------------------------
 def bench_compress(args: argparse.Namespace) -> dict[str, Any]:
-    from tokenomy.models import PACKAGED
-    from tokenomy.offline.structured.greedy import GreedyRunner
+    from tokenomy.models.catalog import PACKAGED
+    from tokenomy.tools.reference_decoding.greedy import GreedyRunner
 
     data = [r for r in rows() if r["task"] in ("summarize", "context_qa") and r["reference"]]
     data = sorted(data, key=lambda r: r["id"])[:: max(1, len(data) // args.prompts)][: args.prompts]
@@ -158,7 +158,7 @@ def bench_compaction(args: argparse.Namespace) -> dict[str, Any]:
     calls = {"cached": 0, "every_turn": 0}
     gen = None
     if args.summarizer == "model":
-        from tokenomy.offline.structured.greedy import GreedyRunner
+        from tokenomy.tools.reference_decoding.greedy import GreedyRunner
 
         gen = GreedyRunner(n_ctx=2048, n_threads=args.threads)
 

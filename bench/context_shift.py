@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
 from tokenomy.engine.tuning import SINK_TOKENS  # noqa: E402
-from tokenomy.models import resolve_gguf  # noqa: E402
+from tokenomy.models.catalog import resolve_gguf  # noqa: E402
 
 GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")
 MODES = ("full", "shift", "recompute", "restart")

@@ -1,4 +1,4 @@
-"""MiniLM's ONNX graph built without torch (tokenomy/bert_onnx.py) against the torch export it replaced: build
+"""MiniLM's ONNX graph built without torch (tokenomy/embedding/bert_onnx.py) against the torch export it replaced: build
 time, session load, agreement of the vectors, and throughput side by side, in alternating rounds.
 
     python bench/embedder_graph.py --old ~/.cache/tokenomy/embedder/model-<hash>.onnx \\
@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokenomy.embedder import _max_seq_length, _run_padded, onnx_session, packaged_model_path  # noqa: E402
+from tokenomy.embedding.embedder import _max_seq_length, _run_padded, onnx_session, packaged_model_path  # noqa: E402
 
 
 def load_texts(path: Path, n: int) -> list[str]:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     model_path = packaged_model_path()
     started = time.perf_counter()
-    from tokenomy.bert_onnx import build_bert_onnx
+    from tokenomy.embedding.bert_onnx import build_bert_onnx
 
     graph = build_bert_onnx(model_path)
     build_s = time.perf_counter() - started  # the onnx import included: what a first start pays

@@ -5,13 +5,13 @@ copies the prompt; chat: the MT-Bench first turns of the same file, the control)
 greedy requests run on one in-process engine with speculation
 
 - off:    no drafts (the baseline);
-- auto:   the product setting: drafts sized by the measured step cost (engine/speculate.py);
+- auto:   the product setting: drafts sized by the measured step cost (engine/spec/speculate.py);
 - forced: drafts of up to 8 tokens whatever they cost (the step-cost model is replaced by one where verifying
           is free), to show what the decision avoids or leaves on the table,
 
 and, with `--draft-model`, the same target drafting from that model instead of its prompt
 
-- draft:        drafts from the draft model, sized by the measured cost of both models' steps (engine/draft.py);
+- draft:        drafts from the draft model, sized by the measured cost of both models' steps (engine/spec/draft.py);
 - draft-forced: drafts of up to 8 tokens from it whatever either step costs,
 
 rounds alternating the order. A model pair with one vocabulary is not packaged here; `--model smollm2-f16` makes
@@ -39,12 +39,12 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tokenomy.engine import speculate  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
-from tokenomy.engine.draft import DraftModel  # noqa: E402
 from tokenomy.engine.engine import Engine  # noqa: E402
 from tokenomy.engine.sampling_params import SamplingParams  # noqa: E402
-from tokenomy.models import cache_dir, resolve_gguf  # noqa: E402
+from tokenomy.engine.spec import cost  # noqa: E402
+from tokenomy.engine.spec.draft import DraftModel  # noqa: E402
+from tokenomy.models.catalog import cache_dir, resolve_gguf  # noqa: E402
 
 GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")
 MODES = ("off", "auto", "forced")
@@ -57,14 +57,14 @@ def prompt_sets(path: str, n: int) -> dict[str, list[str]]:
     return {"grounded": grounded[:n], "chat": chat[:n]}
 
 
-class FreeVerification(speculate.StepCost):
+class FreeVerification(cost.StepCost):
     """A step costs the same whatever it feeds: every draft looks worth verifying."""
 
     def predict(self, n: int) -> float | None:
         return 0.01
 
 
-class FreeDrafts(speculate.StepCost):
+class FreeDrafts(cost.StepCost):
     """Drafting costs nothing: every draft the target's cost allows is made."""
 
     def predict(self, n: int) -> float | None:

@@ -50,7 +50,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def eog_bias() -> dict[str, float]:
     from tokenomy.engine.vocab import Vocab
-    from tokenomy.models import resolve_gguf
+    from tokenomy.models.catalog import resolve_gguf
 
     r = Vocab(str(resolve_gguf(MODEL)), vocab_only=True)
     bias = {str(t): -100.0 for t in sorted(r.eog)}
@@ -97,7 +97,7 @@ async def level_http(url: str, c: int, n_req: int, tokens: int, bias: dict) -> d
 
 def start_llama_server(port: int, slots: int, threads: int) -> subprocess.Popen:
     from bench.llama_server_build import build
-    from tokenomy.models import resolve_gguf
+    from tokenomy.models.catalog import resolve_gguf
 
     binary = build()
     proc = subprocess.Popen([str(binary), "-m", str(resolve_gguf(MODEL)), "--port", str(port), "-np", str(slots),
@@ -149,7 +149,7 @@ async def shared_prefix(url: str, n: int = 8) -> dict[str, float]:
 def in_process_latency(tokens: int, bias: dict, repeats: int) -> float:
     from tokenomy.engine.engine import Engine
     from tokenomy.engine.sampling_params import SamplingParams
-    from tokenomy.models import resolve_gguf
+    from tokenomy.models.catalog import resolve_gguf
 
     engine = Engine(str(resolve_gguf(MODEL))).start()
     times = []

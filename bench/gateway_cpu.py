@@ -37,7 +37,8 @@ def server(kind: str, http: str, loop: str, port: int, upstream: str) -> list[st
     """The command line of one arm's server process."""
     if kind == "bare":
         code = (f"import sys; sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'bench')!r}]\n"
-                f"import tokenomy.api.server as s; s.uvicorn_options = lambda: {{'http': {http!r}, 'loop': {loop!r}}}\n"
+                f"import tokenomy.server.process as s; "
+                f"s.uvicorn_options = lambda: {{'http': {http!r}, 'loop': {loop!r}}}\n"
                 f"import gateway_overhead; gateway_overhead.bare_proxy({port}, {upstream!r})")
         return [sys.executable, "-c", code]
     config = (f"models:\n  - {{name: up, backend: openai, base_url: '{upstream}', model: stub, "
@@ -50,7 +51,7 @@ def server(kind: str, http: str, loop: str, port: int, upstream: str) -> list[st
     stock = ("import httpx, tokenomy.backends.transport as t; t.httptools = None; t.Cookies = httpx.Cookies\n"
              if kind.startswith("stock-") else "")
     code = (f"import sys; sys.path.insert(0, {ROOT!r})\n{stock}"
-            f"import tokenomy.api.server as s; s.uvicorn_options = lambda: {{'http': {http!r}, 'loop': {loop!r}}}\n"
+            f"import tokenomy.server.process as s; s.uvicorn_options = lambda: {{'http': {http!r}, 'loop': {loop!r}}}\n"
             f"s.run(port={port}, config_path=__import__('pathlib').Path({f.name!r}))")
     return [sys.executable, "-c", code]
 

@@ -11,7 +11,7 @@ thread counters.
 `--load hey` puts tokenomy beside the floor of its own stack (issue 37): a native load generator (`hey`, the Debian
 package) against four endpoints in alternating rounds: the stub itself, a bare proxy (BARE_PROXY: a Starlette app
 that forwards the body with stock httpx, under uvicorn with the same settings as `tokenomy serve`: the parser
-and event loop of tokenomy.api.server.uvicorn_options, httptools and uvloop where installed), tokenomy (no keys;
+and event loop of tokenomy.server.process.uvicorn_options, httptools and uvloop where installed), tokenomy (no keys;
 default caches and ledger) and tokenomy with a key and a budget; non-streamed chat at each concurrency level:
 req/s, p50, p99 and the ratio to the bare proxy. Then the same four streamed, with a small raw-socket client (hey
 cannot see the first byte): time to first byte and content chunks a second.
@@ -236,7 +236,7 @@ def bare_proxy(port: int, upstream: str) -> None:
     from starlette.responses import Response, StreamingResponse
     from starlette.routing import Route
 
-    from tokenomy.api.server import uvicorn_options
+    from tokenomy.server.process import uvicorn_options
 
     client = httpx.AsyncClient(base_url=upstream, timeout=60,
                                limits=httpx.Limits(max_connections=512, max_keepalive_connections=128))

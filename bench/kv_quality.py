@@ -25,7 +25,7 @@ sys.path.insert(0, ROOT)
 
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.runner import Chunk, ModelRunner, kv_types  # noqa: E402
-from tokenomy.models import resolve_gguf  # noqa: E402
+from tokenomy.models.catalog import resolve_gguf  # noqa: E402
 
 GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")
 TYPES = ["f16/f16", "q8_0/f16", "q8_0/q8_0", "q4_0/q4_0"]

@@ -24,7 +24,7 @@ from rich.table import Table  # noqa: E402
 from tokenomy.engine import tuning  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
-from tokenomy.models import resolve_gguf  # noqa: E402
+from tokenomy.models.catalog import resolve_gguf  # noqa: E402
 
 
 def measure(unified: bool, b: int, steps: int = 128, prompt: int = 30, retired: int = 16) -> float:

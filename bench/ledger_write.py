@@ -7,7 +7,7 @@ Three timings of --rows calls each, in one process: the baseline, a bare `queue.
 writer thread commits as rows come; and `Ledger.write` to a ledger whose database has stalled (its commit waits
 until the bench ends), so the queue is full and every row is dropped and counted. Reported: microseconds per call
 and the ratio to the baseline. That a write returns while the database is stalled is a test
-(tests/meter/test_ledger.py); this is what it costs.
+(tests/ledger/test_ledger.py); this is what it costs.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tokenomy.meter.ledger import Ledger  # noqa: E402
-from tokenomy.meter.row import LedgerRow  # noqa: E402
+from tokenomy.ledger.ledger import Ledger  # noqa: E402
+from tokenomy.ledger.row import LedgerRow  # noqa: E402
 
 
 def per_call_us(call: Callable[[LedgerRow], None], rows: list[LedgerRow]) -> float:

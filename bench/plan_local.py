@@ -26,9 +26,9 @@ from rich.table import Table
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tokenomy.plan.planner import make_plan  # noqa: E402
-from tokenomy.plan.presets import resolve_hardware, resolve_model  # noqa: E402
-from tokenomy.plan.specs import Workload  # noqa: E402
+from tokenomy.tools.plan.inputs import Workload  # noqa: E402
+from tokenomy.tools.plan.planner import make_plan  # noqa: E402
+from tokenomy.tools.plan.presets import resolve_hardware, resolve_model  # noqa: E402
 
 # Raw batched llama_decode rates (tok/s by batch), SmolLM2-135M Q4_1, llama-cpp-python 0.3.36, 2 threads, measured
 # on a quiet 2-core AMD EPYC (AVX2) machine; bench/raw_decode.py measures the same thing again.

@@ -31,7 +31,7 @@ from rich.table import Table  # noqa: E402
 
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.runner import Chunk, ModelRunner  # noqa: E402
-from tokenomy.models import resolve_gguf  # noqa: E402
+from tokenomy.models.catalog import resolve_gguf  # noqa: E402
 
 
 def measure(flash: bool, batches: list[int], kv_type: str, steps: int = 20) -> dict:

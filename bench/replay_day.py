@@ -9,7 +9,7 @@ intents, each in several phrasings (so exact repeats and paraphrases), (b) hard 
 and (c) a long tail of one-off arithmetic questions that differ only in their numbers (what a semantic cache at
 a low threshold gets wrong); a fifth of requests ask for temperature 0.7 (not cacheable).
 
-Replay (`tokenomy.offline.replay`, the code behind `tokenomy replay`) then runs the day through the recorded
+Replay (`tokenomy.tools.replay`, the code behind `tokenomy replay`) then runs the day through the recorded
 config (the check: it must reproduce the recorded cost) and through a candidate config: exact and semantic
 caches at several thresholds, a rules router (hard questions to `large`, the rest to `small`), other prices.
 
@@ -34,12 +34,12 @@ import yaml  # noqa: E402
 
 from tokenomy.config import Price, load_config  # noqa: E402
 from tokenomy.generation import GenRequest, Usage  # noqa: E402
-from tokenomy.meter.ledger import Ledger  # noqa: E402
-from tokenomy.meter.prompts import prompt_from_context  # noqa: E402
-from tokenomy.meter.row import row_from_context  # noqa: E402
-from tokenomy.offline.replay.report import build, render  # noqa: E402
-from tokenomy.offline.replay.trace import load_trace  # noqa: E402
+from tokenomy.ledger.ledger import Ledger  # noqa: E402
+from tokenomy.ledger.prompts import prompt_from_context  # noqa: E402
+from tokenomy.ledger.row import row_from_context  # noqa: E402
 from tokenomy.pipeline.request import RequestContext  # noqa: E402
+from tokenomy.tools.replay.report import build, render  # noqa: E402
+from tokenomy.tools.replay.traffic import load_trace  # noqa: E402
 
 PRICES = {"small": {"input": 0.10, "cached_input": 0.025, "output": 0.40},
           "mid": {"input": 0.40, "cached_input": 0.10, "output": 1.60},

@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside this script)
 
-from tokenomy.loadtest.loadgen import Load, Options, Target, run
-from tokenomy.loadtest.results import summarize
-from tokenomy.loadtest.workload import load_workload
-from tokenomy.meter.ledger import Ledger
+from tokenomy.ledger.ledger import Ledger
+from tokenomy.tools.bench.loadgen import Load, Options, Target, run
+from tokenomy.tools.bench.results import summarize
+from tokenomy.tools.bench.workload import load_workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICIES = (("prefix-aware", "prefix"), ("round-robin", "round_robin"), ("least-load", "least_outstanding"))

@@ -4,7 +4,7 @@
 
 Protocol: rows are split into k folds by a hash of the prompt; for each fold a router is trained on the other
 folds (everything it learns, C included, comes from them) and scores the held-out fold. The held-out scores of
-all folds together are evaluated with RouteLLM's metrics (tokenomy/offline/router/evaluate.py), on MMLU and GSM8K
+all folds together are evaluated with RouteLLM's metrics (tokenomy/tools/router_training/evaluate.py), on MMLU and GSM8K
 separately and together, next to a random router (mean of 20 draws) and the oracle. Per-fold APGR spread shows
 the noise. Variants, side by side: the default router (minilm-static embedding); the same with the contextual
 MiniLM embedding; without the per-domain prior (text + embedding only); the prior alone. Calibration transfer:
@@ -33,17 +33,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tokenomy.offline.router.calibrate import (  # noqa: E402
+from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING  # noqa: E402
+from tokenomy.router.features import EMBEDDINGS, embed_prompts, word_problem_matrix  # noqa: E402
+from tokenomy.tools.router_training.dataset import RoutingData, RoutingDataError, load_routing_data  # noqa: E402
+from tokenomy.tools.router_training.evaluate import evaluate_scores  # noqa: E402
+from tokenomy.tools.router_training.report import score_slices  # noqa: E402
+from tokenomy.tools.router_training.threshold import (  # noqa: E402
     operating_point,
     threshold_for_quality_floor,
     threshold_for_strong_share,
 )
-from tokenomy.offline.router.dataset import RoutingData, RoutingDataError, load_routing_data  # noqa: E402
-from tokenomy.offline.router.evaluate import evaluate_scores  # noqa: E402
-from tokenomy.offline.router.report import score_slices  # noqa: E402
-from tokenomy.offline.router.train import HEADS, choose_c, logistic, train_classifier, train_router  # noqa: E402
-from tokenomy.router.classifier import CLASSES, DEFAULT_EMBEDDING  # noqa: E402
-from tokenomy.router.features import EMBEDDINGS, embed_prompts, word_problem_matrix  # noqa: E402
+from tokenomy.tools.router_training.train import HEADS, choose_c, logistic, train_classifier, train_router  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "routing" / "routellm-dev.jsonl"
 CACHE = Path("/tmp/tokenomy-bench-cache")
@@ -240,7 +240,7 @@ def decision_latency(data: RoutingData, x: np.ndarray, kind: str, n: int) -> dic
         values = sorted(values)
         return values[min(len(values) - 1, int(q * len(values)))]
 
-    from tokenomy.embedder import default_embedder
+    from tokenomy.embedding.embedder import default_embedder
 
     return {
         "embedding": kind, "n": len(sample),

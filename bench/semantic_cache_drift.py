@@ -43,7 +43,7 @@ from tokenomy.cache.entry import CacheEntry  # noqa: E402
 from tokenomy.cache.hit_verifier import DEFAULT_VERIFIER, Verifier  # noqa: E402
 from tokenomy.cache.key import question_key  # noqa: E402
 from tokenomy.cache.semantic import SemanticCache  # noqa: E402
-from tokenomy.offline.cache.calibrate import Pair, embed_cached, in_calibration_half, load_pairs  # noqa: E402
+from tokenomy.tools.cache_calibration.calibrate import Pair, embed_cached, in_calibration_half, load_pairs  # noqa: E402
 
 CTX = "drift-context"
 

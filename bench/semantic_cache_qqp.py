@@ -10,8 +10,8 @@ exact repeat: the exact cache answers it before the semantic one is asked, so it
 protocol. A GPTCache file (JSON array of {"origin","similar"}) is all duplicates: origin = a, similar = b.
 
 Held-out reporting: only pairs whose stored question the shipped verifier was NOT calibrated on are looked up
-(``--split unseen``, the default; on the dev file that is the half ``tokenomy.offline.cache.calibrate`` left out, on
-any other file all of it). Every ``a`` of the file is stored either way.
+(``--split unseen``, the default; on the dev file that is the half ``tokenomy.tools.cache_calibration.calibrate`` left
+out, on any other file all of it). Every ``a`` of the file is stored either way.
 
 Index: the partition is padded to ``--index-size`` entries (default 100,000) with synthetic entries in the same
 context: each is the normalised sum of three random stored-question embeddings plus noise, so it lies in the
@@ -41,7 +41,7 @@ from tokenomy.cache.entry import CacheEntry  # noqa: E402
 from tokenomy.cache.hit_verifier import DEFAULT_VERIFIER, Verifier  # noqa: E402
 from tokenomy.cache.key import question_key  # noqa: E402
 from tokenomy.cache.semantic import SemanticCache  # noqa: E402
-from tokenomy.offline.cache.calibrate import embed_cached, fingerprint, load_pairs  # noqa: E402
+from tokenomy.tools.cache_calibration.calibrate import embed_cached, fingerprint, load_pairs  # noqa: E402
 
 CTX = "bench-context"
 PAD_SEED = 0
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     exact_repeat_mask = [question_key(p.b) in stored_by_norm for p in report]
     rng = np.random.default_rng(1)
     sample = rng.choice(len(report), size=min(args.latency_sample, len(report)), replace=False)
-    from tokenomy.embedder import Embedder
+    from tokenomy.embedding.embedder import Embedder
 
     # The live lookup path's encoder (onnxruntime unless --backend torch) with --threads threads. Served, the
     # gateway uses cache.semantic.embed_threads (1 by default: the engine needs the cores there).

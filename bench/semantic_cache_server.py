@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside this script)
 
 from tokenomy.cache.key import question_key  # noqa: E402
-from tokenomy.offline.cache.calibrate import Pair, in_calibration_half, load_pairs  # noqa: E402
+from tokenomy.tools.cache_calibration.calibrate import Pair, in_calibration_half, load_pairs  # noqa: E402
 
 DEFAULT_QQP = ROOT.parent / "shared/data/semantic-cache/qqp-dev.jsonl"
 
@@ -197,7 +197,7 @@ class InProcess:
         from tokenomy.cache.judge import same_answer
         from tokenomy.cache.semantic import SemanticCache
         from tokenomy.config import CacheSettings
-        from tokenomy.offline.cache.calibrate import embed_cached
+        from tokenomy.tools.cache_calibration.calibrate import embed_cached
 
         raw: dict[str, Any] = {"semantic": {"error_budget": 0.10}}
         for key, value in overrides:

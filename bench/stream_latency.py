@@ -23,7 +23,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tokenomy.loadtest.workload import load_workload  # noqa: E402
+from tokenomy.tools.bench.workload import load_workload  # noqa: E402
 
 NO_CACHE = {"cache-control": "no-cache, no-store"}
 GROUNDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data",

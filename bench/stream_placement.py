@@ -36,8 +36,8 @@ sys.path.insert(0, ROOT)
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.engine import Engine  # noqa: E402
 from tokenomy.engine.sampling_params import SamplingParams  # noqa: E402
-from tokenomy.loadtest.workload import grounded  # noqa: E402
-from tokenomy.models import resolve_gguf  # noqa: E402
+from tokenomy.models.catalog import resolve_gguf  # noqa: E402
+from tokenomy.tools.bench.workload import grounded  # noqa: E402
 
 GROUNDED = os.path.join(ROOT, "..", "shared", "data", "grounded", "dev.jsonl")
 

@@ -50,7 +50,7 @@ from rich.table import Table
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tokenomy.models import DEFAULT_MODEL, PACKAGED  # noqa: E402
+from tokenomy.models.catalog import DEFAULT_MODEL, PACKAGED  # noqa: E402
 from tokenomy.structured import (  # noqa: E402
     Constraint,
     ConstraintError,
@@ -184,8 +184,8 @@ def generate(rows: list[dict], recs: list[dict], per_collection: int, max_tokens
              tpot_pairs: int | None = None, fit: bool = True, strict: bool = True,
              repair_grammar: Any = None) -> dict[str, Any]:
     """``repair_grammar(row, rec)``: the grammar a repair is made under (default: the answer's own)."""
-    from tokenomy.offline.structured.greedy import GreedyRunner
     from tokenomy.pipeline.generate import repair_messages
+    from tokenomy.tools.reference_decoding.greedy import GreedyRunner
 
     runner = GreedyRunner(model, n_ctx=2048 + max_tokens, n_threads=THREADS)
     seen: collections.Counter[str] = collections.Counter()
@@ -304,7 +304,7 @@ def _accuracy(value: dict | None, truth: dict) -> float:
 
 def extraction(n: int, compiler: GrammarCompiler, model: str, max_tokens: int, console: Console,
                bounds: dict[str, int | None]) -> dict:
-    from tokenomy.offline.structured.greedy import GreedyRunner
+    from tokenomy.tools.reference_decoding.greedy import GreedyRunner
 
     runner = GreedyRunner(model, n_ctx=2048, n_threads=THREADS)
     grammar = compiler.compile(json_schema_format(EXTRACT_SCHEMA, **bounds))

@@ -32,7 +32,7 @@ from stream_placement import GROUNDED, closed_loop, grounded_prompts  # noqa: E4
 
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.engine.engine import Engine  # noqa: E402
-from tokenomy.models import resolve_gguf  # noqa: E402
+from tokenomy.models.catalog import resolve_gguf  # noqa: E402
 
 RULES = ("at eviction", "after finish")
 

@@ -10,12 +10,12 @@ text. Quality is agreement with the large model's own greedy answer:
 All-small therefore scores its own agreement and all-large 1.0; the gap recovered at a setting is
 (Q - Q_small) / (1 - Q_small).
 
-Each prompt set is split in two by position: thresholds are calibrated (offline/router/token_threshold.py:
+Each prompt set is split in two by position: thresholds are calibrated (tools/router_training/token_threshold.py:
 quantile first guess, then bisection on real routing runs) on the first half for a target share of large-model
 tokens, and every figure is measured on the second half. Request-level routing at the same cost sends a random
 share f of whole prompts to the large model: f = (C - C_small) / (C_large - C_small), quality
 Q_small + f (1 - Q_small); the cost it needs for token routing's quality is C_small + gap (C_large - C_small).
-Costs use the packaged models' notional prices (tokenomy/models.py), each part at its own model's price, prompt
+Costs use the packaged models' notional prices (tokenomy/models/catalog.py), each part at its own model's price, prompt
 re-reads included.
 
     .venv/bin/python bench/token_routing.py [--per-set 16] [--signals top1,margin,entropy] [--shares 0.1,0.2,0.4]
@@ -43,10 +43,10 @@ from tokenomy.backends.embedded import EmbeddedBackend  # noqa: E402
 from tokenomy.config import Price, TokenRouteSettings  # noqa: E402
 from tokenomy.engine.config import EngineConfig  # noqa: E402
 from tokenomy.generation import GenRequest, Usage  # noqa: E402
-from tokenomy.meter.pricing import cost  # noqa: E402
-from tokenomy.models import PACKAGED, resolve_gguf  # noqa: E402
-from tokenomy.offline.router.token_threshold import calibrate  # noqa: E402
+from tokenomy.ledger.pricing import cost  # noqa: E402
+from tokenomy.models.catalog import PACKAGED, resolve_gguf  # noqa: E402
 from tokenomy.router.token_routing import TokenRouter  # noqa: E402
+from tokenomy.tools.router_training.token_threshold import calibrate  # noqa: E402
 
 DATA = os.path.join(ROOT, "..", "shared", "data")
 SMALL, LARGE = "smollm2-135m-instruct", "gemma3-270m"

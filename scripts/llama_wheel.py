@@ -5,7 +5,7 @@ wheel built before for the same build.
     TOKENOMY_LLAMA_BACKEND=cpu|cuda|vulkan|metal python scripts/llama_wheel.py    # another backend than chosen
 
 pip's own wheel cache keys a wheel by the sdist, not by the machine it was compiled for, so a build from one machine
-can SIGILL on the next. This script builds with `tokenomy/engine/cpu.py`'s flags (no -march=native, no AMX), plus
+can SIGILL on the next. This script builds with `tokenomy/hardware/cpu.py`'s flags (no -march=native, no AMX), plus
 the GPU backend `choose_build` picks (docs/models.md, "GPU"), and keeps each wheel under
 ~/.cache/tokenomy/wheels/<version>/<build key>/: the CPU build's key is cpu.py's (x86_64-sse42-...-avx2), a GPU
 build's adds the backend (x86_64-...-avx2-cuda12.4-sm90).
@@ -31,7 +31,7 @@ BACKENDS = ("cpu", "cuda", "vulkan", "metal")
 
 
 def load_cpu():
-    spec = importlib.util.spec_from_file_location("tokenomy_cpu", ROOT / "tokenomy" / "engine" / "cpu.py")
+    spec = importlib.util.spec_from_file_location("tokenomy_cpu", ROOT / "tokenomy" / "hardware" / "cpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

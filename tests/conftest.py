@@ -9,13 +9,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# state a test does not place itself lands in a fresh data directory, never in the user's (tokenomy/home.py)
+# state a test does not place itself lands in a fresh data directory, never in the user's (tokenomy/config/home.py)
 os.environ["TOKENOMY_HOME"] = tempfile.mkdtemp(prefix="tokenomy-home-")
 # a test's gateway traces only where the test configures it, never to a collector the shell's OTEL_* point at
 for _name in [n for n in os.environ if n.startswith("OTEL_")]:
@@ -102,7 +103,7 @@ def postgres_url() -> Iterator[str]:
     """$TOKENOMY_TEST_POSTGRES_URL when set, else postgres from the pgserver wheel, started for this session in a
     temporary directory on a free port and stopped at the end."""
     from tests import services
-    from tokenomy.meter.ledger import normalize_url
+    from tokenomy.ledger.ledger import normalize_url
 
     url = os.environ.get(services.POSTGRES_ENV)
     if url:
@@ -128,3 +129,14 @@ def _session_server(start: Any) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh ledger: a SQLite file, and a new schema on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        from tests.helpers.ledger_urls import pg_schema_url
+
+        yield from pg_schema_url(request.getfixturevalue("postgres_url"))

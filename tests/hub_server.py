@@ -1,5 +1,5 @@
 """A tiny Hugging Face hub on loopback: what `huggingface_hub` asks of HF_ENDPOINT to list a repo and download its
-files, answered from files held here, so tests run the library's real download code (tokenomy/hub.py).
+files, answered from files held here, so tests run the library's real download code (tokenomy/models/hub.py).
 
 Endpoints (as huggingface_hub 2.x calls them):
 - GET /api/models/{org}/{repo}[/revision/{rev}]: the repo's info, `siblings` listing its files (HfApi.model_info);

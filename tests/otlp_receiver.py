@@ -1,5 +1,6 @@
-"""A real OTLP/HTTP receiver for the telemetry tests (tests/meter/test_trace.py, tests/meter/test_otel_metrics.py):
-what a collector does with the SDK exporters' requests, decoded with opentelemetry-proto's message types."""
+"""A real OTLP/HTTP receiver for the telemetry tests (tests/telemetry/test_trace.py,
+tests/telemetry/test_otel_metrics.py): what a collector does with the SDK exporters' requests, decoded with
+opentelemetry-proto's message types."""
 
 from __future__ import annotations
 

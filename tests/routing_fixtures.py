@@ -39,8 +39,8 @@ def test_file(dev_rows, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained(train_file):
-    from tokenomy.offline.router.dataset import load_routing_data
-    from tokenomy.offline.router.train import train_classifier
+    from tokenomy.tools.router_training.dataset import load_routing_data
+    from tokenomy.tools.router_training.train import train_classifier
 
     return train_classifier(load_routing_data(train_file))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenomy.engine import cpu
+from tokenomy.hardware import cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 EPYC = cpu.cpu_flags("flags\t\t: fpu sse4_2 avx f16c fma bmi2 avx2 sha_ni\n")

@@ -52,7 +52,7 @@ def test_not_a_safetensors_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_the_packaged_minilm_reads_as_the_safetensors_package_reads_it() -> None:
     safetensors = pytest.importorskip("safetensors")  # no dependency of tokenomy; compared with where installed
-    from tokenomy.embedder import packaged_model_path
+    from tokenomy.embedding.embedder import packaged_model_path
 
     path = Path(packaged_model_path()) / "model.safetensors"
     ours = read_safetensors(path)

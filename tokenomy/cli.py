@@ -13,11 +13,11 @@ from typer.core import TyperGroup
 # Commands imported only when run (or listed in --help), so that `tokenomy serve` starts its engine processes
 # without first importing the reporting, load-test and training code: name -> (module, attribute, a group's help)
 LAZY: dict[str, tuple[str, str, str | None]] = {
-    "plan": ("tokenomy.plan.command", "plan", None),
-    "report": ("tokenomy.meter.command", "report", None),
-    "bench": ("tokenomy.loadtest.command", "bench", None),
-    "replay": ("tokenomy.offline.replay.command", "replay", None),
-    "router": ("tokenomy.offline.router.command", "app", "Train, calibrate and evaluate a learned router."),
+    "plan": ("tokenomy.tools.plan.command", "plan", None),
+    "report": ("tokenomy.report.command", "report", None),
+    "bench": ("tokenomy.tools.bench.command", "bench", None),
+    "replay": ("tokenomy.tools.replay.command", "replay", None),
+    "router": ("tokenomy.tools.router_training.command", "app", "Train, calibrate and evaluate a learned router."),
     "batch": ("tokenomy.batch.command", "app", "Submit batches (OpenAI's Batch API), follow them, fetch results."),
 }
 
@@ -66,12 +66,12 @@ def serve(
 ) -> None:
     """Start the OpenAI-compatible server on the models named (default: the packaged smollm2-135m-instruct, or
     the models in --config)."""
-    from tokenomy.api.server import run
-    from tokenomy.api.workers import WorkerStartError
     from tokenomy.config import ConfigError
     from tokenomy.engine.client import EngineStartError
-    from tokenomy.engine.fit import DoesNotFit
-    from tokenomy.hub import HubError
+    from tokenomy.models.hub import HubError
+    from tokenomy.models.memory import DoesNotFit
+    from tokenomy.server.command import run
+    from tokenomy.server.workers import WorkerStartError
 
     try:
         run(host=host, port=port, config_path=config, models=models or [], workers=workers)
@@ -85,8 +85,8 @@ def serve(
 def pull(models: list[str] = typer.Argument(..., metavar="MODEL", help="hub models (hf:ORG/REPO:QUANT), "
                                             "packaged names or .gguf paths")) -> None:
     """Download models into the Hugging Face cache (as `serve` would) and print each one's local path."""
-    from tokenomy.hub import HubError
-    from tokenomy.models import resolve_gguf
+    from tokenomy.models.catalog import resolve_gguf
+    from tokenomy.models.hub import HubError
 
     try:
         for model in models:
@@ -118,7 +118,7 @@ def config_schema() -> None:
     """Print the config file's JSON Schema, for editors to complete and check the YAML with."""
     import json
 
-    from tokenomy.config_docs import schema
+    from tokenomy.config.docs import schema
 
     typer.echo(json.dumps(schema(), indent=2))
 
@@ -126,7 +126,7 @@ def config_schema() -> None:
 @config_app.command("docs")
 def config_docs() -> None:
     """Print the configuration reference made from the config's models (docs/config.md)."""
-    from tokenomy.config_docs import markdown
+    from tokenomy.config.docs import markdown
 
     typer.echo(markdown(), nl=False)
 

@@ -6,26 +6,25 @@ import asyncio
 import logging
 from typing import Any
 
+from tokenomy.backends.deployments import Registry
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.embedded_launch import engine_settings
-from tokenomy.backends.registry import Registry
 from tokenomy.config import AnthropicModelSpec, Config, ConfigError, EmbeddedModelSpec, ModelSpec, load_config
 from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineAddress
-from tokenomy.engine.fit import Fit
 from tokenomy.engine.launch import Launched
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
-from tokenomy.meter import otel_metrics, pricing, trace
-from tokenomy.meter.budget import Budgets
-from tokenomy.meter.energy import EnergyAccount, EnergyMeter, detect
-from tokenomy.meter.ledger import Ledger
-from tokenomy.meter.metrics import Metrics
-from tokenomy.meter.pricing import PriceLike
-from tokenomy.meter.responses_store import ResponseStore
-from tokenomy.meter.shared import SharedCounters
-from tokenomy.meter.sink import MeterSink
-from tokenomy.models import PACKAGED_EMBEDDINGS
+from tokenomy.hardware.energy import EnergyAccount, EnergyMeter, detect
+from tokenomy.ledger import pricing
+from tokenomy.ledger.ledger import Ledger
+from tokenomy.ledger.pricing import PriceLike
+from tokenomy.ledger.responses_store import ResponseStore
+from tokenomy.limits.budget import Budgets
+from tokenomy.limits.shared_counters import SharedCounters
+from tokenomy.metrics.prometheus import Metrics
+from tokenomy.models.catalog import PACKAGED_EMBEDDINGS
+from tokenomy.models.memory import Fit
 from tokenomy.pipeline.admit import Admit, Keyring, hash_key
 from tokenomy.pipeline.cache import Cache
 from tokenomy.pipeline.chain import Pipeline
@@ -36,6 +35,8 @@ from tokenomy.pipeline.record import Record
 from tokenomy.pipeline.request import RequestContext
 from tokenomy.pipeline.reserve import Reserve
 from tokenomy.pipeline.route import Route
+from tokenomy.pipeline.sink import MeterSink
+from tokenomy.telemetry import otel_metrics, trace
 
 log = logging.getLogger("tokenomy")
 
@@ -45,7 +46,7 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
                   engines: dict[str, EngineAddress] | None = None, launched: dict[str, Launched] | None = None,
                   wait: bool = True) -> Any:
     """The backend for one configured model: the embedded engine (started here with engine_settings, or the one
-    at ``engines[name]`` that a supervisor runs: api/workers.py, or the one launched for it before the gateway was
+    at ``engines[name]`` that a supervisor runs: server/workers.py, or the one launched for it before the gateway was
     built: ``launched[name]``, embedded_launch.py), the OpenAI-compatible upstream (a pool of them
     with `replicas`) or the Messages upstream. Raises ConfigError for what only shows at start (a key's variable
     unset), DoesNotFit for a model memory cannot hold. Without `wait` an embedded engine is left starting: its
@@ -85,7 +86,7 @@ class Gateway:
         """Start every model and build the pipeline. The engine processes load their models while the rest is
         built here (the semantic cache's embedder among it); `wait`: return once they have passed their self-checks
         (raising EngineStartError for one that failed), else the caller calls wait_ready() before serving.
-        `engines` and `worker`: an API worker of `server.workers` (api/workers.py) uses the engine processes its
+        `engines` and `worker`: an API worker of `server.workers` (server/workers.py) uses the engine processes its
         supervisor runs, and keeps its semantic index apart from the other workers'. `launched`: engine processes
         started before the gateway (embedded_launch.launch_engines), taken over (and taken out of the dict) by
         the embedded backends of their models."""
@@ -177,7 +178,7 @@ class Gateway:
             engine.wait_ready()
 
     def _tracer(self, config: Config) -> trace.Tracer | None:
-        """The request tracer (meter/trace.py); None when tracing is off. Prompts and answers go on spans only
+        """The request tracer (telemetry/trace.py); None when tracing is off. Prompts and answers go on spans only
         with telemetry.capture_content, and for the tenants whose bodies the ledger keeps (read at each request,
         so a reload's store_prompts applies)."""
         settings = trace.resolve(config.telemetry)
@@ -188,7 +189,7 @@ class Gateway:
                             and self.meter.store_prompts(tenant))
 
     def _otel_metrics(self, config: Config) -> otel_metrics.OtelMetrics | None:
-        """The GenAI OTel metrics (meter/otel_metrics.py); None when they are off. Model names as the Prometheus
+        """The GenAI OTel metrics (telemetry/otel_metrics.py); None when they are off. Model names as the Prometheus
         labels have them (a reload's names apply)."""
         settings = otel_metrics.resolve(config.telemetry)
         if settings is None:
@@ -219,8 +220,8 @@ class Gateway:
         """The Batch API's store (in the ledger's database) and its worker; (None, None) without a ledger."""
         if self.ledger is None or not config.batch.enabled:
             return None, None
-        from tokenomy.batch.runner import BatchRunner
-        from tokenomy.batch.store import BatchStore
+        from tokenomy.batch.database import BatchStore
+        from tokenomy.batch.worker import BatchRunner
 
         b = config.batch
         store = BatchStore(self.ledger.engine)
@@ -329,7 +330,7 @@ class Gateway:
             # what the engine's counters grew by (they restart with a restarted engine)
             d_pre, d_hits, d_queries, *d_spec = (max(new - old, 0) for new, old in zip(now, last, strict=True))
             last = now
-            if not engine.owns_steps:     # another API worker counts this engine's steps (api/workers.py)
+            if not engine.owns_steps:     # another API worker counts this engine's steps (server/workers.py)
                 return
             batch.observe(n_tokens)
             pre.inc(d_pre)
@@ -364,7 +365,7 @@ class Gateway:
 
     def input_price(self, model: str, batch: bool = False) -> tuple[float, bool]:
         """USD per input token of a configured model (or a packaged model by name), and whether it is notional."""
-        from tokenomy.models import PACKAGED
+        from tokenomy.models.catalog import PACKAGED
 
         p = self.price(model, batch)
         if p is not None:

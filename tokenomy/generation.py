@@ -1,10 +1,13 @@
 """One generation as every layer sees it: the internal request each dialect maps to (`GenRequest`, with
-`TokenRouting` for token-level routing), the pieces of its answer (`Delta`) and what it used (`Usage`). The
-pipeline hands it to backends, the meter prices it; it imports nothing of tokenomy, so every layer can.
+`TokenRouting` for token-level routing), the pieces of its answer (`Delta`) and what it used (`Usage`), and the
+reading of its chat messages (OpenAI ``messages`` lists: their shape checks and the text of a turn, which the
+response caches and routing read). The pipeline hands it to backends, the meter prices it; it imports nothing of
+tokenomy, so every layer can.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +56,7 @@ class GenRequest:
     # them) reuses the ids instead of rendering the template and tokenizing a second time; any new messages,
     # tools or prompt object invalidates it.
     counted: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
-    # the span a backend hangs its spans under (an upstream call's, the engine's: meter/trace.py); None: not traced
+    # the span a backend hangs its spans under (an upstream call's, the engine's: telemetry/trace.py); None: not traced
     trace: Any = field(default=None, repr=False, compare=False)
 
 
@@ -105,3 +108,52 @@ class Usage:
     # an answer several models wrote (token-level routing): each model's own usage, in the order first used;
     # the fields above are their sums, and each part is priced at its own model's price
     parts: list[tuple[str, Usage]] = field(default_factory=list)
+
+
+def message_dicts(messages: Any) -> list[Mapping[str, Any]]:
+    """``messages`` as a list of mappings (pydantic models dumped without None fields); raises TypeError when
+    it is not a list of message objects."""
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        raise TypeError("messages must be a list of message objects")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) and not hasattr(m, "model_dump"):
+            raise TypeError(f"messages[{i}] is not an object")
+    return [m if isinstance(m, Mapping) else m.model_dump(exclude_none=True) for m in messages]
+
+
+def message_text(message: Mapping[str, Any]) -> str | None:
+    """The text of a message: a string content, or the text parts of a content list joined by newlines.
+
+    Returns None when the content holds anything but text (images, audio): such a turn cannot be embedded.
+    """
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence) and content:
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                return None
+            texts.append(part["text"])
+        return "\n".join(texts)
+    return None
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]], *, final: bool = True) -> str | None:
+    """The text of the last user message (see ``message_text``), or None when there is none.
+
+    ``final=True`` (the semantic cache): only when the conversation ends with that message and its text is not
+    blank. A conversation that ends with a tool result or an assistant prefill is not a question the cache can
+    answer, so it gets None and is served uncached. ``final=False`` (routing rules): the last user message
+    wherever it is. The caller picks its own fallback for None.
+    """
+    msgs = message_dicts(messages)
+    if final:
+        if not msgs or msgs[-1].get("role") != "user":
+            return None
+        text = message_text(msgs[-1])
+        return text if text and text.strip() else None
+    for m in reversed(msgs):
+        if m.get("role") == "user":
+            return message_text(m)
+    return None

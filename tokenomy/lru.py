@@ -9,7 +9,7 @@ With ``thread_safe=True`` every operation holds an internal lock; ``get_or_compu
 Without it, the caller serialises access (its own lock, or a single thread).
 
 Bounded by entry count only. Two caches are bounded by weight instead and keep their own order: the vocabulary's
-piece cache (engine/vocab.py, by characters) and the KV tiers (engine/kv_tier.py, by bytes, with a save on
+piece cache (engine/vocab.py, by characters) and the KV tiers (engine/kv/tier.py, by bytes, with a save on
 eviction).
 """
 

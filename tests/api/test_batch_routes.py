@@ -12,8 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from tokenomy.api import batches
-from tokenomy.api.errors import api_error_handler
-from tokenomy.batch.store import BatchStore
+from tokenomy.api.error_bodies import api_error_handler
+from tokenomy.batch.database import BatchStore
 from tokenomy.errors import APIError
 
 LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",

@@ -21,14 +21,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from tests.conftest import LiveServer, free_port
-from tests.meter.synthetic import Spec, mixed, rows_for
-from tests.meter.test_report import check, expected
+from tests.helpers.synthetic import Spec, mixed, rows_for
+from tests.report.test_figures import check, expected
 from tokenomy.api import dashboard
 from tokenomy.errors import APIError
-from tokenomy.meter.layout import ROWS
-from tokenomy.meter.ledger import Ledger
-from tokenomy.meter.metrics import Metrics
-from tokenomy.models import DEFAULT_MODEL
+from tokenomy.ledger.ledger import Ledger
+from tokenomy.metrics.prometheus import Metrics
+from tokenomy.models.catalog import DEFAULT_MODEL
+from tokenomy.report.figure_rows import ROWS
 
 SCREENSHOT_ENV = "TOKENOMY_DASHBOARD_SCREENSHOT"
 CHROMIUM_ENV = "TOKENOMY_TEST_CHROMIUM"

@@ -18,14 +18,14 @@ from tests.noise import EMBEDDING_NOISE, assert_same_vectors
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.upstream_stub import Stub, stub_vector
 from tests.wait import wait_until
-from tokenomy.embedder import default_embedder
+from tokenomy.embedding.embedder import default_embedder
 
 MINILM = "all-minilm-l6-v2"
 CHAT_MODEL = "smollm2-135m-instruct"
 QUESTION = "How do I learn Python quickly?"
 PARAPHRASE = "What is the fastest way to learn Python?"
 UNRELATED = "Why is the sky blue?"
-MINILM_PRICE = 0.005        # tokenomy/models.py PACKAGED_EMBEDDINGS: notional USD per 1M input tokens
+MINILM_PRICE = 0.005        # tokenomy/models/catalog.py PACKAGED_EMBEDDINGS: notional USD per 1M input tokens
 
 
 def own(texts: list[str]) -> np.ndarray:

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from tests.noise import assert_same_up_to_noise
-from tokenomy import gpu
 from tokenomy.engine.vocab import gpu_offload
+from tokenomy.hardware import gpu
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name three colors."}]

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tokenomy.meter.ledger_schema import responses as stored_responses
+from tokenomy.ledger.tables import responses as stored_responses
 
 MODEL = "smollm2-135m-instruct"
 KEYS = [{"key": "sk-resp-a", "tenant": "a", "name": "a"}, {"key": "sk-resp-a2", "tenant": "a", "name": "a2"},

@@ -435,8 +435,8 @@ def test_a_chat_completion_served_by_a_messages_upstream_priced_and_falling_back
         assert first.cost_cache_write_usd == pytest.approx(200 * 3.75 / 1e6) and first.price_cache_write == 3.75
         assert first.cost_usd == pytest.approx(want)
         assert [r.model for r in rows[2:4]] == ["local", "local"] and rows[2].cache_write_tokens == 0
-        from tokenomy.meter.crosscheck import row_problems
-        from tokenomy.meter.report import figures
+        from tokenomy.report.crosscheck import row_problems
+        from tokenomy.report.figures import figures
 
         assert row_problems([r.to_db() for r in rows]) == []
         shown = figures(rows)                  # what `tokenomy report` and the dashboard show

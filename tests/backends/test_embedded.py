@@ -13,7 +13,7 @@ from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.config import StructuredSettings
 from tokenomy.engine.config import EngineConfig
 from tokenomy.generation import GenRequest
-from tokenomy.models import resolve_gguf
+from tokenomy.models.catalog import resolve_gguf
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from tests.conftest import SMALL_ENGINE
 from tests.wait import wait_until
 from tokenomy.backends.embedded_launch import launch_engines
 from tokenomy.config import Config
-from tokenomy.engine.fit import MEMORY_ENV, DoesNotFit
 from tokenomy.gateway import build_backend
+from tokenomy.models.memory import MEMORY_ENV, DoesNotFit
 
 
 def children() -> set[int]:

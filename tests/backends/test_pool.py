@@ -232,7 +232,7 @@ def test_every_replica_out_still_tries_them() -> None:
 
 
 def test_pool_metrics_name_each_replica() -> None:
-    from tokenomy.meter.metrics import Metrics
+    from tokenomy.metrics.prometheus import Metrics
 
     with stubs(Stub(), Stub()) as servers:
         m = Metrics()

@@ -2,7 +2,7 @@
 with its connections on asyncio) keeps httpx's contract: answers arrive whole, a connection the server closed is
 not reused, and timeouts and broken connections are httpx's errors.
 Each test runs a real HTTP/1.1 server on loopback (asyncio streams) that misbehaves as told, on asyncio's event
-loop and on uvloop's (the one `tokenomy serve` runs on where it is installed: api/server.py)."""
+loop and on uvloop's (the one `tokenomy serve` runs on where it is installed: server/command.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.wait import wait_until_async
-from tokenomy.backends.transport import AsyncioBackend, H1Transport, Pool, on_asyncio
+from tokenomy.backends.transport import AsyncioBackend, ConnectionPool, H1Transport, on_asyncio
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Run = Callable[[Coroutine[object, object, None]], None]
@@ -60,7 +60,7 @@ def _client(base: str, **kw: object) -> httpx.AsyncClient:
     transport = client._transport       # type: ignore[attr-defined]
     assert isinstance(transport, H1Transport)  # plain HTTP/1.1 on httptools; the rest on the pool under it
     pool = transport._fallback._pool     # type: ignore[attr-defined]
-    assert type(pool) is Pool and isinstance(pool._network_backend, AsyncioBackend)
+    assert type(pool) is ConnectionPool and isinstance(pool._network_backend, AsyncioBackend)
     return client
 
 

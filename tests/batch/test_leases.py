@@ -11,8 +11,8 @@ import sqlalchemy as sa
 
 from tests.api.test_batch_api import line, wait_done
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tokenomy.batch.store import BatchStore
-from tokenomy.meter.ledger import Ledger
+from tokenomy.batch.database import BatchStore
+from tokenomy.ledger.ledger import Ledger
 
 
 def store_with_batch(tmp_path, n=3, clock=time.time):

@@ -10,9 +10,9 @@ import pytest
 from tokenomy.cache.error_control import EVIDENCE, ErrorControl
 from tokenomy.cache.judge import same_answer
 from tokenomy.cache.semantic import SemanticCache
-from tokenomy.embedder import default_embedder
+from tokenomy.embedding.embedder import default_embedder
 from tokenomy.generation import GenRequest, Usage
-from tokenomy.meter.row import row_from_context
+from tokenomy.ledger.row import row_from_context
 from tokenomy.pipeline.cache import Cache
 from tokenomy.pipeline.request import RequestContext, Result
 

@@ -1,4 +1,5 @@
-"""The shipped semantic-cache verifier and its error bound (fitted offline by tokenomy/offline/cache/calibrate.py)."""
+"""The shipped semantic-cache verifier and its error bound (fitted offline by
+tokenomy/tools/cache_calibration/calibrate.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def test_jeffreys_upper_matches_the_beta_quantile() -> None:
 
 def test_shipped_verifier_is_consistent() -> None:
     v = load_default()
-    assert v is not None, "tokenomy/cache/verifier.json missing: run python -m tokenomy.offline.cache.calibrate"
+    assert v is not None, ("tokenomy/cache/verifier.json missing: "
+                           "run python -m tokenomy.tools.cache_calibration.calibrate")
     assert v.spec["features"] == list(FEATURES)
     # A larger budget never demands a higher p; a stricter gate never needs a lower-quality point to exist.
     for t in (0.8, 0.9):

@@ -11,7 +11,7 @@ from tokenomy.cache.entry import CacheEntry
 from tokenomy.cache.key import context_key
 from tokenomy.cache.semantic import SemanticCache
 from tokenomy.cache.store import RedisStore
-from tokenomy.embedder import default_embedder
+from tokenomy.embedding.embedder import default_embedder
 
 SYSTEM = {"role": "system", "content": "You answer questions about cooking."}
 PARAMS = {"temperature": 0}

@@ -12,7 +12,7 @@ import pytest
 from tests.bench_module import load_bench
 from tests.shared_data import shared_data
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.draft import DraftModel
+from tokenomy.engine.spec.draft import DraftModel
 from tokenomy.engine.vocab import Vocab
 
 
@@ -88,6 +88,6 @@ def test_predicted_outputs_compares_no_right_and_wrong_prediction_in_one_run(mon
     assert set(rows) == {(c, m) for c in ("1", "2") for m in ("none", "right", "wrong")}, out
     assert all(float(r[3]) > 0 and r[8] == "2" for r in rows.values())
     assert all(float(rows[(c, "none")][4]) == 1.0 and rows[(c, "none")][5] == "0" for c in ("1", "2"))
-    # whether drafting pays is the measured step cost's call (tests/engine/test_speculate.py fixes it); what was
+    # whether drafting pays is the measured step cost's call (tests/engine/spec/test_speculate.py fixes it); what was
     # drafted from the right prediction was mostly accepted
     assert all(r[6] == "-" or float(r[6]) > 0.5 for r in (rows[("1", "right")], rows[("2", "right")]))

@@ -10,7 +10,7 @@ from tests.noise import assert_same_up_to_noise
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampling_params import SamplingParams
-from tokenomy.models import resolve_gguf
+from tokenomy.models.catalog import resolve_gguf
 
 PROMPTS = ["Count from one to five.", "Spell the word cat.", "What is 2+2?", "Say hello in French.",
            "Name a fruit."]

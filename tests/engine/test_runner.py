@@ -8,7 +8,7 @@ import pytest
 from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.runner import Chunk, ModelRunner
-from tokenomy.models import resolve_gguf
+from tokenomy.models.catalog import resolve_gguf
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence_output import SequenceOutput
 from tokenomy.engine.vocab import Vocab
-from tokenomy.models import resolve_gguf
+from tokenomy.models.catalog import resolve_gguf
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from tests.shared_data import shared_data
 from tokenomy.engine import tuning
 from tokenomy.engine.tokenizer import Tokenizer
 from tokenomy.engine.vocab import Vocab, _overlapping
-from tokenomy.loadtest.workload import grounded
-from tokenomy.models import resolve_gguf
+from tokenomy.models.catalog import resolve_gguf
+from tokenomy.tools.bench.workload import grounded
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from tokenomy.config import RouteSpec
 from tokenomy.context.tokens import TokenCount
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
-from tokenomy.meter.metrics import Metrics
+from tokenomy.metrics.prometheus import Metrics
 from tokenomy.pipeline.chain import Pipeline
 from tokenomy.pipeline.context import Context
 from tokenomy.pipeline.record import Record

@@ -55,10 +55,10 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     cache's lookup leaves it) and leaves it there when it had to embed (for the cache's add)."""
     from tokenomy.config import RouteSpec
     from tokenomy.generation import GenRequest
-    from tokenomy.offline.router.dataset import load_routing_data
-    from tokenomy.offline.router.train import train_classifier
     from tokenomy.pipeline.request import RequestContext
     from tokenomy.pipeline.route import Route
+    from tokenomy.tools.router_training.dataset import load_routing_data
+    from tokenomy.tools.router_training.train import train_classifier
 
     rows = routing_rows(12)
     subset = tmp_path / "train.jsonl"
@@ -98,10 +98,10 @@ def test_a_two_head_router_uses_the_contextual_head_only_when_the_memo_holds_the
     from tests.routing_fixtures import synthetic_rows
     from tokenomy.config import RouteSpec
     from tokenomy.generation import GenRequest
-    from tokenomy.offline.router.dataset import load_routing_data
-    from tokenomy.offline.router.train import train_router
     from tokenomy.pipeline.request import RequestContext
     from tokenomy.pipeline.route import Route
+    from tokenomy.tools.router_training.dataset import load_routing_data
+    from tokenomy.tools.router_training.train import train_router
 
     data = tmp_path / "tiny.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(48)))

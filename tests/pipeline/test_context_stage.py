@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tokenomy.meter.report import build, render_table
+from tokenomy.report.figures import build, render_table
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = "You are a travel assistant. Answer in one short sentence."

@@ -311,7 +311,7 @@ def test_a_hold_settles_when_its_row_cannot_be_written() -> None:
 
 def test_an_upstreams_margin_is_the_most_it_billed_beyond_the_count_in_its_last_256_answers() -> None:
     from tokenomy.generation import Usage
-    from tokenomy.meter.budget import Budgets
+    from tokenomy.limits.budget import Budgets
     from tokenomy.pipeline.reserve import Reserve
 
     stage = Reserve(Budgets(), None, lambda model, batch: None, lambda model: None)   # an upstream: no window

@@ -39,8 +39,8 @@ def test_bench_json(bench, dev_rows, tmp_path, capsys) -> None:
 def test_gsm8k_study_reports_each_fold_assignment(bench, dev_rows, tmp_path) -> None:
     import numpy as np
 
-    from tokenomy.offline.router.dataset import load_routing_data
     from tokenomy.router.features import embed_prompts
+    from tokenomy.tools.router_training.dataset import load_routing_data
 
     rows = [r for r in dev_rows if r["benchmark"] == "gsm8k"][:60]
     path = tmp_path / "gsm8k.jsonl"
@@ -54,8 +54,8 @@ def test_gsm8k_study_reports_each_fold_assignment(bench, dev_rows, tmp_path) -> 
 
 def test_head_study_scores_both_heads_over_each_fold_assignment(bench, tmp_path) -> None:
     from tests.routing_fixtures import synthetic_rows
-    from tokenomy.offline.router.dataset import load_routing_data
     from tokenomy.router.features import embed_prompts
+    from tokenomy.tools.router_training.dataset import load_routing_data
 
     path = tmp_path / "tiny.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(48)))

@@ -1,5 +1,5 @@
 """The route classifier at serving time, on real data and the real MiniLM: predicts, saves, loads bit for bit,
-takes a handed-in embedding, refuses bad files. (Training itself: tests/offline/router/test_train.py.)"""
+takes a handed-in embedding, refuses bad files. (Training itself: tests/tools/router_training/test_train.py.)"""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tests.noise import assert_same_probabilities
-from tokenomy.offline.router.dataset import RoutingData, load_routing_data
-from tokenomy.offline.router.train import train_classifier
-from tokenomy.router.classifier import Prediction, RouteClassifier, RouterFileError
+from tokenomy.router.classifier import RouteClassifier, RoutePrediction, RouterFileError
 from tokenomy.router.features import embed_prompts
+from tokenomy.tools.router_training.dataset import RoutingData, load_routing_data
+from tokenomy.tools.router_training.train import train_classifier
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def held_out(test_file) -> RoutingData:
 def test_predict_follows_the_threshold(trained: RouteClassifier, held_out: RoutingData) -> None:
     prompt = held_out.prompts[0]
     prediction = trained.predict(prompt)
-    assert isinstance(prediction, Prediction) and prediction.threshold == trained.threshold
+    assert isinstance(prediction, RoutePrediction) and prediction.threshold == trained.threshold
     assert prediction.model == (trained.weak if prediction.probability >= trained.threshold else trained.strong)
     assert prediction.probability == pytest.approx(trained.p_weak_ok(prompt))
     assert prediction.probability == pytest.approx(

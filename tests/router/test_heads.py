@@ -12,9 +12,9 @@ import pytest
 
 from tests.noise import assert_same_probabilities
 from tests.routing_fixtures import synthetic_rows
-from tokenomy.offline.router.dataset import RoutingData, load_routing_data
-from tokenomy.offline.router.train import RouterTrainingError, train_router
 from tokenomy.router.classifier import VERSION, RouteClassifier, RouterFileError, TrainedRouter
+from tokenomy.tools.router_training.dataset import RoutingData, load_routing_data
+from tokenomy.tools.router_training.train import RouterTrainingError, train_router
 
 DATA = Path(__file__).parent / "data"
 

@@ -18,23 +18,24 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy import gpu
-from tokenomy.api import batches, dashboard, embeddings, messages, openapi, responses, serve
+from tokenomy.api import batches, dashboard, embeddings, messages, openapi, responses
+from tokenomy.api import run as serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import parse_recorded
 from tokenomy.api.dashboard import Dashboard
-from tokenomy.api.errors import (
+from tokenomy.api.error_bodies import (
     api_error_handler,
     error_response,
     http_error_handler,
     unhandled_handler,
     validation_handler,
 )
-from tokenomy.dialect.schemas import ChatCompletionRequest, CompletionRequest
-from tokenomy.dialect.wire import ChunkWriter, chat_body, completion_body
+from tokenomy.dialect.chat import ChatCompletionRequest, CompletionRequest
+from tokenomy.dialect.chat_wire import ChunkWriter, chat_body, completion_body
 from tokenomy.errors import APIError
 from tokenomy.gateway import Gateway
 from tokenomy.generation import GenRequest
+from tokenomy.hardware import gpu
 
 
 async def chat_completions(request: Request) -> Response:

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from tokenomy.api.body import read_body
-from tokenomy.batch.store import ENDPOINTS, WINDOW_S, BatchStore, file_object
+from tokenomy.batch.database import ENDPOINTS, WINDOW_S, BatchStore, file_object
 from tokenomy.errors import APIError
 
 T = TypeVar("T")

@@ -61,7 +61,7 @@ async def parse_recorded(gateway: Any, request: Request, model: type[BaseModel],
     without a valid key); a refused request still gets its ledger row (status 4xx, no model), through
     `gateway.refused`."""
     try:
-        if gateway.keyring.enabled:      # kept for the admit stage (api/serve.py run), which hashes it once
+        if gateway.keyring.enabled:      # kept for the admit stage (api/run.py run), which hashes it once
             request.scope["tokenomy.key"] = gateway.keyring.lookup(request.headers.get("authorization"))
         return await parse(request, model, gateway.config.server.max_body_bytes)
     except (APIError, RequestValidationError) as e:

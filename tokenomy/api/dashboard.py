@@ -1,8 +1,8 @@
 """The dashboard and the feedback endpoint: ROUTES over a Dashboard the app holds as `app.state.dashboard`.
 
     GET  /dashboard        a self-contained page (plotly inline, no external assets) that refreshes its figures
-    GET  /dashboard/data   the report JSON (meter/report.py) over ?since=24h&until=&by=model|route|tenant|key
-    GET  /dashboard/live   the operations view's recent time series (meter/live.py), from the app's Metrics
+    GET  /dashboard/data   the report JSON (report/figures.py) over ?since=24h&until=&by=model|route|tenant|key
+    GET  /dashboard/live   the operations view's recent time series (metrics/live.py), from the app's Metrics
     POST /v1/feedback      {"request_id", "score" in [-1, 1], "comment"?} joins the request's ledger row
 
 `Dashboard.guard(request)` (e.g. the keyring's admin check) protects /dashboard/data and /dashboard/live; the page
@@ -26,13 +26,13 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from tokenomy.api.body import read_body
-from tokenomy.api.errors import error_response
+from tokenomy.api.error_bodies import error_response
 from tokenomy.errors import APIError
-from tokenomy.meter.ledger import FEEDBACK_RANGE, MAX_COMMENT, Ledger
-from tokenomy.meter.live import LiveSeries
-from tokenomy.meter.page import render_page
-from tokenomy.meter.report import BY, build, parse_time
-from tokenomy.meter.row import LedgerRow
+from tokenomy.ledger.ledger import FEEDBACK_RANGE, MAX_COMMENT, Ledger
+from tokenomy.ledger.row import LedgerRow
+from tokenomy.metrics.live import LiveSeries
+from tokenomy.report.figures import BY, build, parse_time
+from tokenomy.report.page import render_page
 
 MAX_FEEDBACK_BYTES = 64 * 1024
 # Live gauges shown next to the ledger's figures when the app's Metrics are given.

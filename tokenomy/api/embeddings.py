@@ -13,9 +13,10 @@ from fastapi import Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from tokenomy.api import openapi, serve
+from tokenomy.api import openapi
+from tokenomy.api import run as serve
 from tokenomy.api.body import parse_recorded
-from tokenomy.api.errors import error_response
+from tokenomy.api.error_bodies import error_response
 from tokenomy.dialect.embeddings import EmbeddingRequest, embeddings_body
 from tokenomy.errors import APIError
 from tokenomy.pipeline.request import RequestContext

@@ -22,9 +22,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from tokenomy.api import openapi, serve
+from tokenomy.api import openapi
+from tokenomy.api import run as serve
 from tokenomy.api.body import read_json
-from tokenomy.api.errors import messages_error_response
+from tokenomy.api.error_bodies import messages_error_response
 from tokenomy.backends.base import InvalidRequest
 from tokenomy.dialect.messages import CountTokensRequest, MessagesRequest, body_error
 from tokenomy.dialect.messages_wire import PING, EventWriter, error_event, message_body

@@ -10,10 +10,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from tokenomy.dialect.chat import ChatCompletionRequest, CompletionRequest
 from tokenomy.dialect.embeddings import EmbeddingRequest
 from tokenomy.dialect.messages import CountTokensRequest, MessagesRequest
 from tokenomy.dialect.responses import ResponsesRequest
-from tokenomy.dialect.schemas import ChatCompletionRequest, CompletionRequest
 
 REF = "#/components/schemas/{model}"
 

@@ -24,12 +24,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from tokenomy.api import openapi, serve
-from tokenomy.api.errors import error_response
+from tokenomy.api import openapi
+from tokenomy.api import run as serve
+from tokenomy.api.error_bodies import error_response
 from tokenomy.dialect.responses import ResponsesRequest, assistant_message, input_items
 from tokenomy.dialect.responses_wire import ResponseEvents, final_body, new_id
 from tokenomy.errors import APIError
-from tokenomy.meter.responses_store import ResponseStore, StoredResponse
+from tokenomy.ledger.responses_store import ResponseStore, StoredResponse
 
 log = logging.getLogger("tokenomy")
 API = "responses"

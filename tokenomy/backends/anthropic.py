@@ -43,8 +43,8 @@ from tokenomy.config import AnthropicModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.engine.stops import StopScan
 from tokenomy.generation import Delta, GenRequest, Usage
-from tokenomy.meter import trace
-from tokenomy.meter.metrics import Metrics
+from tokenomy.metrics.prometheus import Metrics
+from tokenomy.telemetry import trace
 
 RETRY = {408, 409, 429, 500, 502, 503, 504, 529}
 BUSY = {429, 529}

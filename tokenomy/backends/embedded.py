@@ -24,7 +24,7 @@ from tokenomy.engine.sequence import TokenEvent
 from tokenomy.engine.sequence_output import TokenLogprob
 from tokenomy.engine.tokenizer import TemplateError
 from tokenomy.generation import Delta, GenRequest, Usage
-from tokenomy.meter import trace
+from tokenomy.telemetry import trace
 
 
 def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,

@@ -12,9 +12,9 @@ import os
 
 from tokenomy.config import AnthropicModelSpec, Config, EmbeddedModelSpec
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.fit import Fit, size
 from tokenomy.engine.launch import Launched, launch
-from tokenomy.models import resolve_gguf
+from tokenomy.models.catalog import resolve_gguf
+from tokenomy.models.memory import Fit, size
 
 log = logging.getLogger("tokenomy")
 
@@ -23,7 +23,7 @@ def engine_settings(spec: EmbeddedModelSpec, config: Config, *, n_threads: int |
                     fits: dict[str, Fit] | None = None) -> tuple[str, EngineConfig]:
     """An embedded model's GGUF path and the engine config to load it with: the model's engine settings, its
     window from its GGUF unless set, once its weights and KV are known to fit beside the models in ``fits``, where
-    its own Fit is added (engine/fit.py); ``n_threads`` overrides the engine's threads. DoesNotFit for a model
+    its own Fit is added (models/memory.py); ``n_threads`` overrides the engine's threads. DoesNotFit for a model
     memory cannot hold."""
     cfg = spec.engine or config.engine
     if n_threads is not None:

@@ -7,7 +7,7 @@
               llamacpp:requests_processing
     kv_usage  share of KV cache in use (0-1): vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc before v0.10),
               sglang:token_usage, llamacpp:kv_cache_usage_ratio
-A tokenomy server's engines publish vLLM's names (meter/vllm_metrics.py) and are read through them.
+A tokenomy server's engines publish vLLM's names (metrics/vllm.py) and are read through them.
 Series of one name are summed over their labels (several models or engines on one server), KV usage is their max.
 """
 

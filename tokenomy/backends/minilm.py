@@ -1,5 +1,5 @@
 """The packaged all-MiniLM-L6-v2 as an embedding model (/v1/embeddings): the same process-wide embedder the semantic
-cache and the router use (tokenomy/embedder.py), so it is loaded once and its one-encode-at-a-time lock covers
+cache and the router use (tokenomy/embedding/embedder.py), so it is loaded once and its one-encode-at-a-time lock covers
 every caller.
 
 A request's inputs are tokenized, checked and embedded in one job on this backend's own worker thread, never on
@@ -35,7 +35,7 @@ MAX_QUEUED = 64                 # requests waiting for the worker; more are refu
 class MiniLMBackend:
     def __init__(self, name: str, dimensions: int, threads: int = 1, embedder: Any = None) -> None:
         """`threads`: the embedder's threads (the semantic cache's embed_threads, so both share one instance);
-        `embedder`: a tokenomy.embedder.Embedder to use instead of the process-wide one."""
+        `embedder`: a tokenomy.embedding.embedder.Embedder to use instead of the process-wide one."""
         self.name = name
         self.dimensions = dimensions
         self.threads = threads
@@ -49,7 +49,7 @@ class MiniLMBackend:
     @property
     def embedder(self) -> Any:
         if self._embedder is None:
-            from tokenomy.embedder import default_embedder
+            from tokenomy.embedding.embedder import default_embedder
 
             self._embedder = default_embedder(self.threads)
         return self._embedder

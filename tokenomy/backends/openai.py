@@ -25,8 +25,8 @@ from tokenomy.backends.upstream import Upstream
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.generation import Delta, GenRequest, Usage
-from tokenomy.meter import trace
-from tokenomy.meter.metrics import Metrics
+from tokenomy.metrics.prometheus import Metrics
+from tokenomy.telemetry import trace
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 

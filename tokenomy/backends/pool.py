@@ -39,7 +39,7 @@ from tokenomy.backends.prefix_index import PrefixIndex, render
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount
 from tokenomy.generation import Delta, GenRequest
-from tokenomy.meter.metrics import Metrics
+from tokenomy.metrics.prometheus import Metrics
 
 log = logging.getLogger("tokenomy.pool")
 

@@ -228,7 +228,7 @@ async def _connect(open_: Any, timeout: float | None,
     return AsyncioStream(transport, protocol)
 
 
-class Pool(httpcore.AsyncConnectionPool):
+class ConnectionPool(httpcore.AsyncConnectionPool):
     """httpcore's pool with its assignment of requests to connections in one pass over the connections: the stock
     one lists every connection again for each idle one (n^2 calls at each request and each answer's end). The
     decisions are the stock ones (httpcore 1.0): closed connections go, expired or surplus idle ones close, each
@@ -274,7 +274,7 @@ class Cookies(httpx.Cookies):
 
 
 def on_asyncio(client: httpx.AsyncClient) -> httpx.AsyncClient:
-    """`client` with its own pool (a proxy's from the environment stays as httpx makes it) a Pool whose
+    """`client` with its own pool (a proxy's from the environment stays as httpx makes it) a ConnectionPool whose
     connections are on AsyncioBackend, and in front of it an H1Transport for plain HTTP/1.1 where httptools is
     installed and the pool is a plain one (no HTTP/2, Unix socket, local address, socket options or connect
     retries); its cookie jar a Cookies; as it was when httpx's internals are not the ones this was written for."""
@@ -284,7 +284,7 @@ def on_asyncio(client: httpx.AsyncClient) -> httpx.AsyncClient:
     pool = getattr(transport, "_pool", None)
     if (type(pool) is httpcore.AsyncConnectionPool and hasattr(pool, "_network_backend")
             and hasattr(pool, "_max_keepalive_connections") and httpcore.__version__.startswith("1.")):
-        pool.__class__ = Pool
+        pool.__class__ = ConnectionPool
         pool._network_backend = AsyncioBackend()
         plain = not (pool._http2 or pool._uds or pool._local_address or pool._socket_options or pool._retries)
         if httptools is not None and plain and pool._http1:
@@ -387,7 +387,7 @@ def _close(conn: _H1) -> None:
         conn.loop.call_soon_threadsafe(conn.transport.close)
 
 
-class _Body(httpx.AsyncByteStream):
+class _ResponseBody(httpx.AsyncByteStream):
     """An answer's body as its pieces arrive; at its end (or when closed) the connection goes back to the pool
     when it can carry the next request, else it closes."""
 
@@ -493,7 +493,7 @@ class H1Transport(httpx.AsyncBaseTransport):
             raise
         delimited = any(n.lower() in (b"content-length", b"transfer-encoding") for n, _ in conn.headers)
         return httpx.Response(conn.status, headers=conn.headers,
-                              stream=_Body(self, key, conn, request, read, delimited or conn.complete),
+                              stream=_ResponseBody(self, key, conn, request, read, delimited or conn.complete),
                               extensions={"http_version": b"HTTP/1.1"})
 
     async def _take(self, key: tuple[str, int], connect: float | None, pool_timeout: float | None,

@@ -5,7 +5,7 @@ puts 31% wrong hits above 0.9 and 26% above 0.95. The verifier looks at what cos
 negations, question words and the content words that one question has and the other lacks, plus the margin
 between the best and second-best candidate. A small model over these pair features (gradient-boosted trees
 by default, or a logistic regression) gives p(right | pair); it is fitted and calibrated by
-``tokenomy.offline.cache.calibrate`` (cross-fitted, see there) and shipped as ``verifier.json``.
+``tokenomy.tools.cache_calibration.calibrate`` (cross-fitted, see there) and shipped as ``verifier.json``.
 
 Operating point. For an error budget e (tolerated share of served hits that are wrong) and a cosine gate t, the
 shipped calibration points are out-of-fold candidates (cos, p, wrong). The operating point is the lowest p*
@@ -242,7 +242,7 @@ class Verifier:
     def __init__(self, spec: dict[str, Any]) -> None:
         if spec.get("features") != list(FEATURES):
             raise ValueError("verifier spec was fitted on a different feature set; "
-                             "rerun tokenomy.offline.cache.calibrate")
+                             "rerun tokenomy.tools.cache_calibration.calibrate")
         self.spec = spec
         model = spec["model"]
         self.kind = model["kind"]
@@ -281,7 +281,7 @@ class Verifier:
             spec = json.loads(Path(path).read_text())
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"verifier file {path} not found; build it with "
-                                    "`python -m tokenomy.offline.cache.calibrate`") from exc
+                                    "`python -m tokenomy.tools.cache_calibration.calibrate`") from exc
         return cls(spec)
 
     def probability(self, features: np.ndarray) -> float | np.ndarray:

@@ -35,7 +35,7 @@ class PartitionedIndex:
         return self.directory / (hashlib.sha256(ctx.encode()).hexdigest()[:32] + ".usearch")
 
     def _new(self) -> Any:
-        from tokenomy.embedder import load_onnxruntime
+        from tokenomy.embedding.embedder import load_onnxruntime
 
         load_onnxruntime()  # before usearch: see there
         from usearch.index import Index

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tokenomy.messages import message_dicts
+from tokenomy.generation import message_dicts
 
 # Request fields that never change the generated text or its shape; they are left out of every key. Anything
 # not listed here is part of the key, so an unknown new parameter can only cost a hit, never serve a wrong one.

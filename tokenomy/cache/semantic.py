@@ -1,6 +1,6 @@
 """Semantic response cache: serve a stored answer to a differently worded question, within an error budget.
 
-Only the last user turn is embedded (MiniLM, ``tokenomy.embedder``). Everything else in the request is reduced
+Only the last user turn is embedded (MiniLM, ``tokenomy.embedding.embedder``). Everything else in the request is reduced
 to ``context_key`` and must match exactly: each context has its own ANN partition (a usearch HNSW index), so an
 entry of another tenant or another conversation is never even a candidate; every candidate's context is checked
 again before it is served. A lookup serves the nearest entry only when
@@ -45,7 +45,7 @@ from tokenomy.cache.index import DIM, PartitionedIndex
 from tokenomy.cache.key import context_key, question_key
 from tokenomy.cache.replication import Added, Deleted, Replication
 from tokenomy.cache.store import SQLiteStore, Store
-from tokenomy.messages import last_user_text
+from tokenomy.generation import last_user_text
 
 Reason = Literal["hit", "exact-text", "empty", "below-threshold", "ambiguous", "rejected", "entry-bar",
                  "payload-missing", "explore"]
@@ -106,7 +106,7 @@ class SemanticCache:
         self.verifier = load_default() if verifier == "default" else verifier
         if error_budget is not None and self.verifier is None:
             raise ValueError("an error budget needs a verifier; build tokenomy/cache/verifier.json with "
-                             "`python -m tokenomy.offline.cache.calibrate` or pass error_budget=None")
+                             "`python -m tokenomy.tools.cache_calibration.calibrate` or pass error_budget=None")
         self._embedder = embedder
         self._default_embedder = embedder is None
         self.embed_threads = embed_threads
@@ -203,7 +203,7 @@ class SemanticCache:
 
     @property
     def default_embedding(self) -> bool:
-        """True when this cache embeds with the shared default MiniLM (tokenomy.embedder), whose vectors other
+        """True when this cache embeds with the shared default MiniLM (tokenomy.embedding.embedder), whose vectors other
         stages (the router's "minilm" embedding) may share through a request's memo."""
         return self._default_embedder
 
@@ -221,7 +221,7 @@ class SemanticCache:
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         if self._embedder is None:
-            from tokenomy.embedder import default_embedder
+            from tokenomy.embedding.embedder import default_embedder
 
             self._embedder = default_embedder(self.embed_threads)
         return self._embedder.embed(texts)

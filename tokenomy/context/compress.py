@@ -42,7 +42,7 @@ class Scorer:
     def __init__(self, model: str, n_threads: int = 1, window: int = 512) -> None:
         from tokenomy.engine.client import EngineClient
         from tokenomy.engine.config import EngineConfig
-        from tokenomy.models import resolve_gguf
+        from tokenomy.models.catalog import resolve_gguf
 
         self.window = window
         self.engine = EngineClient(str(resolve_gguf(model)), EngineConfig(

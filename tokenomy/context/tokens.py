@@ -36,7 +36,7 @@ def _llama_vocab_tokenizer(gguf: str) -> Callable[[str], int]:
 
     import llama_cpp
 
-    from tokenomy.models import resolve_gguf
+    from tokenomy.models.catalog import resolve_gguf
 
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
@@ -60,7 +60,7 @@ class TokenCounter:
 
     @classmethod
     def for_model(cls, model: str, tokenizer: str | None = None) -> TokenCounter:
-        from tokenomy.models import PACKAGED
+        from tokenomy.models.catalog import PACKAGED
 
         name = tokenizer or model
         if name in PACKAGED or name.endswith(".gguf"):

@@ -1,6 +1,6 @@
 """Anthropic Messages request bodies (`POST /v1/messages`, `/v1/messages/count_tokens`) and their one mapping to
 the pipeline's internal request. Known fields are type-checked strictly, as the OpenAI bodies are
-(dialect/schemas.py); unknown ones are ignored, and so are the fields no model here can honour (IGNORED, listed in
+(dialect/chat.py); unknown ones are ignored, and so are the fields no model here can honour (IGNORED, listed in
 docs/api.md). A body that does not validate gets the 400 `body_error` says, worded as Anthropic words it
 ("max_tokens: Field required").
 
@@ -27,7 +27,7 @@ IGNORED = ("thinking", "context_management", "output_config.effort", "service_ti
 MEDIA_BLOCKS = ("image", "document")
 
 
-class _Body(BaseModel):
+class _MessagesBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
@@ -38,20 +38,20 @@ def _text_blocks(value: Any) -> Any:
     return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
-class TextBlock(_Body):
+class TextBlock(_MessagesBody):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None
 
 
-class MediaBlock(_Body):
+class MediaBlock(_MessagesBody):
     """An image or a document: refused (every model served here reads text only), named in the error."""
 
     type: Literal["image", "document"]
     cache_control: dict[str, Any] | None = None
 
 
-class ToolUseBlock(_Body):
+class ToolUseBlock(_MessagesBody):
     type: Literal["tool_use"]
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
@@ -62,7 +62,7 @@ class ToolUseBlock(_Body):
 ResultPart = Annotated[TextBlock | MediaBlock, Field(discriminator="type")]
 
 
-class ToolResultBlock(_Body):
+class ToolResultBlock(_MessagesBody):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1)
     content: Annotated[list[ResultPart], BeforeValidator(_text_blocks)] = Field(default_factory=list)
@@ -74,7 +74,7 @@ class ToolResultBlock(_Body):
         return f"Error: {text}" if self.is_error else text
 
 
-class ThinkingBlock(_Body):
+class ThinkingBlock(_MessagesBody):
     """Extended thinking from an earlier turn (with its signature): dropped, no model here continues it."""
 
     type: Literal["thinking", "redacted_thinking"]
@@ -84,7 +84,7 @@ Block = Annotated[TextBlock | MediaBlock | ToolUseBlock | ToolResultBlock | Thin
                   Field(discriminator="type")]
 
 
-class Message(_Body):
+class Message(_MessagesBody):
     # "system": a system message inside the conversation, as Claude Code (2.1.3xx) sends one after the user's
     # turn with the session's environment; text blocks only, kept in its place as a system message
     role: Literal["user", "assistant", "system"]
@@ -136,7 +136,7 @@ class Message(_Body):
         return out
 
 
-class Tool(_Body):
+class Tool(_MessagesBody):
     """A client tool. A server tool (a `type` such as web_search_20250305, code_execution_..., bash_...) is
     refused: tokenomy runs no tools itself, and silently dropping one would change what the model can do."""
 
@@ -168,7 +168,7 @@ class Tool(_Body):
         return _marked({"type": "function", "function": fn}, self.cache_control)
 
 
-class ToolChoice(_Body):
+class ToolChoice(_MessagesBody):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
@@ -185,11 +185,11 @@ class ToolChoice(_Body):
         return {"auto": "auto", "any": "required", "none": "none"}[self.type]
 
 
-class Metadata(_Body):
+class Metadata(_MessagesBody):
     user_id: str | None = None
 
 
-class OutputConfig(_Body):
+class OutputConfig(_MessagesBody):
     """`format` (a JSON schema for the answer) is decoded under the grammar; `effort` is ignored."""
 
     format: dict[str, Any] | None = None
@@ -202,7 +202,7 @@ class OutputConfig(_Body):
         return v
 
 
-class CountTokensRequest(_Body):
+class CountTokensRequest(_MessagesBody):
     """What `/v1/messages/count_tokens` takes: the prompt of a Messages request, without its sampling."""
 
     model: str = Field(min_length=1)

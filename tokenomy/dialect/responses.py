@@ -36,7 +36,7 @@ ROLES = ("user", "system", "developer", "assistant")
 MAX_METADATA = 16
 
 
-class _Body(BaseModel):
+class _ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
@@ -44,7 +44,7 @@ def _bad(message: str, param: str | None, code: str = "invalid_value") -> APIErr
     return APIError(400, message, param=param, code=code)
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(_ResponsesBody):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None

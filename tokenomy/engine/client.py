@@ -7,7 +7,7 @@ error event (error_code "engine_died"), and the child is started again with expo
 while it restarts raise EngineUnavailable at once, so other models keep serving and callers can fall back.
 
 With an `address` the client does not start the engine but connects to one that a supervisor runs
-(`server.workers`, api/workers.py), as each of several API workers does: a closed connection fails the requests
+(`server.workers`, server/workers.py), as each of several API workers does: a closed connection fails the requests
 it held in the same way, and the client connects again once the supervisor has the engine back.
 """
 
@@ -30,7 +30,7 @@ from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.core import ConstraintSpec, StepReport
 from tokenomy.engine.engine import StepStats
-from tokenomy.engine.kv_tier import TierStats
+from tokenomy.engine.kv.tier import TierStats
 from tokenomy.engine.launch import Launch, launch
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent

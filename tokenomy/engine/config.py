@@ -63,17 +63,17 @@ class EngineConfig(BaseModel):
     prefix_caching: bool = Field(True, description="reuse the KV of a cached prompt prefix instead of recomputing "
                                  "it; off only to measure what it saves")
     kv_tier_ram_mb: int = Field(1024, ge=0, description="host RAM for the KV of evicted cached prefixes, restored "
-                                "instead of recomputed when a prompt shares one (engine/kv_tier.py); 0: off")
+                                "instead of recomputed when a prompt shares one (engine/kv/tier.py); 0: off")
     kv_tier_disk_dir: str | None = Field(None, description="a directory for a disk tier below the RAM one "
                                          "(emptied at start); none: no disk tier")
     kv_tier_disk_mb: int = Field(8192, ge=0, description="bytes the disk tier may hold, in MiB")
     speculative: bool = Field(True, description="draft from the sequence's own tokens (prompt lookup), as many as "
-                              "the measured cost of a step says pay (engine/speculate.py); never for a seeded "
+                              "the measured cost of a step says pay (engine/spec/speculate.py); never for a seeded "
                               "sampled request or a grammar-constrained one")
     draft_model: str | None = Field(None, description="a smaller model with the same vocabulary (a packaged model's "
                                     "name or a GGUF path) that drafts tokens for speculation instead of prompt "
                                     "lookup, as many as the measured cost of its steps and the target's says pay "
-                                    "(engine/draft.py); its context has as many cells as this one")
+                                    "(engine/spec/draft.py); its context has as many cells as this one")
     n_gpu_layers: int | None = Field(None, ge=-1, description="model layers offloaded to the GPU, the rest run on "
                                      "the CPU; -1: all; none: all when llama-cpp-python was built with a GPU "
                                      "backend (CUDA, Metal, Vulkan: install.sh, docs/models.md \"GPU\"), else 0. "

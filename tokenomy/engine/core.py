@@ -36,7 +36,7 @@ import numpy as np
 
 from tokenomy.engine import tuning
 from tokenomy.engine.engine import Engine, QueueFull
-from tokenomy.engine.kv_tier import TierStats
+from tokenomy.engine.kv.tier import TierStats
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import TokenEvent
 
@@ -412,7 +412,7 @@ def main(fd: int, address: str | None = None) -> None:
     name), load, self-check, report ready, serve until the pipe closes. Interrupts are its parent's to handle: it
     stops this process by closing the pipe.
 
-    With `address` (a Unix socket path: the engine of `server.workers`, api/workers.py) the pipe only starts and
+    With `address` (a Unix socket path: the engine of `server.workers`, server/workers.py) the pipe only starts and
     stops it: the API workers connect to `address`, each a peer of the same Core, and a worker that goes away has
     its sequences cancelled while the others go on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

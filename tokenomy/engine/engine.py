@@ -11,15 +11,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.engine import speculate, tuning
+from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.draft import DraftModel
-from tokenomy.engine.kv_tier import KVTiers, engine_dir
+from tokenomy.engine.kv.tier import KVTiers, engine_dir
 from tokenomy.engine.runner import Chunk, KVFull, ModelRunner
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.scheduler import QueueFull, Scheduler
 from tokenomy.engine.sequence import Sequence, Status, TokenEvent
 from tokenomy.engine.sequence_output import SequenceOutput
+from tokenomy.engine.spec import speculate
+from tokenomy.engine.spec.cost import StepCost
+from tokenomy.engine.spec.draft import DraftModel
+from tokenomy.engine.spec.prediction import Prediction
 from tokenomy.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("tokenomy.engine")
@@ -56,7 +59,7 @@ class Engine:
             raise
         self.tokenizer = Tokenizer(self.runner)
         self.stats = StepStats()
-        self.step_cost = speculate.StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
+        self.step_cost = StepCost()   # measured seconds per step by tokens fed (sizes the drafts)
         self.drafter = DraftModel(cfg.draft_model, cfg, self.runner) if cfg.draft_model else None
         self.tiers = KVTiers(cfg.kv_tier_ram_mb << 20, engine_dir(cfg.kv_tier_disk_dir, name),
                              cfg.kv_tier_disk_mb << 20)
@@ -110,7 +113,7 @@ class Engine:
                            fork_of=seqs[0] if seqs else None)
             seq.out = SequenceOutput(p, seq.prompt, seq.output, self.runner, limit)
             if p.prediction is not None:
-                seq.prediction = speculate.Prediction(p.prediction)
+                seq.prediction = Prediction(p.prediction)
             seqs.append(seq)
         seqs[0].forks = seqs[1:]
         with self._cv:

@@ -37,7 +37,7 @@ class SamplingParams:
     handover_below: float | None = None
     handover_after: int = 0             # no handover before this many output tokens
     # the client's predicted output (OpenAI's Predicted Outputs), tokenized: the sequence drafts from it
-    # (speculate.Prediction) instead of from its own tokens
+    # (spec/prediction.py) instead of from its own tokens
     prediction: list[int] | None = None
 
     def __post_init__(self) -> None:

@@ -23,10 +23,10 @@ from collections import deque
 
 from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
-from tokenomy.engine.kv_layout import KVLayout, KVOps
-from tokenomy.engine.kv_tier import KVTiers
-from tokenomy.engine.layout_streams import KVStreams
-from tokenomy.engine.layout_unified import UnifiedBuffer
+from tokenomy.engine.kv.layout import KVLayout, KVOps
+from tokenomy.engine.kv.streams import KVStreams
+from tokenomy.engine.kv.tier import KVTiers
+from tokenomy.engine.kv.unified import UnifiedBuffer
 from tokenomy.engine.sequence import Sequence, Status
 
 

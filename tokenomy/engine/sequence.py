@@ -14,7 +14,7 @@ from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence_output import SequenceOutput, TokenLogprob
 
 if TYPE_CHECKING:
-    from tokenomy.engine.speculate import Prediction
+    from tokenomy.engine.spec.prediction import Prediction
 
 
 class Status(Enum):

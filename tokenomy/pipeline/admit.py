@@ -1,8 +1,8 @@
 """Admit stage: API keys (stored hashed), tenants, and per-key requests- and tokens-per-minute limits.
 
 With no keys configured, every request is admitted as tenant "default". Limits are sliding 60-second windows
-kept in memory (one gateway process), or in Redis (`limits.store`, meter/shared.py) so that every gateway process
-counts one window; the 429 carries Retry-After = seconds until the window frees enough room. A request counts
+kept in memory (one gateway process), or in Redis (`limits.store`, limits/shared_counters.py) so that every gateway
+process counts one window; the 429 carries Retry-After = seconds until the window frees enough room. A request counts
 against rpm when admitted; against tpm, the reserve stage holds its prompt and output bound
 (`reserve_tokens`) before it reaches a backend, refused unless used + held + that fits, and the record replaces
 the hold by the tokens it used (`on_record`); holds are leases renewed while the request runs, as budgets' are.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from tokenomy.config import KeySpec, TenantSpec
 from tokenomy.errors import APIError
-from tokenomy.meter.shared import SharedCounters, StoreDown
+from tokenomy.limits.shared_counters import SharedCounters, StoreDown
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 

@@ -22,7 +22,7 @@ from tokenomy.cache.entry import CacheEntry, CacheHit
 from tokenomy.cache.judge import Judge, same_answer
 from tokenomy.cache.key import is_deterministic
 from tokenomy.generation import Delta, Usage
-from tokenomy.meter.row import CacheSaving
+from tokenomy.ledger.row import CacheSaving
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, Result
 

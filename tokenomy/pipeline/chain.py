@@ -2,7 +2,7 @@
 
 Each stage is `async def __call__(ctx, call_next)`. A stage may end the request early by returning without
 calling `call_next` (a cache hit does). Stages never import each other; the chain is built from config.
-A traced request (`ctx.trace`, meter/trace.py) runs each stage in its span (`enter` ... `left`); a stage with
+A traced request (`ctx.trace`, telemetry/trace.py) runs each stage in its span (`enter` ... `left`); a stage with
 `traced = False` (the record stage, which makes its own) runs as it is, and one whose `traced` is a method runs in a
 span only for the requests it says (the reserve stage: those it holds anything for).
 """

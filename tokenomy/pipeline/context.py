@@ -24,7 +24,7 @@ from typing import Any
 from tokenomy.backends.base import InvalidRequest
 from tokenomy.config import ContextSettings, RouteSpec
 from tokenomy.context import compress as cz
-from tokenomy.context import fit
+from tokenomy.context import window as fit
 from tokenomy.context.compaction import SummaryCache, compact
 from tokenomy.context.lint import PrefixTracker, header, segments, volatile_lines
 from tokenomy.context.tokens import TokenCount
@@ -156,7 +156,7 @@ class Context:
         return tc
 
     async def _fit(self, ctx: RequestContext, s: ContextSettings, target: str, tc: TokenCount) -> TokenCount:
-        """Fit the request into the target model's window (context/fit.py); records what it did like the levers."""
+        """Fit the request into the target model's window (context/window.py); records what it did like the levers."""
         window = self.window(target)
         if not window or not tc.exact:
             return tc

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Collection, Mapping
 
 from tokenomy.backends.base import BackendError, EmbeddingBackend, InvalidRequest, Overloaded
-from tokenomy.backends.registry import Registry
+from tokenomy.backends.deployments import Registry
 from tokenomy.errors import APIError
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext

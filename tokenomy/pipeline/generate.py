@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
-from tokenomy.backends.registry import Registry
+from tokenomy.backends.deployments import Registry
 from tokenomy.errors import APIError
 from tokenomy.generation import Delta, Usage
 from tokenomy.pipeline.chain import Next

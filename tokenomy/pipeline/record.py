@@ -1,9 +1,9 @@
 """Record stage: runs for every request (errors and early endings too) once its answer is complete.
 
 For streams that is when the last delta has been sent (or the client went away), so the record wraps the stream.
-The record observes; it never changes a response. It starts the request's trace (with a tracer; meter/trace.py)
+The record observes; it never changes a response. It starts the request's trace (with a tracer; telemetry/trace.py)
 and finishes it after the sinks, so the ledger row carries the trace id; with OTel metrics on it hands the request
-to them too (meter/otel_metrics.py), with the times it computed for Prometheus.
+to them too (telemetry/otel_metrics.py), with the times it computed for Prometheus.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 
 from tokenomy.errors import APIError
 from tokenomy.generation import Delta, Usage
-from tokenomy.meter import trace
-from tokenomy.meter.metrics import Metrics
-from tokenomy.meter.otel_metrics import OtelMetrics
-from tokenomy.meter.row import CACHE_HITS
+from tokenomy.ledger.row import CACHE_HITS
+from tokenomy.metrics.prometheus import Metrics
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
+from tokenomy.telemetry import trace
+from tokenomy.telemetry.otel_metrics import OtelMetrics
 
 log = logging.getLogger("tokenomy.record")
 
@@ -158,7 +158,7 @@ class Record:
                 log.exception("finishing the request's trace failed")
 
     def _engine_requests(self, ctx: RequestContext, tpot: float | None, gaps: int) -> None:
-        """vLLM's per-request families (meter/vllm_metrics.py) for what embedded engines ran for this request: its
+        """vLLM's per-request families (metrics/vllm.py) for what embedded engines ran for this request: its
         answer (not a response-cache hit), each part of a token-routed answer (tokens only), discarded cascade
         answers."""
         vllm, u = self.metrics.vllm, ctx.usage

@@ -10,7 +10,7 @@ from typing import Any
 
 from tokenomy.errors import APIError
 from tokenomy.generation import Delta, GenRequest, Usage
-from tokenomy.meter.row import CacheSaving
+from tokenomy.ledger.row import CacheSaving
 
 
 def new_request_id() -> str:
@@ -128,7 +128,7 @@ class RequestContext:
     cost_usd: float = 0.0                     # set by the meter: what this request cost, discarded answers too
     # batch (tokenomy/batch/): the batch this request belongs to; its row is marked and priced at the batch price
     batch_id: str | None = None
-    # traces (meter/trace.py): the request's RequestTrace while traced; the trace id its ledger row carries (a
+    # traces (telemetry/trace.py): the request's RequestTrace while traced; the trace id its ledger row carries (a
     # caller's traceparent's even with tracing off)
     trace: Any = None
     trace_id: str | None = None

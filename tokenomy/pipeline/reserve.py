@@ -1,5 +1,5 @@
 """Reserve stage: before a request reaches a backend, hold the most it can cost against its key's and tenant's
-budgets (meter/budget.py) and its key's tokens-per-minute limit (pipeline/admit.py); the record settles the holds
+budgets (limits/budget.py) and its key's tokens-per-minute limit (pipeline/admit.py); the record settles the holds
 with what the request actually used, whatever way it ended.
 
 The most a request can cost is its prompt plus its output bound:
@@ -35,8 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenomy.config import LimitsSettings
-from tokenomy.meter.budget import BudgetExceeded, Budgets, WindowFull
-from tokenomy.meter.pricing import PriceLike, cache_write_rate
+from tokenomy.ledger.pricing import PriceLike, cache_write_rate
+from tokenomy.limits.budget import BudgetExceeded, Budgets, WindowFull
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 

@@ -31,8 +31,7 @@ from typing import Any
 
 from tokenomy.config import RouteSpec
 from tokenomy.errors import APIError
-from tokenomy.generation import Delta
-from tokenomy.messages import last_user_text
+from tokenomy.generation import Delta, last_user_text
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext, RouteDecision
 from tokenomy.router.cascade import Verdict, judge
@@ -49,7 +48,7 @@ class Route:
                  | None = None, metrics: Any = None, backends: Any = None,
                  embedding_models: Collection[str] = ()) -> None:
         """`metrics`: the gateway's meter.metrics.Metrics, which counts decisions, escalations and token routes
-        (None: not counted); `backends`: the backends by model name (backends/registry.py), which token routes
+        (None: not counted); `backends`: the backends by model name (backends/deployments.py), which token routes
         route between; `embedding_models`: names that only embed (the packaged MiniLM), refused with a 400."""
         self.models = models
         self.embedding_models = embedding_models

@@ -17,8 +17,8 @@ strong model's win rate, 1 - p_weak_ok): "good enough" means "no worse than the 
 the expected accuracy the strong model would add, P(strong right) - P(weak right). Ranking by P(weak right)
 alone is worse (dev split, MMLU APGR 0.58 vs 0.65): many prompts the weak model fails, the strong one fails too.
 
-Prediction: the weak model when p_weak_ok >= threshold, else the strong one. Training and calibration are
-offline (tokenomy/offline/router/train.py, calibrate.py); this module holds the classifier, applies it, and
+RoutePrediction: the weak model when p_weak_ok >= threshold, else the strong one. Training and calibration are
+offline (tokenomy/tools/router_training/train.py, calibrate.py); this module holds the classifier, applies it, and
 reads and writes its file.
 
 Heads. A router file (TrainedRouter) holds one or two such classifiers ("heads"), each on its own embedding with its
@@ -67,7 +67,7 @@ class RouterFileError(ValueError):
 
 
 @dataclass(frozen=True)
-class Prediction:
+class RoutePrediction:
     """The classifier's choice for one prompt, with the numbers behind it (for the ledger and x-tokenomy-route)."""
 
     model: str
@@ -149,7 +149,7 @@ class RouteClassifier:
         return float(self.p_weak_ok_many([prompt], embedding)[0])
 
     def predict(self, prompt: str, embedding: np.ndarray | None = None, threshold: float | None = None
-                ) -> Prediction:
+                ) -> RoutePrediction:
         """The weak model when p_weak_ok >= threshold, else the strong one, with the numbers behind it.
 
         `threshold`: a route's own (config `classifier.threshold`) instead of this head's calibrated one."""
@@ -161,7 +161,7 @@ class RouteClassifier:
             model, reason = self.weak, f"p_weak_ok {p_ok:.3f} >= threshold {threshold:.3f}"
         else:
             model, reason = self.strong, f"p_weak_ok {p_ok:.3f} < threshold {threshold:.3f}"
-        return Prediction(model, p_ok, threshold, reason, weak_right, strong_right)
+        return RoutePrediction(model, p_ok, threshold, reason, weak_right, strong_right)
 
     # ---- file --------------------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """What the router sees of a prompt: a MiniLM embedding and a handful of cheap text features.
 
-Two embeddings: "minilm", the contextual sentence embedding of tokenomy.embedder (what the semantic cache
+Two embeddings: "minilm", the contextual sentence embedding of tokenomy.embedding.embedder (what the semantic cache
 uses), and "minilm-static", the mean of the same model's input token vectors (no transformer pass, so it
 fits the routing latency budget on a small CPU).
 
@@ -118,7 +118,7 @@ class EmbeddingMemo:
 
     def embed(self, prompts: list[str]) -> np.ndarray:
         """Unit-length float32 rows, one per prompt, computed only for prompts not seen recently."""
-        from tokenomy.embedder import default_embedder
+        from tokenomy.embedding.embedder import default_embedder
 
         if not prompts:
             return np.zeros((0, DIM), dtype=np.float32)
@@ -146,7 +146,7 @@ class StaticEmbedder:
 
         from tokenizers import Tokenizer
 
-        from tokenomy.embedder import packaged_model_path
+        from tokenomy.embedding.embedder import packaged_model_path
         from tokenomy.safetensors_file import read_safetensors
 
         root = Path(packaged_model_path())
@@ -174,7 +174,7 @@ _static_lock = threading.Lock()
 
 
 def embed_prompts(prompts: list[str], kind: str = "minilm") -> np.ndarray:
-    """Unit-length 384-d embeddings of `kind`: "minilm" (contextual, tokenomy.embedder, memoised) or
+    """Unit-length 384-d embeddings of `kind`: "minilm" (contextual, tokenomy.embedding.embedder, memoised) or
     "minilm-static" (StaticEmbedder)."""
     global _static
     if kind == "minilm":

@@ -16,7 +16,7 @@ A token-routed request, file by file (this module is step 3):
    (`engine/sampler.confidence` computes the signal).
 5. `engine/stops.py`, `StopScan`: stop strings, matched here over the whole answer across the models' pieces,
    and by the engine within each part.
-The threshold for a target share of large-model tokens: `offline/router/token_threshold.py` (`tokenomy router
+The threshold for a target share of large-model tokens: `tools/router_training/token_threshold.py` (`tokenomy router
 calibrate --token`); figures: `bench/token_routing.py`, docs/token_routing.md.
 
 How one answer runs:
@@ -261,7 +261,7 @@ def large_prefix(large: Any, template: str | None, small: Any) -> Any:
 def _template(name: str) -> Any:
     from tokenomy.engine.tokenizer import Tokenizer
     from tokenomy.engine.vocab import Vocab
-    from tokenomy.models import resolve_gguf
+    from tokenomy.models.catalog import resolve_gguf
 
     return Tokenizer(Vocab(str(resolve_gguf(name)), vocab_only=True))
 

@@ -1,0 +1,51 @@
+"""The one YAML file, validated by pydantic (settings.py), its reference page (docs.py), and where state lives by
+default (home.py). Every option has a default, so no file at all runs. The settings' public names are imported from
+here: `from tokenomy.config import Config, load_config`."""
+
+from tokenomy.config.settings import (
+    BACKENDS,
+    AnthropicModelSpec,
+    BalanceSettings,
+    BatchSettings,
+    BudgetLimits,
+    CacheSettings,
+    CascadeSettings,
+    ClassifierSettings,
+    CompactionSettings,
+    CompressSettings,
+    Config,
+    ConfigError,
+    ContextSettings,
+    CooldownSettings,
+    EmbeddedModelSpec,
+    EnergySettings,
+    ExactCacheSettings,
+    KeySpec,
+    LedgerSettings,
+    LimitsSettings,
+    LoadSettings,
+    ModelSpec,
+    OpenAIModelSpec,
+    Price,
+    RouteSpec,
+    RuleSpec,
+    RuleWhen,
+    SemanticCacheSettings,
+    ServerSettings,
+    StructuredSettings,
+    TelemetrySettings,
+    TenantSpec,
+    TokenRouteSettings,
+    load_config,
+    model_entry,
+    with_models,
+)
+
+__all__ = [
+    "BACKENDS", "AnthropicModelSpec", "BalanceSettings", "BatchSettings", "BudgetLimits", "CacheSettings",
+    "CascadeSettings", "ClassifierSettings", "CompactionSettings", "CompressSettings", "Config", "ConfigError",
+    "ContextSettings", "CooldownSettings", "EmbeddedModelSpec", "EnergySettings", "ExactCacheSettings", "KeySpec",
+    "LedgerSettings", "LimitsSettings", "LoadSettings", "ModelSpec", "OpenAIModelSpec", "Price", "RouteSpec",
+    "RuleSpec", "RuleWhen", "SemanticCacheSettings", "ServerSettings", "StructuredSettings", "TelemetrySettings",
+    "TenantSpec", "TokenRouteSettings", "load_config", "model_entry", "with_models",
+]

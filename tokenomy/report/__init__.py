@@ -1,0 +1,1 @@
+"""`tokenomy report` and the report page: efficiency figures as plain functions of ledger rows, cross-checked."""
