@@ -145,17 +145,17 @@ class StaticEmbedder:
     def __init__(self) -> None:
         from pathlib import Path
 
+        from safetensors import safe_open
         from tokenizers import Tokenizer
 
         from tokenomy.embedder import packaged_model_path
-        from tokenomy.safetensors_file import read_safetensors
 
         root = Path(packaged_model_path())
         self._tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
-        tensors = read_safetensors(root / "model.safetensors")
-        self._table = tensors["embeddings.word_embeddings.weight"].astype(np.float32)  # copied: the map closes
+        with safe_open(str(root / "model.safetensors"), framework="np") as weights:   # that one tensor alone
+            self._table = weights.get_tensor("embeddings.word_embeddings.weight").astype(np.float32)
 
     def embed(self, prompts: list[str]) -> np.ndarray:
         out = np.zeros((len(prompts), DIM), dtype=np.float32)
