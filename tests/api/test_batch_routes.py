@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
@@ -15,6 +14,7 @@ from tokenomy.api import batches
 from tokenomy.api.errors import api_error_handler
 from tokenomy.batch.store import BatchStore
 from tokenomy.errors import APIError
+from tokenomy.meter.ledger import Ledger
 
 LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}})
@@ -22,8 +22,8 @@ LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completi
 
 @pytest.fixture
 def api(tmp_path):
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'batch.db'}")
-    store, woken = BatchStore(engine), []
+    led = Ledger(f"sqlite:///{tmp_path / 'batch.db'}")           # its migrations make the batch tables
+    store, woken = BatchStore(led.engine), []
 
     def owner_of(request: Request) -> tuple[str, str]:
         key = request.headers.get("authorization", "").removeprefix("Bearer ")
@@ -33,7 +33,7 @@ def api(tmp_path):
     app.state.batch_api = batches.BatchAPI(store, owner_of, max_file_bytes=1 << 20, wake=lambda: woken.append(1))
     with TestClient(app) as client:
         yield client, store, woken
-    engine.dispose()
+    led.close()
 
 
 def as_key(key: str) -> dict[str, str]:
