@@ -19,13 +19,12 @@ import re
 import threading
 from array import array
 
-import llama_cpp
-import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback, which honours the level below)
+import llama_cpp  # installs llama-cpp-python's log callback, which logs to its logger below
 from cachetools import LRUCache
 
 from tokenomy.engine import tuning
 
-llama_cpp._logger.logger.setLevel(logging.ERROR)
+logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
 _backend_ready = False
 
