@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tokenomy"
 
 # The parts from the bottom up: a part imports only parts in lower layers (a layer's parts never import each other).
 LAYERS: list[set[str]] = [
-    {"generation", "errors", "hardware", "lru", "safetensors_file"},  # the request, the error type, the machine
+    {"generation", "errors", "hardware"},   # the internal request, the one error type, the machine
     {"structured"},                         # grammars and token masks
     {"engine"},                             # the continuous-batching engine over llama.cpp
     {"models"},                             # packaged models, the hub, GGUF, geometry, memory fit

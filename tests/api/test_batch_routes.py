@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
@@ -15,6 +14,7 @@ from tokenomy.api import batches
 from tokenomy.api.error_bodies import api_error_handler
 from tokenomy.batch.database import BatchStore
 from tokenomy.errors import APIError
+from tokenomy.ledger.ledger import Ledger
 
 LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
                    "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}})
@@ -22,8 +22,8 @@ LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completi
 
 @pytest.fixture
 def api(tmp_path):
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'batch.db'}")
-    store, woken = BatchStore(engine), []
+    led = Ledger(f"sqlite:///{tmp_path / 'batch.db'}")           # its migrations make the batch tables
+    store, woken = BatchStore(led.engine), []
 
     def owner_of(request: Request) -> tuple[str, str]:
         key = request.headers.get("authorization", "").removeprefix("Bearer ")
@@ -33,7 +33,7 @@ def api(tmp_path):
     app.state.batch_api = batches.BatchAPI(store, owner_of, max_file_bytes=1 << 20, wake=lambda: woken.append(1))
     with TestClient(app) as client:
         yield client, store, woken
-    engine.dispose()
+    led.close()
 
 
 def as_key(key: str) -> dict[str, str]:
@@ -97,3 +97,45 @@ def test_batches_are_the_owners_and_a_404_to_anyone_else(api):
         "/v1/batches", headers=as_key("b")).json()["data"] == []
     assert {x["id"] for x in client.get("/v1/files", headers=as_key("a")).json()["data"]} == {f["id"], other["id"]}
     assert client.get("/v1/files", headers=as_key("b")).json()["data"] == []
+
+
+def refused(r, status: int, code: str, param: str | None = None) -> str:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == code and error.get("param") == param, error
+    return error["message"]
+
+
+def test_an_upload_is_read_under_the_limit_and_its_form_checked(api):
+    client, store, _ = api
+    # a file part without a filename is a plain field: still the file, named upload.jsonl
+    form = b"".join(b'--b\r\nContent-Disposition: form-data; name="%s"\r\n\r\n%s\r\n' % (name, value)
+                    for name, value in ((b"purpose", b" batch "), (b"file", LINE.encode() + b"\n"))) + b"--b--\r\n"
+    multipart = {**as_key("a"), "content-type": "multipart/form-data; boundary=b"}
+    r = client.post("/v1/files", headers=multipart, content=form)
+    assert r.status_code == 200, r.text
+    assert r.json()["filename"] == "upload.jsonl" and r.json()["bytes"] == len(LINE) + 1
+    assert "multipart/form-data" in refused(client.post("/v1/files", headers=as_key("a"), json={"purpose": "batch"}),
+                                            400, "invalid_request")
+    refused(client.post("/v1/files", headers=as_key("a"), data={"purpose": "batch"},
+                        files={"other": ("x", b"y")}), 400, "invalid_value", "file")
+    refused(client.post("/v1/files", headers=as_key("a"), data={"purpose": "fine-tune"},
+                        files={"file": ("in.jsonl", LINE.encode())}), 400, "invalid_value", "purpose")
+    two = [("file", ("a.jsonl", LINE.encode())), ("file", ("b.jsonl", LINE.encode()))]
+    assert "Too many files" in refused(client.post("/v1/files", headers=as_key("a"), data={"purpose": "batch"},
+                                                   files=two), 400, "invalid_request")
+    no_boundary = {**as_key("a"), "content-type": "multipart/form-data"}
+    assert "boundary" in refused(client.post("/v1/files", headers=no_boundary, content=b"--x\r\n"),
+                                 400, "invalid_request")
+    big = LINE.encode() * ((1 << 20) // len(LINE) + 1)
+    refused(client.post("/v1/files", headers=as_key("a"), data={"purpose": "batch"},
+                        files={"file": ("in.jsonl", big)}), 413, "body_too_large")
+
+    def chunks():                                   # no Content-Length: refused once the limit has come
+        yield b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
+        for _ in range(64):
+            yield b"x" * (32 << 10)
+
+    r = client.post("/v1/files", headers=multipart, content=chunks())
+    assert "more than" in refused(r, 413, "body_too_large")
+    assert [f["filename"] for f in store.list_files("a", None)] == ["upload.jsonl"]

@@ -92,6 +92,17 @@ def test_prefix_index_matches_longest_prefix_and_stays_bounded() -> None:
     assert len(idx) == 1
 
 
+def test_reading_the_prefix_index_to_route_is_not_a_use() -> None:
+    idx = PrefixIndex(block_chars=4, max_blocks=4)
+    a, b = idx.blocks("aaaabbbb"), idx.blocks("ccccdddd")
+    idx.insert(a, "r1")
+    idx.insert(b, "r2")
+    assert idx.match(a) == {"r1": 2}
+    idx.forget("r9")                                  # a replica that held nothing: nothing changes
+    idx.insert(idx.blocks("eeee"), "r3")              # the least recently inserted block goes, matched or not
+    assert idx.match(a) == {} and idx.match(b) == {"r2": 2} and len(idx) == 4
+
+
 def test_render_keeps_roles_apart() -> None:
     one = render("chat", [{"role": "system", "content": "ab"}, {"role": "user", "content": "c"}], None)
     two = render("chat", [{"role": "system", "content": "a"}, {"role": "user", "content": "bc"}], None)

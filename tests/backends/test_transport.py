@@ -302,3 +302,23 @@ def test_a_header_with_a_line_break_is_refused_not_sent(run: Run) -> None:
         assert len(heads) == 1 and b"x-client: fine" in heads[0]
 
     run(main())
+
+
+def test_a_client_whose_internals_it_does_not_know_is_left_as_httpx_made_it(run: Run) -> None:
+    # on_asyncio reaches into httpx's and httpcore's private attributes (its module docstring lists them); where
+    # they are not what it was written for (here: a transport of the caller's, with no httpcore pool under it) it
+    # changes nothing, and the client still answers, and a request whose body streams goes to the fallback
+    async def main() -> None:
+        mock = httpx.MockTransport(lambda r: httpx.Response(200, content=r.method.encode()))
+        client = on_asyncio(httpx.AsyncClient(transport=mock, base_url="http://upstream"))
+        assert client._transport is mock         # type: ignore[attr-defined]
+        assert (await client.get("/")).content == b"GET"
+        h1 = H1Transport(mock, 1, 1, None)
+
+        async def body():
+            yield b"x"
+
+        got = await h1.handle_async_request(httpx.Request("POST", "http://upstream/", content=body()))
+        assert got.status_code == 200 and await got.aread() == b"POST"
+        await client.aclose()
+    run(main())

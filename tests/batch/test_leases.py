@@ -7,7 +7,6 @@ import json
 import time
 
 import openai
-import sqlalchemy as sa
 
 from tests.api.test_batch_api import line, wait_done
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
@@ -70,22 +69,6 @@ def test_only_one_worker_ends_a_batch(tmp_path):
         assert not store.claim_batch(bid, "B", 60)              # A's lease still runs
         now[0] += 2
         assert store.claim_batch(bid, "B", 60)
-
-
-def test_tables_from_before_leases_get_the_lease_columns(tmp_path):
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    eng = sa.create_engine(url)
-    with eng.begin() as conn:
-        conn.execute(sa.text("CREATE TABLE batch_items (batch_id VARCHAR(64), line INTEGER, custom_id VARCHAR(256), "
-                             "body TEXT, state VARCHAR(16) NOT NULL, attempts INTEGER NOT NULL, result TEXT, "
-                             "PRIMARY KEY (batch_id, line))"))
-        conn.execute(sa.text("INSERT INTO batch_items VALUES ('batch_x', 0, 'c', '{}', 'pending', 0, NULL)"))
-    BatchStore(eng)
-    BatchStore(eng)                                             # a second gateway opening it: nothing to add
-    cols = {c["name"] for c in sa.inspect(eng).get_columns("batch_items")}
-    assert {"lease_owner", "lease_until"} <= cols
-    with eng.connect() as conn:
-        assert conn.execute(sa.text("SELECT custom_id FROM batch_items")).scalar() == "c"
 
 
 def test_two_gateways_on_one_database_share_a_batch_and_run_each_request_once(tmp_path):

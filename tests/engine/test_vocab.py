@@ -5,7 +5,7 @@ import pytest
 from tests.shared_data import shared_data
 from tokenomy.engine import tuning
 from tokenomy.engine.tokenizer import Tokenizer
-from tokenomy.engine.vocab import Vocab, _overlapping
+from tokenomy.engine.vocab import Vocab, _overlapping, piece_cache
 from tokenomy.models.catalog import resolve_gguf
 from tokenomy.tools.bench.workload import grounded
 
@@ -54,13 +54,12 @@ def test_a_chat_is_tokenized_piece_by_piece_with_exactly_llama_cpps_tokens(smoll
 
 def test_the_piece_cache_stays_within_its_bound_and_stays_exact(smollm, monkeypatch):
     monkeypatch.setattr(tuning, "PIECE_CACHE_CHARS", 64)
-    smollm._piece_ids.clear()
-    smollm._piece_chars = 0
+    monkeypatch.setattr(smollm, "_piece_ids", piece_cache())
     texts = [f"<|im_start|>user\nquestion number {i} about something<|im_end|>\n" for i in range(20)]
     for text in texts + texts:
         assert smollm.tokenize(text, add_special=False, parse_special=True) == whole(smollm, text)
-        assert smollm._piece_chars <= 64
-    assert smollm._piece_chars == sum(len(p) for p in smollm._piece_ids)
+        assert smollm._piece_ids.currsize <= 64
+    assert smollm._piece_ids.currsize == sum(len(p) for p in smollm._piece_ids)
 
 
 def test_vocabularies_where_pieces_would_not_be_exact_tokenize_the_whole_text():

@@ -285,3 +285,57 @@ def test_a_row_that_cannot_be_encoded_is_lost_alone(ledger_url):
         assert led.flush()
         assert led.failed == 1 and led.written == 59
         assert {r.request_id for r in led.query()} == {r.request_id for i, r in enumerate(rows) if i != 30}
+
+
+def _release_batch_tables(conn: sa.Connection, leases: bool) -> None:
+    """The batch tables as BatchStore made them before they were migrations (metadata.create_all), with the lease
+    columns or as before leases, and a file, a batch and an item in them."""
+    old = sa.MetaData()
+    for name, columns in (("batch_files", schema._batch_file_columns), ("batches", schema._batch_columns),
+                          ("batch_items", schema._batch_item_columns)):
+        sa.Table(name, old, *[c for c in columns() if leases or not c.name.startswith("lease_")])
+    old.create_all(conn)
+    t = old.tables
+    conn.execute(t["batch_files"].insert().values(id="file-1", owner="k", purpose="batch", filename="in.jsonl",
+                                                 bytes=2, created_at=1, content=b"{}"))
+    conn.execute(t["batches"].insert().values(id="batch_1", owner="k", tenant="t", endpoint="/v1/chat/completions",
+                                             input_file_id="file-1", completion_window="24h", status="in_progress",
+                                             created_at=1, expires_at=2))
+    conn.execute(t["batch_items"].insert().values(batch_id="batch_1", line=0, custom_id="c", body="{}",
+                                                 state="pending", attempts=0))
+
+
+@pytest.mark.parametrize("leases", [True, False], ids=["with-leases", "before-leases"])
+def test_batch_tables_made_by_the_last_release_are_migrated_with_their_rows(ledger_url, leases):
+    from tokenomy.batch.database import BatchStore
+
+    engine = sa.create_engine(normalize_url(ledger_url))
+    with engine.begin() as conn:
+        schema.migrate(conn, upto=schema.BATCH_TABLES_VERSION - 1)
+        _release_batch_tables(conn, leases)
+    engine.dispose()
+    with Ledger(ledger_url) as led:
+        with led.engine.connect() as conn:
+            assert schema.current_version(conn) == len(schema.MIGRATIONS)
+        inspector = sa.inspect(led.engine)
+        for table in (schema.batch_files, schema.batches, schema.batch_items):
+            assert {c["name"] for c in inspector.get_columns(table.name)} == set(table.c.keys())
+        assert {i["name"] for i in inspector.get_indexes("batches")} >= {"ix_batches_owner", "ix_batches_status"}
+        store = BatchStore(led.engine)
+        assert store.get_file("file-1", "k")["filename"] == "in.jsonl"
+        assert store.get_batch("batch_1", "k")["status"] == "in_progress"
+        [item] = store.pending("batch_1", 10, set())
+        assert item.custom_id == "c" and store.claim(item, "w", 60)
+
+
+def test_a_new_ledger_has_the_batch_tables_and_a_batch_store_needs_them(ledger_url):
+    from tokenomy.batch.database import BatchStore
+
+    bare = sa.create_engine(normalize_url(ledger_url))
+    with pytest.raises(RuntimeError, match="no batch tables"):
+        BatchStore(bare)
+    bare.dispose()
+    with Ledger(ledger_url) as led:
+        store = BatchStore(led.engine)
+        f = store.create_file("k", "batch", "x.jsonl", b"{}")
+        assert store.list_files("k") == [f] and store.get_file(f["id"], "other") is None

@@ -13,34 +13,21 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from email.parser import BytesParser
-from email.policy import HTTP
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from starlette.datastructures import UploadFile
 
-from tokenomy.api.body import read_body
+from tokenomy.api.body import read_body, read_form
 from tokenomy.batch.database import ENDPOINTS, WINDOW_S, BatchStore, file_object
 from tokenomy.errors import APIError
 
 T = TypeVar("T")
 
 
-def parse_form(body: bytes, content_type: str) -> dict[str, tuple[str | None, bytes]]:
-    """multipart/form-data fields: {name: (filename or None, bytes)} (the stdlib's MIME parser)."""
-    if not content_type.lower().startswith("multipart/form-data"):
-        raise APIError(400, "Upload the file as multipart/form-data with fields 'file' and 'purpose'.",
-                       code="invalid_request")
-    msg = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in msg.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if isinstance(name, str):
-            payload = part.get_payload(decode=True)
-            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
-    return fields
+MAX_FORM_FIELDS = 16   # purpose, and room for the optional ones OpenAI's Files API has (expires_after[...])
 
 
 @dataclass(frozen=True)
@@ -75,14 +62,22 @@ async def _owned(get: Callable[[str, str], T | None], what: str, ident: str, own
 
 async def create_file(request: Request) -> dict[str, Any]:
     api, owner, _ = _api(request)
-    form = parse_form(await read_body(request, api.max_file_bytes), request.headers.get("content-type", ""))
-    purpose = form.get("purpose", (None, b""))[1].decode("utf-8", errors="replace").strip()
-    if purpose != "batch":
-        raise APIError(400, f"purpose must be 'batch' (got {purpose!r}).", param="purpose",
-                       code="invalid_value")
-    if "file" not in form:
-        raise APIError(400, "Missing required parameter: 'file'.", param="file", code="invalid_value")
-    filename, content = form["file"]
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise APIError(400, "Upload the file as multipart/form-data with fields 'file' and 'purpose'.",
+                       code="invalid_request")
+    async with read_form(request, api.max_file_bytes, max_files=1, max_fields=MAX_FORM_FIELDS) as form:
+        purpose = form.get("purpose")
+        purpose = purpose.strip() if isinstance(purpose, str) else ""
+        if purpose != "batch":
+            raise APIError(400, f"purpose must be 'batch' (got {purpose!r}).", param="purpose",
+                           code="invalid_value")
+        upload = form.get("file")
+        if upload is None:
+            raise APIError(400, "Missing required parameter: 'file'.", param="file", code="invalid_value")
+        if isinstance(upload, UploadFile):
+            filename, content = upload.filename, await upload.read()
+        else:                # a part without a filename is a plain field: its text, as UTF-8
+            filename, content = None, upload.encode("utf-8")
     return await asyncio.to_thread(api.store.create_file, owner, purpose, filename or "upload.jsonl", content)
 
 

@@ -1,15 +1,22 @@
 """Reading a request body without trusting it: a declared Content-Length over the limit is refused before a byte is
 read, a chunked body is read only up to the limit, and JSON that parses but cannot be served (a lone surrogate,
-nesting past MAX_JSON_DEPTH) is a 400 naming the field. Every dialect reads its body here."""
+nesting past MAX_JSON_DEPTH) is a 400 naming the field. Every dialect reads its body here, and the Files upload
+its multipart form (read_form)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
+from starlette.types import Message
 
 from tokenomy.errors import APIError
 
@@ -20,11 +27,16 @@ def too_large(size: int | str, limit: int) -> APIError:
     return APIError(413, f"Request body is {size} bytes; the limit is {limit}.", code="body_too_large")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or a 413 as soon as it is known to exceed `limit` bytes."""
+def refuse_declared(request: Request, limit: int) -> None:
+    """A 413 when the request's Content-Length declares more than `limit` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(declared, limit)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or a 413 as soon as it is known to exceed `limit` bytes."""
+    refuse_declared(request, limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -33,6 +45,36 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise too_large(f"more than {limit}", limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+@asynccontextmanager
+async def read_form(request: Request, limit: int, max_files: int, max_fields: int) -> AsyncIterator[FormData]:
+    """The multipart/form-data body as Starlette's FormData, parsed by python-multipart as it streams in (a file
+    part spools to disk past 1 MB), under read_body's limit: a declared Content-Length over `limit` is a 413
+    before a byte is read, and so is the body once more than `limit` bytes of it have come. A field without a
+    filename may be as large as the limit too. A body python-multipart cannot parse, or one with more than
+    `max_files` files or `max_fields` fields, is a 400. The form's files are closed on exit."""
+    refuse_declared(request, limit)
+    size = 0
+
+    async def receive() -> Message:
+        nonlocal size
+        message = await request.receive()
+        size += len(message.get("body", b""))
+        if size > limit:
+            raise too_large(f"more than {limit}", limit)
+        return message
+
+    try:
+        form = await Request(request.scope, receive).form(max_files=max_files, max_fields=max_fields,
+                                                          max_part_size=limit)
+    except (HTTPException, MultiPartException) as e:      # Starlette's 400 for what python-multipart refused
+        reason = e.detail if isinstance(e, HTTPException) else e.message
+        raise APIError(400, f"The multipart body could not be read: {reason}", code="invalid_request") from None
+    try:
+        yield form
+    finally:
+        await form.close()
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:

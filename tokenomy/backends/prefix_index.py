@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenomy.lru import LRU
+from cachetools import Cache, LRUCache
 
 
 def render(kind: str, messages: list[dict[str, Any]] | None, prompt: str | None) -> str:
@@ -30,7 +30,7 @@ def render(kind: str, messages: list[dict[str, Any]] | None, prompt: str | None)
 class PrefixIndex:
     def __init__(self, block_chars: int = 256, max_blocks: int = 200_000) -> None:
         self.block_chars, self.max_blocks = block_chars, max_blocks
-        self._table: LRU[int, set[str]] = LRU(max_blocks)
+        self._table: LRUCache[int, set[str]] = LRUCache(max_blocks)
 
     def __len__(self) -> int:
         return len(self._table)
@@ -47,7 +47,7 @@ class PrefixIndex:
         """For each replica that holds the first block: how many leading blocks it holds."""
         runs: dict[str, int] = {}
         for i, h in enumerate(hashes):
-            holders = self._table.peek(h)
+            holders = _peek(self._table, h)
             if not holders:
                 break
             grew = False
@@ -62,15 +62,18 @@ class PrefixIndex:
     def insert(self, hashes: list[int], replica: str) -> None:
         """Remember that `replica` now holds these blocks (it just served them)."""
         for h in hashes:
-            holders = self._table.get(h)
-            if holders is None:
-                self._table.put(h, {replica})
-            else:
-                holders.add(replica)
+            self._table.setdefault(h, set()).add(replica)
 
     def forget(self, replica: str) -> None:
         """A replica that restarted holds nothing: drop it everywhere."""
-        for h, holders in self._table.items():
+        for h in list(self._table):
+            holders = _peek(self._table, h)
             holders.discard(replica)
             if not holders:
-                self._table.pop(h)
+                del self._table[h]
+
+
+def _peek(table: LRUCache[int, set[str]], h: int) -> set[str] | None:
+    """The holders of block `h` without counting a use: Cache's own lookup, which LRUCache's wraps to record one
+    (cachetools has no peek). Reading the table to route or to forget a replica leaves its order as it was."""
+    return Cache.__getitem__(table, h) if h in table else None

@@ -11,6 +11,22 @@ socket; with 16 connections that was a tenth of the gateway's CPU a request. Her
 protocol that reads as the event loop does, so a server's close is already known without a system call, and a
 read or write that need not wait does not set a timer (docs/hardening.md, "Gateway overhead").
 
+Private names of httpx and httpcore this still uses (issue 48 asks for their public interfaces only), all in
+`on_asyncio` and `Pool`, each because neither library has a public way to do it:
+- `client._transport` and `transport._pool`, read and replaced: httpx.AsyncClient builds its transport (and the
+  transport its httpcore pool) from its own arguments and has no public setter; handing the client a transport
+  instead (`AsyncClient(transport=...)`) is public, but then its limits, proxies from the environment, http2 and
+  retries are the caller's to build, which `on_asyncio` spares openai.py and anthropic.py.
+- `pool._network_backend`, `pool._http1`, `_http2`, `_uds`, `_local_address`, `_socket_options`, `_retries`,
+  `_max_connections`, `_max_keepalive_connections`, `_keepalive_expiry`: httpcore.AsyncConnectionPool takes a
+  network backend in its constructor (public), but httpx.AsyncHTTPTransport makes the pool and passes none.
+- `Pool._assign_requests_to_connections` with `_connections` and `_requests`: the stock assignment is a private
+  method of httpcore 1.0; there is no public hook into how requests meet connections.
+- `client._cookies.__class__`: httpx's `cookies` setter copies into a plain httpx.Cookies, so a jar that skips
+  answers without set-cookie can only be put in place this way.
+Each is guarded: with httpx or httpcore internals other than the ones this was written for (`hasattr`, httpcore
+1.x), the client is left as httpx made it, which is slower, not broken (tests/backends/test_transport.py).
+
 The contract of httpcore's network streams holds: reads return at most `max_bytes` (b"" at the end), a read or
 write past its timeout raises httpcore's ReadTimeout or WriteTimeout, a broken connection ReadError or WriteError,
 a refused or timed-out connect ConnectError or ConnectTimeout (httpx maps them to its own). H1Transport raises
@@ -458,8 +474,11 @@ class H1Transport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        body = getattr(request, "_content", None)
-        if url.scheme != "http" or body is None or request.method in ("HEAD", "CONNECT"):
+        try:
+            body = request.content       # a body in memory; one that streams is httpx's to send
+        except httpx.RequestNotRead:
+            return await self._fallback.handle_async_request(request)
+        if url.scheme != "http" or request.method in ("HEAD", "CONNECT"):
             return await self._fallback.handle_async_request(request)
         raw = request.headers.raw
         head = b"".join([b"%s %s HTTP/1.1\r\n" % (request.method.encode(), url.raw_path),

@@ -1,6 +1,6 @@
 """Durable files, batches and batch items, in the ledger's database (SQLAlchemy Core; SQLite or PostgreSQL).
 
-Three tables of their own, created on open (they are not ledger migrations: nothing reads them but this module):
+Three tables of their own, made by the ledger's migrations (ledger/tables.py; nothing else reads them):
 - `batch_files`: uploaded input files (purpose batch) and the output and error files a batch writes;
 - `batches`: one row per batch, in OpenAI's vocabulary (status, the *_at times, file ids, metadata);
 - `batch_items`: one row per input line: its custom_id and body, its state (pending | done | failed), how many
@@ -12,8 +12,7 @@ error files are assembled from the items when the batch ends, in input order.
 
 Several gateways on one database share the work through leases: a worker claims an item (atomically, with its
 start count) before running it, and the batch before ending it, for `lease_s` seconds that it renews while it
-works; another worker takes an item or a batch only once its lease has run out (its worker died or hung). Tables
-created before leases get the two lease columns added on open.
+works; another worker takes an item or a batch only once its lease has run out (its worker died or hung).
 """
 
 from __future__ import annotations
@@ -28,55 +27,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-metadata = sa.MetaData()
-DOUBLE = sa.Float(precision=53)
-
-files = sa.Table(
-    "batch_files", metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("owner", sa.String(64), nullable=False, index=True),
-    sa.Column("purpose", sa.String(32), nullable=False),
-    sa.Column("filename", sa.String(256), nullable=False),
-    sa.Column("bytes", sa.Integer, nullable=False),
-    sa.Column("created_at", sa.Integer, nullable=False),
-    sa.Column("content", sa.LargeBinary, nullable=False),
-)
-
-TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
-         "cancelled_at")
-batches = sa.Table(
-    "batches", metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("owner", sa.String(64), nullable=False, index=True),
-    sa.Column("tenant", sa.String(128), nullable=False),
-    sa.Column("endpoint", sa.String(64), nullable=False),
-    sa.Column("input_file_id", sa.String(64), nullable=False),
-    sa.Column("completion_window", sa.String(16), nullable=False),
-    sa.Column("status", sa.String(16), nullable=False, index=True),
-    sa.Column("created_at", sa.Integer, nullable=False),
-    sa.Column("expires_at", sa.Integer, nullable=False),
-    *[sa.Column(t, sa.Integer) for t in TIMES],
-    sa.Column("output_file_id", sa.String(64)),
-    sa.Column("error_file_id", sa.String(64)),
-    sa.Column("errors", sa.Text),
-    sa.Column("metadata", sa.Text),
-    sa.Column("lease_owner", sa.String(64)),        # the worker ending the batch
-    sa.Column("lease_until", DOUBLE),
-)
-
-items = sa.Table(
-    "batch_items", metadata,
-    sa.Column("batch_id", sa.String(64), primary_key=True),
-    sa.Column("line", sa.Integer, primary_key=True),
-    sa.Column("custom_id", sa.String(256)),
-    sa.Column("body", sa.Text),
-    sa.Column("state", sa.String(16), nullable=False),      # pending | done | failed
-    sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("result", sa.Text),
-    sa.Column("lease_owner", sa.String(64)),        # the worker running the item
-    sa.Column("lease_until", DOUBLE),
-)
-LEASE_COLUMNS = ("lease_owner", "lease_until")
+from tokenomy.ledger.tables import BATCH_TABLES_VERSION, batches, current_version
+from tokenomy.ledger.tables import BATCH_TIMES as TIMES
+from tokenomy.ledger.tables import batch_files as files
+from tokenomy.ledger.tables import batch_items as items
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
@@ -142,24 +96,10 @@ class BatchStore:
         """`clock` is the wall clock every stamp, window and lease is read from (a test hands in its own)."""
         self.engine = engine
         self.clock = clock
-        metadata.create_all(engine, checkfirst=True)
-        self._add_lease_columns()
-
-    def _add_lease_columns(self) -> None:
-        """Tables from before leases: add their columns (another gateway may be doing the same)."""
-        for table in (batches, items):
-            have = {c["name"] for c in sa.inspect(self.engine).get_columns(table.name)}
-            for name in LEASE_COLUMNS:
-                if name in have:
-                    continue
-                kind = table.c[name].type.compile(dialect=self.engine.dialect)
-                try:
-                    with self.engine.begin() as conn:
-                        conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}"))
-                except sa.exc.DBAPIError:
-                    have = {c["name"] for c in sa.inspect(self.engine).get_columns(table.name)}
-                    if name not in have:
-                        raise
+        with engine.connect() as conn:
+            if current_version(conn) < BATCH_TABLES_VERSION:
+                raise RuntimeError(f"{engine.url!r} has no batch tables yet: open it as a Ledger first, whose "
+                                   "migrations make them")
 
     def _dicts(self, q: sa.Select) -> list[dict[str, Any]]:
         """A query's rows as plain dicts, what file_object, batch_object and the runner read."""

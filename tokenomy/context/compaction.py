@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenomy.lru import LRU
+from cachetools import LRUCache
 
 Message = dict[str, Any]
 Count = Callable[[list[Message]], int]
@@ -106,7 +106,7 @@ def with_note(head: list[Message], note: str) -> list[Message]:
     return [{"role": "system", "content": note}]
 
 
-class SummaryCache(LRU[str, str]):
+class SummaryCache(LRUCache[str, str]):
     """Summaries by the hash of the turns they replace (LRU, bounded)."""
 
     def __init__(self, max_entries: int = 4096) -> None:
@@ -165,7 +165,7 @@ async def compact(messages: list[Message], s: Any, count: Count, summarize: Summ
     key = turns_key(turns[:k], salt)
     if s.strategy == "drop_middle":
         note = f"[{k} earlier turns of this conversation were left out]"
-        cache.put(key, note)
+        cache[key] = note
         return Compacted(with_note(head, note) + rest, prefix + "drop_middle", k, out.tools_masked)
     if summarize is None:
         raise ValueError("the summarize strategy needs a summary model")
@@ -179,7 +179,7 @@ async def compact(messages: list[Message], s: Any, count: Count, summarize: Summ
             text = f"{SUMMARY_HEADER} {cache.get(turns_key(turns[:done], salt))}\n\n{text}"
         summary, usd = await summarize(text, s.max_summary_tokens)
         summary = " ".join(summary.split())
-        cache.put(key, summary)
+        cache[key] = summary
         res.summary_calls, res.cost_usd = 1, usd
     res.messages = with_note(head, f"{SUMMARY_HEADER} {summary}") + rest
     return res

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenomy.lru import LRU
+from cachetools import LRUCache
 
 UNIT = re.compile(r"\w+|[^\w\s]")
 # What changes from request to request by nature: dates, times, weekdays, months, uuids, hex ids, long numbers.
@@ -214,7 +214,7 @@ class PrefixTracker:
 
     def __init__(self, history: int = 8, max_keys: int = 1024, max_units: int = 4096) -> None:
         self.history, self.max_keys, self.max_units = history, max_keys, max_units
-        self._recent: LRU[tuple[str, str], deque[Layout]] = LRU(max_keys)
+        self._recent: LRUCache[tuple[str, str], deque[Layout]] = LRUCache(max_keys)
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -223,7 +223,9 @@ class PrefixTracker:
         """Compare the prompt with the recent ones of its tenant and route, then remember it."""
         cur = layout(segs, self.max_units)
         key = (tenant, route)
-        recent = self._recent.get_or_compute(key, lambda: deque(maxlen=self.history))
+        recent = self._recent.get(key)
+        if recent is None:
+            recent = self._recent[key] = deque(maxlen=self.history)
         best = Finding(cur.total, 0, 0, [])
         for prev in recent:
             prefix, potential, breaks = diagnose(cur, prev)

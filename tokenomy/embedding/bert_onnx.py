@@ -30,8 +30,9 @@ def build_bert_onnx(model_path: str | Path) -> bytes:
     """The serialised ModelProto of the mean-pooled, normalised BERT at `model_path` (a sentence-transformers
     folder: config.json, model.safetensors). Raises ValueError for a config this builder does not reproduce
     (another activation or position embedding)."""
+    from safetensors.numpy import load_file
+
     from tokenomy.embedding import onnx_proto as pb
-    from tokenomy.safetensors_file import read_safetensors
 
     root = Path(model_path)
     cfg = json.loads((root / "config.json").read_text())
@@ -40,7 +41,7 @@ def build_bert_onnx(model_path: str | Path) -> bytes:
                          f"{cfg.get('hidden_act')!r} / {cfg.get('position_embedding_type')!r}")
     hidden, heads, layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
     head_dim, eps = hidden // heads, float(cfg.get("layer_norm_eps", 1e-12))
-    tensors = read_safetensors(root / "model.safetensors")
+    tensors = load_file(root / "model.safetensors")    # BF16 weights are refused: numpy has no bfloat16
     prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
 
     inits: dict[str, np.ndarray] = {}

@@ -18,14 +18,13 @@ import os
 import re
 import threading
 from array import array
-from collections import OrderedDict
 
-import llama_cpp
-import llama_cpp._logger  # noqa: F401  (installs llama-cpp-python's log callback, which honours the level below)
+import llama_cpp  # installs llama-cpp-python's log callback, which logs to its logger below
+from cachetools import LRUCache
 
 from tokenomy.engine import tuning
 
-llama_cpp._logger.logger.setLevel(logging.ERROR)
+logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
 _backend_ready = False
 
@@ -33,6 +32,12 @@ _backend_ready = False
 def gpu_offload() -> bool:
     """Whether this llama-cpp-python build can offload layers to a GPU (built with CUDA, Metal or Vulkan)."""
     return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def piece_cache() -> LRUCache[str, tuple[int, array]]:
+    """Tokens by piece, least recently used out first once the pieces' characters pass PIECE_CACHE_CHARS: an
+    entry is (the piece's characters, its tokens)."""
+    return LRUCache(tuning.PIECE_CACHE_CHARS, getsizeof=lambda entry: entry[0])
 
 
 class Vocab:
@@ -61,8 +66,7 @@ class Vocab:
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
         self._pieces = [self._piece(t) for t in range(self.n_vocab)]
         self.eog = {t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)}
-        self._piece_ids: OrderedDict[str, array] = OrderedDict()
-        self._piece_chars = 0
+        self._piece_ids = piece_cache()
         self._piece_lock = threading.Lock()
 
     def _piece(self, token: int, special: bool = False) -> bytes:
@@ -119,18 +123,13 @@ class Vocab:
     def _piece_tokens(self, piece: str) -> array:
         with self._piece_lock:
             got = self._piece_ids.get(piece)
-            if got is not None:
-                self._piece_ids.move_to_end(piece)
-                return got
-        got = array("i", self._tokenize(piece, False, False))
-        with self._piece_lock:
-            if piece not in self._piece_ids and len(piece) <= tuning.PIECE_CACHE_CHARS // 4:
-                self._piece_ids[piece] = got
-                self._piece_chars += len(piece)
-                while self._piece_chars > tuning.PIECE_CACHE_CHARS:
-                    old, _ = self._piece_ids.popitem(last=False)
-                    self._piece_chars -= len(old)
-        return got
+        if got is not None:
+            return got[1]
+        ids = array("i", self._tokenize(piece, False, False))
+        if len(piece) <= self._piece_ids.maxsize // 4:
+            with self._piece_lock:
+                self._piece_ids.setdefault(piece, (len(piece), ids))
+        return ids
 
     @functools.cached_property
     def _cuts(self) -> tuple[dict[str, int], re.Pattern[str] | None]:

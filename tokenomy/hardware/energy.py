@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from cachetools import LRUCache
+
 log = logging.getLogger("tokenomy.energy")
 
 MEASURED_SOURCES = frozenset({"nvml", "rapl"})
@@ -253,17 +255,15 @@ class EnergyAccount:
     def __init__(self, meter: EnergyMeter, max_entries: int = 100_000) -> None:
         self.meter = meter
         self.max_entries = max_entries
-        self._joules: dict[Hashable, float] = {}
+        # A step that ran after its request was recorded (a cancelled sequence's last step) leaves a key nobody
+        # pops; the one added to least recently goes rather than the table growing without bound.
+        self._joules: LRUCache[Hashable, float] = LRUCache(max_entries)
         self._lock = threading.Lock()
 
     def add(self, shares: Mapping[Hashable, float]) -> None:
         with self._lock:
             for k, j in shares.items():
                 self._joules[k] = self._joules.get(k, 0.0) + j
-            # A step that ran after its request was recorded (a cancelled sequence's last step) leaves a key
-            # nobody pops; drop the oldest rather than grow without bound.
-            while len(self._joules) > self.max_entries:
-                del self._joules[next(iter(self._joules))]
 
     def on_step(self, dt_s: float, tokens_by_seq: Mapping[Hashable, int]) -> None:
         """The engine hook: measure the step and share it among its sequences."""

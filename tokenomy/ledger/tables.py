@@ -1,4 +1,5 @@
-"""The ledger's tables and their migrations (SQLAlchemy Core, SQLite and PostgreSQL).
+"""The ledger's tables and their migrations (SQLAlchemy Core, SQLite and PostgreSQL), and those of the other
+stores in the ledger's database: stored prompts, stored responses, and the Batch API's files, batches and items.
 
 `schema_version` holds one integer: how many steps of MIGRATIONS have run. A step only adds (tables, columns,
 indexes); nothing is ever dropped, so an older ledger keeps its rows through every upgrade. To change the
@@ -125,11 +126,53 @@ def _v11_columns() -> list[sa.Column]:
     return [sa.Column("trace_id", sa.String(32))]
 
 
+def _batch_file_columns() -> list[sa.Column]:
+    """The Batch API's files (batch/store.py): uploaded input files (purpose batch) and the output and error files
+    a batch writes."""
+    return [sa.Column("id", sa.String(64), primary_key=True),
+            sa.Column("owner", sa.String(64), nullable=False, index=True),
+            sa.Column("purpose", sa.String(32), nullable=False), sa.Column("filename", sa.String(256), nullable=False),
+            sa.Column("bytes", sa.Integer, nullable=False), sa.Column("created_at", sa.Integer, nullable=False),
+            sa.Column("content", sa.LargeBinary, nullable=False)]
+
+
+BATCH_TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
+               "cancelled_at")
+
+
+def _batch_columns() -> list[sa.Column]:
+    """One row per batch, in OpenAI's vocabulary (status, the *_at times, file ids, metadata), and the lease of
+    the worker ending it."""
+    return [sa.Column("id", sa.String(64), primary_key=True),
+            sa.Column("owner", sa.String(64), nullable=False, index=True),
+            sa.Column("tenant", sa.String(128), nullable=False), sa.Column("endpoint", sa.String(64), nullable=False),
+            sa.Column("input_file_id", sa.String(64), nullable=False),
+            sa.Column("completion_window", sa.String(16), nullable=False),
+            sa.Column("status", sa.String(16), nullable=False, index=True),
+            sa.Column("created_at", sa.Integer, nullable=False), sa.Column("expires_at", sa.Integer, nullable=False),
+            *[sa.Column(t, sa.Integer) for t in BATCH_TIMES],
+            sa.Column("output_file_id", sa.String(64)), sa.Column("error_file_id", sa.String(64)),
+            sa.Column("errors", sa.Text), sa.Column("metadata", sa.Text),
+            sa.Column("lease_owner", sa.String(64)), sa.Column("lease_until", DOUBLE)]
+
+
+def _batch_item_columns() -> list[sa.Column]:
+    """One row per input line of a batch: its custom_id and body, its state (pending | done | failed), how many
+    times it was started, its result line, and the lease of the worker running it."""
+    return [sa.Column("batch_id", sa.String(64), primary_key=True), sa.Column("line", sa.Integer, primary_key=True),
+            sa.Column("custom_id", sa.String(256)), sa.Column("body", sa.Text),
+            sa.Column("state", sa.String(16), nullable=False), sa.Column("attempts", sa.Integer, nullable=False),
+            sa.Column("result", sa.Text), sa.Column("lease_owner", sa.String(64)), sa.Column("lease_until", DOUBLE)]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
                   *_v6_columns(), *_v7_columns(), *_v8_columns(), *_v10_columns(), *_v11_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 responses = sa.Table("stored_responses", metadata, *_response_columns())
+batch_files = sa.Table("batch_files", metadata, *_batch_file_columns())
+batches = sa.Table("batches", metadata, *_batch_columns())
+batch_items = sa.Table("batch_items", metadata, *_batch_item_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
 
@@ -200,9 +243,31 @@ def _m11_trace(conn: Connection) -> None:
         add_column(conn, "ledger", column)
 
 
+def _m12_batch_tables(conn: Connection) -> None:
+    """The Batch API's tables. Before this step BatchStore made them itself (create_all, then the lease columns
+    where they lacked them): a database that has them keeps them and their rows, and gains only what it lacks
+    (the lease columns of tables from before leases, an index)."""
+    inspector = sa.inspect(conn)
+    for name, columns in (("batch_files", _batch_file_columns), ("batches", _batch_columns),
+                          ("batch_items", _batch_item_columns)):
+        table = sa.Table(name, sa.MetaData(), *columns())
+        if not inspector.has_table(name):
+            table.create(conn)
+            continue
+        have = {c["name"] for c in inspector.get_columns(name)}
+        for column in table.columns:
+            if column.name not in have:
+                add_column(conn, name, column)
+        indexed = {i["name"] for i in inspector.get_indexes(name)}
+        for index in table.indexes:
+            if index.name not in indexed:
+                index.create(conn)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
                                                   _m5_replica, _m6_batch, _m7_inside, _m8_api, _m9_responses,
-                                                  _m10_cache_write, _m11_trace]
+                                                  _m10_cache_write, _m11_trace, _m12_batch_tables]
+BATCH_TABLES_VERSION = MIGRATIONS.index(_m12_batch_tables) + 1   # the schema version that has the batch tables
 
 
 class LedgerSchemaError(RuntimeError):

@@ -176,7 +176,6 @@ def download(ref: HubRef, filename: str) -> str:
     from huggingface_hub.errors import OfflineModeIsEnabled
     from huggingface_hub.file_download import http_get, repo_folder_name
     from huggingface_hub.utils import WeakFileLock, build_hf_headers
-    from huggingface_hub.utils._runtime import is_xet_available
 
     def library() -> str:
         return hf_hub_download(ref.repo, filename, revision=ref.revision)
@@ -188,7 +187,7 @@ def download(ref: HubRef, filename: str) -> str:
         meta = get_hf_file_metadata(url)
     except (httpx2.TransportError, OfflineModeIsEnabled):
         return library()          # it serves the cached copy, or says none is there
-    if meta.commit_hash is None or meta.etag is None or (meta.xet_file_data is not None and is_xet_available()):
+    if meta.commit_hash is None or meta.etag is None or (meta.xet_file_data is not None and _xet_available()):
         return library()
     folder = repo_folder_name(repo_id=ref.repo, repo_type="model")
     storage = Path(constants.HF_HUB_CACHE) / folder
@@ -237,3 +236,13 @@ def default_name(ref_text: str) -> str:
     as written (`bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M`), as vLLM serves a repo under its id."""
     ref = parse(ref_text)
     return ref.repo + (f":{ref.spec}" if ref.spec else "")
+
+
+def _xet_available() -> bool:
+    """Whether hf_hub_download goes through Xet: hf_xet installed and not turned off (HF_HUB_DISABLE_XET), the test
+    huggingface_hub makes (its own is_xet_available is in a private module)."""
+    import importlib.util
+
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_DISABLE_XET and importlib.util.find_spec("hf_xet") is not None

@@ -16,8 +16,7 @@ import re
 import threading
 
 import numpy as np
-
-from tokenomy.lru import LRU
+from cachetools import LRUCache
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _SENTENCE_END = re.compile(r"[.?!](?:\s|$)")
@@ -110,11 +109,12 @@ class EmbeddingMemo:
     so a few thousand cost little; the shared embedder itself is not touched."""
 
     def __init__(self, capacity: int = 20_000) -> None:
-        self._vectors: LRU[bytes, np.ndarray] = LRU(capacity, thread_safe=True)
+        self._vectors: LRUCache[bytes, np.ndarray] = LRUCache(capacity)
+        self._lock = threading.Lock()   # routers embed from several threads
 
     @property
     def capacity(self) -> int:
-        return self._vectors.max_size
+        return self._vectors.maxsize
 
     def embed(self, prompts: list[str]) -> np.ndarray:
         """Unit-length float32 rows, one per prompt, computed only for prompts not seen recently."""
@@ -123,14 +123,15 @@ class EmbeddingMemo:
         if not prompts:
             return np.zeros((0, DIM), dtype=np.float32)
         keys = [hashlib.sha256(p.encode("utf-8")).digest() for p in prompts]
-        found = {k: v for k in keys if (v := self._vectors.get(k)) is not None}
+        with self._lock:
+            found = {k: v for k in keys if (v := self._vectors.get(k)) is not None}
         todo = list(dict.fromkeys(k for k in keys if k not in found))
         if todo:
             text_of = dict(zip(keys, prompts, strict=True))
             vectors = default_embedder().embed([text_of[k] for k in todo])
             found.update(zip(todo, vectors, strict=True))
-            for k, v in zip(todo, vectors, strict=True):
-                self._vectors.put(k, v)
+            with self._lock:
+                self._vectors.update(zip(todo, vectors, strict=True))
         return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
 
 
@@ -144,17 +145,17 @@ class StaticEmbedder:
     def __init__(self) -> None:
         from pathlib import Path
 
+        from safetensors import safe_open
         from tokenizers import Tokenizer
 
         from tokenomy.embedding.embedder import packaged_model_path
-        from tokenomy.safetensors_file import read_safetensors
 
         root = Path(packaged_model_path())
         self._tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
-        tensors = read_safetensors(root / "model.safetensors")
-        self._table = tensors["embeddings.word_embeddings.weight"].astype(np.float32)  # copied: the map closes
+        with safe_open(str(root / "model.safetensors"), framework="np") as weights:   # that one tensor alone
+            self._table = weights.get_tensor("embeddings.word_embeddings.weight").astype(np.float32)
 
     def embed(self, prompts: list[str]) -> np.ndarray:
         out = np.zeros((len(prompts), DIM), dtype=np.float32)

@@ -51,8 +51,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache, cached
 
-from tokenomy.lru import LRU
 from tokenomy.structured.grammar import CompiledGrammar, clean_reason
 from tokenomy.structured.token_tables import TokenTables
 
@@ -99,8 +99,6 @@ REPLAN_MARGIN = 1.25  # the model's own way to the end is longer than the walk's
 REPLAN_MAX_WALK_S = 0.02
 CLOSING_ENTRIES = 512
 CLOSING_CAP = 4096  # longest wrap-up walk taken to name a schema's minimum (a longer one is "more than" this)
-# grammar key -> (length or None, seconds, why no answer can end when the walk failed)
-_closing: LRU[str, tuple[int | None, float, str | None]] = LRU(CLOSING_ENTRIES)
 
 
 def closing_length(grammar: CompiledGrammar, limit: int = CLOSING_CAP) -> int:
@@ -112,22 +110,19 @@ def closing_length(grammar: CompiledGrammar, limit: int = CLOSING_CAP) -> int:
     return limit if n is None else min(n, limit)
 
 
+@cached(LRUCache(CLOSING_ENTRIES), key=lambda grammar: grammar.key)
 def _closing_walk(grammar: CompiledGrammar) -> tuple[int | None, float, str | None]:
     """(closing length, or None past CLOSING_CAP or when the walk failed; seconds the walk took; the grammar's
     error when it failed), cached per grammar."""
-
-    def walk() -> tuple[int | None, float, str | None]:
-        started = time.perf_counter()
-        try:   # long tokens write required text in few steps; short ones close `{` at once: the fewer wins
-            n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True)
-            seconds = time.perf_counter() - started   # what one re-plan (a longest-token walk) costs
-            n = min(n, _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP,
-                                    strict=True, longest=False))
-        except ConstraintError as e:   # the grammar failed on its own shortest answer: nothing can satisfy it
-            return None, time.perf_counter() - started, str(e)
-        return (None if n >= CLOSING_CAP else n), seconds, None
-
-    return _closing.get_or_compute(grammar.key, walk)
+    started = time.perf_counter()
+    try:   # long tokens write required text in few steps; short ones close `{` at once: the fewer wins
+        n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True)
+        seconds = time.perf_counter() - started   # what one re-plan (a longest-token walk) costs
+        n = min(n, _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP,
+                                strict=True, longest=False))
+    except ConstraintError as e:   # the grammar failed on its own shortest answer: nothing can satisfy it
+        return None, time.perf_counter() - started, str(e)
+    return (None if n >= CLOSING_CAP else n), seconds, None
 
 
 class NoRoom(ValueError):
@@ -159,15 +154,13 @@ def start_constraint(grammar: CompiledGrammar, max_tokens: int, break_loops: boo
     return c
 
 
-_root_bans: LRU[tuple[str, int], frozenset[int]] = LRU(CLOSING_ENTRIES)  # (grammar key, limit) -> first bytes
-
-
+@cached(LRUCache(CLOSING_ENTRIES), key=lambda grammar, max_tokens: (grammar.key, max_tokens))
 def root_open_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:
     """First bytes (``{`` / ``[``) the answer's first token may not start with: opening that container leaves a
     document whose wrap-up walk (``_walk_to_end``), times REPLAN_MARGIN, does not end within ``max_tokens``,
     while the grammar allows some other first token. Empty when nothing needs banning. Cached per (grammar,
     max_tokens)."""
-    return _root_bans.get_or_compute((grammar.key, max_tokens), lambda: _find_root_bans(grammar, max_tokens))
+    return _find_root_bans(grammar, max_tokens)
 
 
 def _find_root_bans(grammar: CompiledGrammar, max_tokens: int) -> frozenset[int]:

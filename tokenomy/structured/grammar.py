@@ -27,8 +27,8 @@ from typing import Any
 
 import llguidance
 import numpy as np
+from cachetools import LRUCache
 
-from tokenomy.lru import LRU
 from tokenomy.structured.normalize import PATTERN_MAX_LENGTH, unenforced_pattern, walk
 from tokenomy.structured.schema import JSON_OPTIONS, OutputFormat, SchemaError, json_schema_format
 from tokenomy.structured.token_tables import TokenTables
@@ -104,7 +104,7 @@ class GrammarCompiler:
         self.limits = limits or default_limits()
         self.hits = 0
         self.misses = 0
-        self._cache: LRU[str, CompiledGrammar | SchemaError] = LRU(max_entries)  # guarded by self._lock
+        self._cache: LRUCache[str, CompiledGrammar | SchemaError] = LRUCache(max_entries)  # guarded by self._lock
         self._pending: dict[str, Future[CompiledGrammar]] = {}
         self._lock = threading.RLock()  # a done-callback may run inside compile() under the lock
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
@@ -115,7 +115,7 @@ class GrammarCompiler:
 
     @property
     def max_entries(self) -> int:
-        return self._cache.max_size
+        return self._cache.maxsize
 
     def compile(self, fmt: OutputFormat | str) -> CompiledGrammar:
         """Compile ``fmt`` (an OutputFormat, or an llguidance grammar string) or raise SchemaError."""
@@ -142,7 +142,7 @@ class GrammarCompiler:
             # The worker keeps going (llguidance's fuel limits end it); remember the refusal for this key.
             err = SchemaError(f"grammar compilation exceeded {self.timeout_s:g} s; simplify the schema", param)
             with self._lock:
-                self._cache.put(key, err)
+                self._cache[key] = err
             raise err from None
         except SchemaError as e:
             raise SchemaError(e.reason, param) from None
@@ -193,11 +193,11 @@ class GrammarCompiler:
             if key in self._cache:  # a timeout already recorded a refusal; keep the first answer
                 return
             if exc is None:
-                self._cache.put(key, future.result())
+                self._cache[key] = future.result()
             elif isinstance(exc, SchemaError):
-                self._cache.put(key, exc)
+                self._cache[key] = exc
             else:
-                self._cache.put(key, SchemaError(f"grammar compiler failed: {exc}"))
+                self._cache[key] = SchemaError(f"grammar compiler failed: {exc}")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -21,12 +21,13 @@ import copy
 import hashlib
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import llguidance
+from cachetools import LRUCache, cached
 
-from tokenomy.lru import LRU
 from tokenomy.structured.normalize import normalize, rebase_refs
 from tokenomy.structured.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls, tools_prompt
 
@@ -41,7 +42,6 @@ __all__ = ["JSON_OPTIONS", "OutputFormat", "SchemaError", "json_schema_format", 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 MEMO_ENTRIES = 256
-_memo: LRU[str, OutputFormat | None] = LRU(MEMO_ENTRIES, thread_safe=True)
 
 # Close object schemas that list properties (additionalProperties: false where sound; see normalize.py).
 CLOSE_OBJECTS = True
@@ -128,12 +128,13 @@ def output_format(
                              ).hexdigest()
     except (TypeError, ValueError) as e:
         raise SchemaError(f"response_format and tools must be plain JSON: {e}") from None
-    return _memo.get_or_compute(
-        key, lambda: _output_format(response_format, tools, tool_choice, parallel_tool_calls, bounds))
+    return _output_format(key, response_format, tools, tool_choice, parallel_tool_calls, bounds)
 
 
-def _output_format(response_format: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
+@cached(LRUCache(MEMO_ENTRIES), key=lambda key, *_: key, lock=threading.Lock())
+def _output_format(key: str, response_format: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
                    bounds: _Bounds) -> OutputFormat | None:
+    """The OutputFormat of the request's fields, memoised by `key` (their hash and the module's settings)."""
     # A private copy: the memoised format must not change if the caller later mutates its request.
     response_format, tools = copy.deepcopy(response_format), copy.deepcopy(tools)
     answer = _answer_schema(response_format)

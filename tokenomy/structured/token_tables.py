@@ -85,9 +85,9 @@ def _quiet_llama() -> None:
     """Route llama.cpp's model-loading chatter through llama-cpp-python's logger at ERROR level."""
     import logging
 
-    import llama_cpp._logger
+    import llama_cpp  # noqa: F401  (installs llama-cpp-python's log callback, which logs to the logger below)
 
-    llama_cpp._logger.logger.setLevel(logging.ERROR)
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
 
 def load_tokenizer(gguf_path: str | None = None) -> llguidance.LLTokenizer:

@@ -23,10 +23,10 @@ values (`Span.reads`: what its attributes are read from, a stage's name, an upst
 When the request ends its trace is queued with the finished request's facts as plain values
 (trace_export.plain_context); a sender thread hands the queue to the exporter process as one marshal string every
 0.2 s, and the exporter process draws the span ids (an upstream call's is drawn on the request path, for its
-`traceparent`), reads the attributes (telemetry/span_attributes.py), writes OTLP (telemetry/otlp.py) and posts it.
-Neither side uses the SDK's span objects or its encoder, and none of the export runs under the gateway's interpreter
-lock: a traced request has eight spans or more and the issue allows it 0.2 ms (docs/telemetry.md, "How spans are built"
-and "What it costs").
+`traceparent`), reads the attributes (telemetry/span_attributes.py) and hands them to the SDK's BatchSpanProcessor and
+OTLP/HTTP exporter as ReadableSpans. The request path uses no SDK span object, and none of the export runs under
+the gateway's interpreter lock: a traced request has eight spans or more and the issue allows it 0.2 ms
+(docs/telemetry.md, "How spans are built" and "What it costs").
 
 The stages do not call this module: the pipeline's chain tells the request's trace when each stage starts and
 returns (`RequestTrace.enter` / `left`; a stage's span ends when the next one starts, `handed`), the record stage

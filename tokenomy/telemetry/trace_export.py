@@ -7,13 +7,13 @@ writes it as one `marshal` string (`dumps`: each span a tuple, `plain_trace`) an
 over a socket (one write, the interpreter lock released while it waits). The exporter process, a fresh interpreter
 the tracer starts (`ExportProcess`; one per gateway, so one per API worker with server.workers > 1), does the
 rest: it draws the span ids not drawn yet, reads each span's attributes (telemetry/span_attributes.py, on the
-request's facts rebuilt as the objects it reads), writes OTLP protobuf (telemetry/otlp.py) and posts it with the SDK
-OTLP/HTTP exporter's client behind the SDK's BatchSpanProcessor (OTEL_BSP_* as before). None of that holds the
-gateway's interpreter lock: on the shared lock an export thread cost the event loop some 0.1 ms a request
-(docs/telemetry.md, "What it costs").
+request's facts rebuilt as the objects it reads), makes them the SDK's ReadableSpans (`Spans`) and hands them to
+the SDK's BatchSpanProcessor (OTEL_BSP_* as before) in front of the SDK's OTLP/HTTP exporter, which encodes and
+posts them: the SDK's public interfaces only. None of that holds the gateway's interpreter lock: on the shared
+lock an export thread cost the event loop some 0.1 ms a request (docs/telemetry.md, "What it costs").
 
 Bounds and failure: the gateway's queue holds OTEL_BSP_MAX_QUEUE_SIZE traces (2048) and drops (and counts) beyond
-that, never blocking the request path; the exporter's BatchSpanProcessor queue is bounded the same way; a collector
+that, never blocking the request path; the exporter's BatchSpanProcessor queue holds as many spans; a collector
 that is down or an exporter process that died loses spans, never a request. The exporter exits when its end of
 the socket closes: at the tracer's shutdown after exporting what was queued (the gateway sends its queue first),
 and when the gateway dies, even by SIGKILL (the kernel closes the gateway's end; the exporter also watches its
@@ -43,7 +43,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tokenomy.generation import GenRequest, Usage
-from tokenomy.telemetry import otlp
 from tokenomy.telemetry.span_attributes import (
     answer_attributes,
     content_attributes,
@@ -261,74 +260,26 @@ def read(trace: Sequence[Any]) -> tuple[str, str | None, list[Read]]:
     return trace_id, tracestate, out
 
 
-class _Sampled:
-    """What the BatchSpanProcessor reads of an item before it queues it (`item.context.trace_flags.sampled`)."""
+class Spans:
+    """A trace's plain form as the SDK's ReadableSpans of one resource (service.name) and instrumentation scope:
+    what a BatchSpanProcessor takes (`on_end`) and any SpanExporter exports, the SDK's OTLP/HTTP one included
+    (its public interfaces only: it encodes them with the SDK's encoder)."""
 
-    class trace_flags:   # noqa: N801 (the SDK's attribute name)
-        sampled = True
-
-
-class Queued:
-    """One trace's plain form in the BatchSpanProcessor's queue."""
-
-    __slots__ = ("data",)
-    context = _Sampled()
-
-    def __init__(self, data: Sequence[Any]) -> None:
-        self.data = data
-
-
-class Export:
-    """The exporter the batch processor's thread calls with queued traces. With the SDK's OTLP/HTTP exporter (its
-    `_client`: the HTTP client that sends, with its retries, compression, headers and TLS as the
-    OTEL_EXPORTER_OTLP_* variables set them) the spans are written as OTLP by telemetry/otlp.py and sent by that
-    client in one request; any other exporter (an older SDK's, a test's in-memory one) gets the SDK's
-    ReadableSpans, which cost ten times as much to make and encode."""
-
-    def __init__(self, exporter: Any, resource: Any, scope: Any) -> None:
+    def __init__(self, service_name: str, version: str) -> None:
+        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.sdk.trace.export import SpanExportResult
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-        self.exporter, self.resource, self.scope = exporter, resource, scope
-        self._result = SpanExportResult
-        try:
-            from opentelemetry.exporter.otlp.common.http import _OTLPHTTPClient
-        except ImportError:
-            _OTLPHTTPClient = None    # noqa: N806 (the SDK's class name)
-        client = getattr(exporter, "_client", None)
-        self._send = client.export if _OTLPHTTPClient is not None and isinstance(client, _OTLPHTTPClient) else None
-        self._encoder = otlp.Encoder(resource.attributes, scope.name, scope.version)
+        self.resource = Resource.create({"service.name": service_name})
+        self.scope = InstrumentationScope("tokenomy", version)
         self._readable, self._context, self._state = ReadableSpan, SpanContext, TraceState
         self._kinds = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
         self._flags = TraceFlags(TraceFlags.SAMPLED)
         self._ok, self._error = Status(StatusCode.UNSET), StatusCode.ERROR
         self._status = Status
 
-    def export(self, traces: Sequence[Queued]) -> Any:
-        encode = self.encoded if self._send is not None else self.spans
-        spans: list[Any] = []
-        for t in traces:
-            try:
-                spans += encode(t.data)
-            except Exception:            # one trace that cannot be read is dropped, not the batch
-                log.exception("a request's trace could not be exported")
-        if self._send is None:
-            return self.exporter.export(spans)
-        if getattr(self.exporter, "_shutdown", False):
-            return self._result.FAILURE
-        return self._result.SUCCESS if self._send(self._encoder.request(spans)).success else self._result.FAILURE
-
-    def encoded(self, data: Sequence[Any]) -> list[bytes]:
-        """A trace's spans as OTLP (ScopeSpans.spans fields)."""
-        trace_id, tracestate, spans = read(data)
-        tid, state = bytes.fromhex(trace_id), otlp.Encoder.trace_state(tracestate)
-        span = self._encoder.span
-        return [span(r.name, r.kind, r.span_id, r.parent_id, tid, state, r.start_ns, r.end_ns, r.attributes, r.error,
-                     r.remote) for r in spans]
-
-    def spans(self, data: Sequence[Any]) -> list[Any]:
-        """A trace's spans as the SDK's ReadableSpans."""
+    def __call__(self, data: Sequence[Any]) -> list[Any]:
         trace_id, tracestate, reads = read(data)
         tid = int(trace_id, 16)
         state = self._state.from_header([tracestate]) if tracestate else None
@@ -344,21 +295,24 @@ class Export:
                 start_time=r.start_ns, end_time=r.end_ns, instrumentation_scope=self.scope))
         return out
 
-    def shutdown(self) -> None:
-        self.exporter.shutdown()
 
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self.exporter.force_flush(timeout_millis)
+def feed(processor: Any, spans: Spans, data: Sequence[Any]) -> None:
+    """Hand one trace's spans to `processor` (a BatchSpanProcessor); a trace that cannot be read is dropped and
+    logged, not the batch it came in."""
+    try:
+        made = spans(data)
+    except Exception:
+        log.exception("a request's trace could not be exported")
+        return
+    for span in made:
+        processor.on_end(span)
 
 
-def processor(exporter: Any, service_name: str, version: str) -> Any:
-    """The SDK's BatchSpanProcessor (OTEL_BSP_* settings) in front of `exporter` through `Export`."""
-    from opentelemetry.sdk.resources import Resource
+def processor(exporter: Any) -> Any:
+    """The SDK's BatchSpanProcessor (OTEL_BSP_* settings; its queue bound counts spans) in front of `exporter`."""
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    return BatchSpanProcessor(Export(exporter, Resource.create({"service.name": service_name}),
-                                     InstrumentationScope("tokenomy", version)))
+    return BatchSpanProcessor(exporter)
 
 
 # ---- the gateway's side ---------------------------------------------------------------------------------------------
@@ -375,11 +329,12 @@ class InProcess:
     the same traces, read and exported from the same plain form as in the exporter process."""
 
     def __init__(self, exporter: Any, service_name: str, version: str) -> None:
-        self.processor = processor(exporter, service_name, version)
+        self.processor = processor(exporter)
+        self.spans = Spans(service_name, version)
         self.dropped = 0
 
     def put(self, finished: tuple[Any, ...]) -> None:
-        self.processor.on_end(Queued(plain_trace(finished)))
+        feed(self.processor, self.spans, plain_trace(finished))
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         return self.processor.force_flush(int(timeout_s * 1000))
@@ -515,8 +470,8 @@ def main(fd: int, settings: str) -> None:
     s = json.loads(settings)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    bsp = processor(OTLPSpanExporter(endpoint=s["endpoint"], timeout=s["timeout_s"]), s["service_name"],
-                    s["version"])
+    bsp = processor(OTLPSpanExporter(endpoint=s["endpoint"], timeout=s["timeout_s"]))
+    spans = Spans(s["service_name"], s["version"])
     try:
         while True:
             try:
@@ -529,7 +484,7 @@ def main(fd: int, settings: str) -> None:
                 break
             if isinstance(message, list):
                 for trace in message:
-                    bsp.on_end(Queued(trace))
+                    feed(bsp, spans, trace)
             elif message[0] == "f":
                 ok = bsp.force_flush(int(message[2] * 1000))
                 try:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from cachetools import LRUCache
+
 from tokenomy.engine import tuning
-from tokenomy.lru import LRU
 
 
 @dataclass(eq=False)
@@ -50,7 +51,7 @@ class PrefixCache:
         self.paths: dict[int, list[Node]] = {}   # slot -> nodes root..leaf (root excluded)
         self.retired: dict[int, float] = {}      # slot -> last use, for LRU eviction
         self.protected: set[int] = set()          # retired slots whose prompt was seen before
-        self.ghosts: LRU[int, None] = LRU(tuning.GHOSTS)   # fingerprints of evicted retired prefixes
+        self.ghosts: LRUCache[int, None] = LRUCache(tuning.GHOSTS)   # fingerprints of evicted retired prefixes
         self.used_cells = 0
 
     # ---- lookup -------------------------------------------------------------------------------------
@@ -119,7 +120,7 @@ class PrefixCache:
                 if len(held) >= tuning.FINGERPRINT_TOKENS:
                     break
             fp = _fingerprint(held)
-            self.ghosts.put(fp, None)
+            self.ghosts[fp] = None
         for node in reversed(self.paths.pop(slot, [])):
             node.slots.discard(slot)
             if not node.slots:
