@@ -1,45 +1,37 @@
-"""The one YAML file, validated by pydantic (settings.py), its reference page (docs.py), and where state lives by
-default (home.py). Every option has a default, so no file at all runs. The settings' public names are imported from
-here: `from tokenomy.config import Config, load_config`."""
+"""The one YAML file, validated by pydantic: its top level and loading (settings.py), one module per section
+(model_specs, routes, limits, caches, operations, on section.py's Section), its reference page (docs.py), and where
+state lives by default (home.py). Every option has a default, so no file at all runs. The settings' public names are
+imported from here: `from tokenomy.config import Config, load_config`."""
 
-from tokenomy.config.settings import (
+from tokenomy.config.caches import CacheSettings, ExactCacheSettings, SemanticCacheSettings
+from tokenomy.config.limits import BudgetLimits, KeySpec, LimitsSettings, TenantSpec
+from tokenomy.config.model_specs import (
     BACKENDS,
     AnthropicModelSpec,
     BalanceSettings,
-    BatchSettings,
-    BudgetLimits,
-    CacheSettings,
+    EmbeddedModelSpec,
+    ModelSpec,
+    OpenAIModelSpec,
+    Price,
+    StructuredSettings,
+)
+from tokenomy.config.operations import BatchSettings, EnergySettings, LedgerSettings, ServerSettings, TelemetrySettings
+from tokenomy.config.routes import (
     CascadeSettings,
     ClassifierSettings,
     CompactionSettings,
     CompressSettings,
-    Config,
-    ConfigError,
     ContextSettings,
     CooldownSettings,
-    EmbeddedModelSpec,
-    EnergySettings,
-    ExactCacheSettings,
-    KeySpec,
-    LedgerSettings,
-    LimitsSettings,
     LoadSettings,
-    ModelSpec,
-    OpenAIModelSpec,
-    Price,
     RouteSpec,
     RuleSpec,
     RuleWhen,
-    SemanticCacheSettings,
-    ServerSettings,
-    StructuredSettings,
-    TelemetrySettings,
-    TenantSpec,
+    Strategy,
     TokenRouteSettings,
-    load_config,
-    model_entry,
-    with_models,
 )
+from tokenomy.config.section import ConfigError, Section
+from tokenomy.config.settings import Config, load_config, model_entry, with_models
 
 __all__ = [
     "BACKENDS", "AnthropicModelSpec", "BalanceSettings", "BatchSettings", "BudgetLimits", "CacheSettings",
@@ -47,5 +39,5 @@ __all__ = [
     "ContextSettings", "CooldownSettings", "EmbeddedModelSpec", "EnergySettings", "ExactCacheSettings", "KeySpec",
     "LedgerSettings", "LimitsSettings", "LoadSettings", "ModelSpec", "OpenAIModelSpec", "Price", "RouteSpec",
     "RuleSpec", "RuleWhen", "SemanticCacheSettings", "ServerSettings", "StructuredSettings", "TelemetrySettings",
-    "TenantSpec", "TokenRouteSettings", "load_config", "model_entry", "with_models",
+    "TenantSpec", "TokenRouteSettings", "load_config", "model_entry", "with_models", "Section", "Strategy",
 ]

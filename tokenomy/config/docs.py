@@ -1,4 +1,4 @@
-"""The config file's reference, made from its models (tokenomy/config/settings.py), so the page and the code cannot
+"""The config file's reference, made from its models (tokenomy/config/), so the page and the code cannot
 drift: `schema()` is the JSON Schema editors complete and check the YAML with (`tokenomy config schema`), `markdown()`
 is docs/config.md (`tokenomy config docs > docs/config.md`; tests/config/test_docs.py fails when the page is stale).
 """
@@ -20,7 +20,7 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 INTRO = """\
 # Configuration reference
 
-<!-- Generated from tokenomy/config/settings.py by `tokenomy config docs > docs/config.md`; do not edit by hand. -->
+<!-- Generated from tokenomy/config/ by `tokenomy config docs > docs/config.md`; do not edit by hand. -->
 
 One YAML file, every key optional: `tokenomy serve --config tokenomy.yaml`. `tokenomy config check FILE`
 validates a file without starting anything and names each bad key; `tokenomy config schema > tokenomy.schema.json`
