@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.wait import wait_until_async
-from tokenomy.backends.transport import AsyncioBackend, ConnectionPool, H1Transport, on_asyncio
+from tokenomy.backends.transport import AsyncioBackend, Cookies, CorePool, H1Transport, upstream_client
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Run = Callable[[Coroutine[object, object, None]], None]
@@ -55,18 +55,22 @@ async def _serve(handler: Handler) -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{port}"
 
 
-def _client(base: str, **kw: object) -> httpx.AsyncClient:
-    client = on_asyncio(httpx.AsyncClient(base_url=base, **kw))  # type: ignore[arg-type]
-    transport = client._transport       # type: ignore[attr-defined]
+def _client(base: str, timeout: httpx.Timeout | None = None, limits: httpx.Limits | None = None,
+            verify: ssl.SSLContext | None = None) -> httpx.AsyncClient:
+    client = upstream_client(base, headers={}, timeout=timeout or httpx.Timeout(5.0),
+                             limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20))
+    transport = client.transport         # type: ignore[attr-defined]
     assert isinstance(transport, H1Transport)  # plain HTTP/1.1 on httptools; the rest on the pool under it
-    pool = transport._fallback._pool     # type: ignore[attr-defined]
-    assert type(pool) is ConnectionPool and isinstance(pool._network_backend, AsyncioBackend)
+    if verify is not None:               # a test's own trust roots for https, on the same pool
+        transport._fallback = CorePool(httpx.Limits(), verify=verify)
+    assert isinstance(transport._fallback, CorePool)
+    assert isinstance(transport._fallback.pool._network_backend, AsyncioBackend)
     return client
 
 
 def _idle_closed(client: httpx.AsyncClient) -> bool:
     """Every idle connection of the client's plain-HTTP pool is known to be closed by its server."""
-    return all(c.eof for idle in client._transport._idle.values() for c in idle)  # type: ignore[attr-defined]
+    return all(c.eof for idle in client.transport._idle.values() for c in idle)  # type: ignore[attr-defined]
 
 
 def test_answers_arrive_whole_on_one_kept_alive_connection_large_ones_too(run: Run) -> None:
@@ -304,15 +308,11 @@ def test_a_header_with_a_line_break_is_refused_not_sent(run: Run) -> None:
     run(main())
 
 
-def test_a_client_whose_internals_it_does_not_know_is_left_as_httpx_made_it(run: Run) -> None:
-    # on_asyncio reaches into httpx's and httpcore's private attributes (its module docstring lists them); where
-    # they are not what it was written for (here: a transport of the caller's, with no httpcore pool under it) it
-    # changes nothing, and the client still answers, and a request whose body streams goes to the fallback
+def test_a_streamed_body_goes_to_the_fallback_and_a_proxy_leaves_the_client_as_httpx_makes_it(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    # H1Transport takes only what it parses itself; a request whose body streams goes to the transport under it
     async def main() -> None:
         mock = httpx.MockTransport(lambda r: httpx.Response(200, content=r.method.encode()))
-        client = on_asyncio(httpx.AsyncClient(transport=mock, base_url="http://upstream"))
-        assert client._transport is mock         # type: ignore[attr-defined]
-        assert (await client.get("/")).content == b"GET"
         h1 = H1Transport(mock, 1, 1, None)
 
         async def body():
@@ -320,5 +320,34 @@ def test_a_client_whose_internals_it_does_not_know_is_left_as_httpx_made_it(run:
 
         got = await h1.handle_async_request(httpx.Request("POST", "http://upstream/", content=body()))
         assert got.status_code == 200 and await got.aread() == b"POST"
-        await client.aclose()
+    run(main())
+    # a proxy from the environment applies: httpx's own client, which reads and honours it
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    proxied = upstream_client("http://upstream.example", headers={}, timeout=httpx.Timeout(1.0),
+                              limits=httpx.Limits())
+    assert type(proxied) is httpx.AsyncClient
+    monkeypatch.setenv("NO_PROXY", "upstream.example")
+    direct = upstream_client("http://upstream.example", headers={}, timeout=httpx.Timeout(1.0),
+                             limits=httpx.Limits())
+    assert isinstance(direct.transport, H1Transport)          # type: ignore[attr-defined]
+
+
+def test_an_answer_without_cookies_leaves_the_jar_alone_and_one_with_cookies_fills_it(run: Run) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while head := await _request(reader):
+            extra = b"set-cookie: a=1; Path=/\r\n" if b"/cookie" in head.split(b"\r\n")[0] else b""
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n" + extra + b"\r\nok")
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server, base = await _serve(handler)
+        async with server, _client(base) as client:
+            assert isinstance(client.cookies, Cookies)
+            await client.get("/plain")
+            assert dict(client.cookies) == {}
+            await client.get("/cookie")
+            assert dict(client.cookies) == {"a": "1"}
     run(main())

@@ -37,7 +37,7 @@ import httpx
 
 from tokenomy.backends.anthropic_request import Asked, messages_request
 from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
-from tokenomy.backends.transport import on_asyncio
+from tokenomy.backends.transport import upstream_client
 from tokenomy.backends.upstream import Upstream
 from tokenomy.config import AnthropicModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
@@ -68,11 +68,11 @@ class AnthropicBackend(Upstream):
         key = spec.api_key()                 # ConfigError when its variable is unset
         if key:                              # as the anthropic SDK sends a key (2.x); vLLM and llama-server read it too
             headers["authorization"] = f"Bearer {key}"
-        self.client = on_asyncio(httpx.AsyncClient(
-            base_url=spec.base_url, headers=headers,
+        self.client = upstream_client(
+            spec.base_url, headers=headers,
             timeout=httpx.Timeout(spec.timeout_s, connect=spec.connect_timeout_s),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-        ))
+        )
         self.counter = counter or TokenCounter.for_model(spec.model or spec.name, spec.tokenizer)
 
     def __repr__(self) -> str:          # never print the key

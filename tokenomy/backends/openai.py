@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 
 from tokenomy.backends.base import BackendError, Embeddings, InvalidRequest
-from tokenomy.backends.transport import on_asyncio
+from tokenomy.backends.transport import upstream_client
 from tokenomy.backends.upstream import Upstream
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
@@ -40,11 +40,11 @@ class OpenAIBackend(Upstream):
         self.base_url = spec.base_url.rstrip("/")
         key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        self.client = on_asyncio(httpx.AsyncClient(
-            base_url=self.base_url, headers=headers,
+        self.client = upstream_client(
+            self.base_url, headers=headers,
             timeout=httpx.Timeout(spec.timeout_s, connect=spec.connect_timeout_s),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-        ))
+        )
         self.counter = counter or TokenCounter.for_model(spec.model or spec.name, spec.tokenizer)
         self._urls: dict[str, httpx.URL] = {}
 

@@ -11,21 +11,12 @@ socket; with 16 connections that was a tenth of the gateway's CPU a request. Her
 protocol that reads as the event loop does, so a server's close is already known without a system call, and a
 read or write that need not wait does not set a timer (docs/hardening.md, "Gateway overhead").
 
-Private names of httpx and httpcore this still uses (issue 48 asks for their public interfaces only), all in
-`on_asyncio` and `Pool`, each because neither library has a public way to do it:
-- `client._transport` and `transport._pool`, read and replaced: httpx.AsyncClient builds its transport (and the
-  transport its httpcore pool) from its own arguments and has no public setter; handing the client a transport
-  instead (`AsyncClient(transport=...)`) is public, but then its limits, proxies from the environment, http2 and
-  retries are the caller's to build, which `on_asyncio` spares openai.py and anthropic.py.
-- `pool._network_backend`, `pool._http1`, `_http2`, `_uds`, `_local_address`, `_socket_options`, `_retries`,
-  `_max_connections`, `_max_keepalive_connections`, `_keepalive_expiry`: httpcore.AsyncConnectionPool takes a
-  network backend in its constructor (public), but httpx.AsyncHTTPTransport makes the pool and passes none.
-- `Pool._assign_requests_to_connections` with `_connections` and `_requests`: the stock assignment is a private
-  method of httpcore 1.0; there is no public hook into how requests meet connections.
-- `client._cookies.__class__`: httpx's `cookies` setter copies into a plain httpx.Cookies, so a jar that skips
-  answers without set-cookie can only be put in place this way.
-Each is guarded: with httpx or httpcore internals other than the ones this was written for (`hasattr`, httpcore
-1.x), the client is left as httpx made it, which is slower, not broken (tests/backends/test_transport.py).
+Only httpx's and httpcore's public interfaces are used (issue 48): `upstream_client` builds the client with a
+transport of its own (`AsyncClient(transport=...)`): H1Transport over CorePool, an httpx transport over httpcore's
+AsyncConnectionPool made with `network_backend=AsyncioBackend()` (httpx's own AsyncHTTPTransport passes none), and
+an UpstreamClient whose `cookies` property (public, what httpx's client reads an answer's cookies through) is a jar
+that skips answers that set no cookie. Where a proxy from the environment applies, httpx's own client is used as
+it is: it reads and honours the proxy, which a transport of one's own would bypass.
 
 The contract of httpcore's network streams holds: reads return at most `max_bytes` (b"" at the end), a read or
 write past its timeout raises httpcore's ReadTimeout or WriteTimeout, a broken connection ReadError or WriteError,
@@ -38,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -244,40 +236,72 @@ async def _connect(open_: Any, timeout: float | None,
     return AsyncioStream(transport, protocol)
 
 
-class ConnectionPool(httpcore.AsyncConnectionPool):
-    """httpcore's pool with its assignment of requests to connections in one pass over the connections: the stock
-    one lists every connection again for each idle one (n^2 calls at each request and each answer's end). The
-    decisions are the stock ones (httpcore 1.0): closed connections go, expired or surplus idle ones close, each
-    queued request takes the first available connection, else a new one, else replaces the first idle one."""
+_CORE_ERRORS: list[tuple[type[Exception], type[httpx.HTTPError]]] = [   # httpcore's -> httpx's, most specific first
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout), (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout), (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException), (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError), (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError), (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError), (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+]
 
-    def _assign_requests_to_connections(self) -> list[httpcore.AsyncConnectionInterface]:
-        closing = []
-        connections = self._connections
-        for connection in list(connections):
-            if connection.is_closed():
-                connections.remove(connection)
-            elif connection.has_expired() or (connection.is_idle()
-                                              and len(connections) > self._max_keepalive_connections):
-                connections.remove(connection)
-                closing.append(connection)
-        for pool_request in self._requests:
-            if not pool_request.is_queued():
-                continue
-            origin = pool_request.request.url.origin
-            available = next((c for c in connections if c.can_handle_request(origin) and c.is_available()), None)
-            if available is not None:
-                pool_request.assign_to_connection(available)
-                continue
-            if len(connections) >= self._max_connections:
-                idle = next((c for c in connections if c.is_idle()), None)
-                if idle is None:
-                    continue
-                connections.remove(idle)
-                closing.append(idle)
-            connection = self.create_connection(origin)
-            connections.append(connection)
-            pool_request.assign_to_connection(connection)
-        return closing
+
+def _httpx_error(e: Exception) -> Exception:
+    """httpcore's exception as the httpx exception httpx's own transport raises for it (else itself)."""
+    for core, mapped in _CORE_ERRORS:
+        if isinstance(e, core):
+            err = mapped(str(e))
+            err.__cause__ = e
+            return err
+    return e
+
+
+class _CoreBody(httpx.AsyncByteStream):
+    """An httpcore answer's body as httpx's stream, its errors as httpx's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for part in self._stream:
+                yield part
+        except Exception as e:
+            raise _httpx_error(e) from None
+
+    async def aclose(self) -> None:
+        if hasattr(self._stream, "aclose"):
+            await self._stream.aclose()
+
+
+class CorePool(httpx.AsyncBaseTransport):
+    """What httpx's AsyncHTTPTransport does, from public parts: an httpcore AsyncConnectionPool (TLS, keep-alive,
+    HTTP/1.1; HTTP/2 where `h2` is installed and asked for) whose connections are on AsyncioBackend, requests and
+    answers translated between httpx and httpcore, httpcore's errors raised as httpx's."""
+
+    def __init__(self, limits: httpx.Limits, *, http2: bool = False, verify: ssl.SSLContext | bool = True) -> None:
+        self.pool = httpcore.AsyncConnectionPool(
+            ssl_context=verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify=verify),
+            max_connections=limits.max_connections, max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry, http1=True, http2=http2, network_backend=AsyncioBackend())
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        core = httpcore.Request(method=request.method,
+                                url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
+                                                 target=url.raw_path),
+                                headers=request.headers.raw, content=request.stream, extensions=request.extensions)
+        try:
+            answer = await self.pool.handle_async_request(core)
+        except Exception as e:
+            raise _httpx_error(e) from None
+        return httpx.Response(status_code=answer.status, headers=answer.headers, stream=_CoreBody(answer.stream),
+                              extensions=answer.extensions)
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
 
 
 class Cookies(httpx.Cookies):
@@ -289,24 +313,45 @@ class Cookies(httpx.Cookies):
             super().extract_cookies(response)
 
 
-def on_asyncio(client: httpx.AsyncClient) -> httpx.AsyncClient:
-    """`client` with its own pool (a proxy's from the environment stays as httpx makes it) a ConnectionPool whose
-    connections are on AsyncioBackend, and in front of it an H1Transport for plain HTTP/1.1 where httptools is
-    installed and the pool is a plain one (no HTTP/2, Unix socket, local address, socket options or connect
-    retries); its cookie jar a Cookies; as it was when httpx's internals are not the ones this was written for."""
-    if type(getattr(client, "_cookies", None)) is httpx.Cookies:
-        client._cookies.__class__ = Cookies
-    transport = getattr(client, "_transport", None)
-    pool = getattr(transport, "_pool", None)
-    if (type(pool) is httpcore.AsyncConnectionPool and hasattr(pool, "_network_backend")
-            and hasattr(pool, "_max_keepalive_connections") and httpcore.__version__.startswith("1.")):
-        pool.__class__ = ConnectionPool
-        pool._network_backend = AsyncioBackend()
-        plain = not (pool._http2 or pool._uds or pool._local_address or pool._socket_options or pool._retries)
-        if httptools is not None and plain and pool._http1:
-            client._transport = H1Transport(transport, pool._max_connections, pool._max_keepalive_connections,
-                                            pool._keepalive_expiry)
-    return client
+class UpstreamClient(httpx.AsyncClient):
+    """httpx's client whose cookie jar is a Cookies (through the public `cookies` property, which the client reads
+    every answer's cookies through and whose setter would copy into a plain httpx.Cookies)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        cookies = kwargs.pop("cookies", None)
+        super().__init__(**kwargs)
+        self.transport: httpx.AsyncBaseTransport | None = kwargs.get("transport")   # what it sends through
+        self.cookies = cookies
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._jar
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:
+        self._jar = Cookies(cookies)
+
+
+def _proxied(url: httpx.URL) -> bool:
+    """Whether a proxy from the environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, less NO_PROXY) applies to `url`."""
+    proxies = urllib.request.getproxies_environment()
+    if url.scheme not in proxies and "all" not in proxies:
+        return False
+    return not urllib.request.proxy_bypass_environment(url.host, proxies)
+
+
+def upstream_client(base_url: str, *, headers: dict[str, str], timeout: httpx.Timeout,
+                    limits: httpx.Limits) -> httpx.AsyncClient:
+    """The httpx client an upstream backend sends with: H1Transport (plain HTTP/1.1, httptools) in front of a
+    CorePool (https, a streamed body; connections on AsyncioBackend), and a cookie jar that skips answers without
+    cookies; httpx's own client where a proxy from the environment applies to `base_url`, or without httptools
+    the CorePool alone."""
+    if _proxied(httpx.URL(base_url)):
+        return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout, limits=limits)
+    pool = CorePool(limits)
+    transport: httpx.AsyncBaseTransport = pool if httptools is None else H1Transport(
+        pool, limits.max_connections, limits.max_keepalive_connections, limits.keepalive_expiry)
+    return UpstreamClient(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
 
 
 # ---- the lean path: plain HTTP/1.1 to an upstream, parsed by httptools ------------------------------------------
