@@ -252,8 +252,8 @@ async def sse_data(resp: httpx.Response) -> AsyncIterator[bytes]:
                     yield (data[0] if len(data) == 1 else b"\n".join(data)).strip()
                     data.clear()
             elif line.startswith(b"data:"):
-                data.append(line[5:])
+                data.append(line[6:] if line[5:6] == b" " else line[5:])   # one space after the colon is not data
     if rest.startswith(b"data:"):
-        data.append(rest[5:])
+        data.append(rest[6:] if rest[5:6] == b" " else rest[5:])
     if data:                     # a stream that ends without the blank line after its last event
         yield b"\n".join(data).strip()
