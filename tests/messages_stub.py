@@ -4,6 +4,7 @@ events Anthropic sends, in its order) or as one JSON message. A raw ASGI app, li
     stub = MessagesStub(key="sk-test")
     stub.replies.append(tool_use("weather", {"city": "Paris"}))      # the next answer; default: DEFAULT_TEXT
     stub.failures.append(Failure(529, "overloaded_error", retry_after="0"))   # answered before any reply
+    stub.failing = Failure(401, "authentication_error")               # answered to every request while set
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Reply:
     cache_write: int = 0
     output_tokens: int = 6
     error_after_start: dict[str, Any] | None = None     # an `error` event right after message_start
+    cut_after_text: bool = False                        # the connection breaks after the first text delta
     usage: bool = True                                  # False: no usage at all, as some servers answer
 
 
@@ -54,6 +56,7 @@ class MessagesStub:
     json_answers: bool = False               # answer streamed requests with one JSON message
     replies: list[Reply] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    failing: Failure | None = None           # while set, the answer to every request (after `failures`)
     requests: list[dict[str, Any]] = field(default_factory=list)    # {"path", "headers", "body"} of each request
 
     @property
@@ -82,6 +85,8 @@ class MessagesStub:
             await _error(send, Failure(401, "authentication_error", message="invalid API key"))
         elif self.failures:
             await _error(send, self.failures.pop(0))
+        elif self.failing is not None:
+            await _error(send, self.failing)
         else:
             reply = self.replies.pop(0) if self.replies else text()
             message = _message(body, reply)
@@ -124,6 +129,8 @@ async def _stream(send: Any, message: dict[str, Any], r: Reply) -> None:
             for piece in _pieces(block["text"]):
                 await _event(send, "content_block_delta", {"type": "content_block_delta", "index": i,
                                                            "delta": {"type": "text_delta", "text": piece}})
+                if r.cut_after_text:
+                    raise ConnectionAbortedError("the stub breaks the connection mid-answer")
         else:
             await _event(send, "content_block_start", {"type": "content_block_start", "index": i,
                                                        "content_block": {**block, "input": {}}})

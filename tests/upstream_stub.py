@@ -62,8 +62,10 @@ class Stub:
     def __init__(self, delay: float = 0.0, fail_status: int | None = None, fail_times: int = 0,
                  no_usage: bool = False, stall_after: int | None = None, json_for_stream: bool = False,
                  tool_arguments: str | None = None, texts: list[str | list[str]] | None = None,
-                 finish: str = "stop") -> None:
+                 finish: str = "stop", fail_retry_after: str | None = "0", cut_after: int | None = None) -> None:
         self.delay, self.fail_status, self.fail_times = delay, fail_status, fail_times
+        self.fail_retry_after = fail_retry_after   # the Retry-After of a failure (None: none sent)
+        self.cut_after = cut_after   # a streamed answer's connection breaks after this many chunks of text
         self.no_usage, self.stall_after = no_usage, stall_after
         self.json_for_stream = json_for_stream   # answer a streamed request with one JSON body, as some servers do
         # a chat request with tools is answered with a call of its first tool with these arguments (a JSON text)
@@ -95,8 +97,8 @@ class Stub:
         if scope.get("client"):
             self.peers.add(tuple(scope["client"]))
         if self.fail_status and self.hits <= self.fail_times:
-            await self._json(send, self.fail_status, {"error": {"message": "stub failure", "type": "x"}},
-                             {"retry-after": "0"})
+            headers = {"retry-after": self.fail_retry_after} if self.fail_retry_after is not None else {}
+            await self._json(send, self.fail_status, {"error": {"message": "stub failure", "type": "x"}}, headers)
             return
         if self.delay:
             await asyncio.sleep(self.delay)
@@ -142,6 +144,8 @@ class Stub:
         for i in range(max(len(ws) for ws in said)):
             if self.stall_after is not None and i >= self.stall_after:
                 await asyncio.sleep(3600)
+            if self.cut_after is not None and i >= self.cut_after:
+                raise ConnectionAbortedError("the stub breaks the connection mid-answer")
             for index in range(n):
                 if i >= len(said[index]):
                     continue

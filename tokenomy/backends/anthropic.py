@@ -15,18 +15,13 @@ refuses (whitespace only, such as "\n") are matched here (engine/stops.py): the 
 the response closed (which ends the generation upstream) and its output tokens counted, as the final count never
 comes.
 
-Failures, before the answer's first byte: 400 / 413 / 422 are the request's fault (InvalidRequest, never retried);
-401 / 403 / 404 / 405 mean this deployment's key, model or URL is wrong (BackendError, not retried here, another
-model may serve); 429 and 529 (overloaded) are retried after the retry-after the upstream sent, then become
-Overloaded with it; 408, 409 and 5xx are retried with backoff, then BackendError. A retry-after longer than
-MAX_RETRY_WAIT_S is not waited out here but handed up, so the client (or a fallback model) sees it at once. After
-the first byte, an `error` event or a lost connection is a BackendError.
+Sending, retries, what each failure status means and the event-stream reader are the upstream client's
+(upstream.py), the same as for an OpenAI-compatible upstream. After the first byte, an `error` event or a lost
+connection is a BackendError.
 """
 
 from __future__ import annotations
 
-import asyncio
-import email.utils
 import json
 import time
 from collections.abc import AsyncIterator
@@ -36,9 +31,8 @@ from typing import Any
 import httpx
 
 from tokenomy.backends.anthropic_request import Asked, messages_request
-from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
-from tokenomy.backends.transport import upstream_client
-from tokenomy.backends.upstream import Upstream
+from tokenomy.backends.base import BackendError
+from tokenomy.backends.upstream import Upstream, sse_data
 from tokenomy.config import AnthropicModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.engine.stops import StopScan
@@ -46,14 +40,8 @@ from tokenomy.generation import Delta, GenRequest, Usage
 from tokenomy.metrics.prometheus import Metrics
 from tokenomy.telemetry import trace
 
-RETRY = {408, 409, 429, 500, 502, 503, 504, 529}
-BUSY = {429, 529}
-DEPLOYMENT = {401, 403, 404, 405}
-MAX_RETRY_WAIT_S = 5.0
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
           "pause_turn": "stop", "refusal": "content_filter", "model_context_window_exceeded": "length"}
-_CONNECTION_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError,
-                      httpx.ReadError, httpx.WriteError, httpx.PoolTimeout)
 
 
 class AnthropicBackend(Upstream):
@@ -61,18 +49,12 @@ class AnthropicBackend(Upstream):
 
     def __init__(self, spec: AnthropicModelSpec, metrics: Metrics | None = None,
                  counter: TokenCounter | None = None) -> None:
-        self.name = spec.name
-        self.spec = spec
-        self.metrics = metrics
         headers = {"anthropic-version": spec.anthropic_version}
         key = spec.api_key()                 # ConfigError when its variable is unset
         if key:                              # as the anthropic SDK sends a key (2.x); vLLM and llama-server read it too
             headers["authorization"] = f"Bearer {key}"
-        self.client = upstream_client(
-            spec.base_url, headers=headers,
-            timeout=httpx.Timeout(spec.timeout_s, connect=spec.connect_timeout_s),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-        )
+        super().__init__(spec.name, spec, metrics, spec.base_url, headers)
+        self.spec: AnthropicModelSpec = spec
         self.counter = counter or TokenCounter.for_model(spec.model or spec.name, spec.tokenizer)
 
     def __repr__(self) -> str:          # never print the key
@@ -90,7 +72,7 @@ class AnthropicBackend(Upstream):
         t0 = time.perf_counter()
         s = self.spec
         asked = messages_request(req, s.model or self.name, s.max_tokens, s.cache_control, s.sampling)
-        resp = await self._open(asked.body, headers)
+        resp = await self.send("/v1/messages", asked.body, headers)
         answer = Answer(asked, self.name)
         scan = StopScan(asked.local_stops) if asked.local_stops else None
         ttft: float | None = None
@@ -112,8 +94,7 @@ class AnthropicBackend(Upstream):
                 if cut:         # closing the response ends the generation upstream
                     break
         except httpx.HTTPError as e:
-            self._count_error(type(e).__name__)
-            raise BackendError(f"{self.name} connection lost mid-answer: {type(e).__name__}") from e
+            raise self.lost(e) from e
         finally:
             await resp.aclose()
         if scan is not None and not cut:
@@ -129,13 +110,10 @@ class AnthropicBackend(Upstream):
         yield Delta(finish_reason="stop" if cut else answer.finish_reason(), usage=usage)
 
     async def _sse(self, resp: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-        """The stream's events (their `data`). Read to the end even after message_stop: closing a response that is
-        not fully read drops its connection."""
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
+        """The stream's events (their `data`), read to the end even after message_stop (upstream.sse_data)."""
+        async for data in sse_data(resp):
             try:
-                yield json.loads(line[5:])
+                yield json.loads(data)
             except json.JSONDecodeError as e:
                 raise BackendError(f"{self.name} sent a malformed stream event") from e
 
@@ -147,64 +125,6 @@ class AnthropicBackend(Upstream):
         if not isinstance(data, dict):
             raise BackendError(f"{self.name} sent an answer that is not a message")
         return data
-
-    async def _open(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
-        """Send with bounded retries, all within the model's deadline; an open streaming response with a 200.
-        `headers` go with every try (a trace's traceparent)."""
-        deadline = self.spec.deadline_s or self.spec.timeout_s
-        try:
-            async with asyncio.timeout(deadline):
-                return await self._send_with_retries(body, headers)
-        except TimeoutError:
-            self._count_error("deadline")
-            raise BackendError(f"{self.name} did not answer within its {deadline:g} s deadline", status=504) from None
-
-    async def _send_with_retries(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
-        attempt, delay = 0, 0.2
-        while True:
-            t0 = time.perf_counter()
-            try:
-                resp = await self.client.send(self.client.build_request("POST", "/v1/messages", json=body,
-                                                                        headers=headers), stream=True)
-            except _CONNECTION_ERRORS as e:
-                self._count_error(type(e).__name__)
-                sent = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
-                if attempt >= self.spec.max_retries or (sent and not self.spec.retry_after_send):
-                    what = "did not answer" if sent else "unreachable"
-                    raise BackendError(f"{self.name} {what}: {type(e).__name__}: {e}", status=502) from e
-            else:
-                self._observe(time.perf_counter() - t0)
-                if resp.status_code == 200:
-                    return resp
-                status = resp.status_code
-                text = (await resp.aread()).decode("utf-8", errors="replace")[:1000]
-                await resp.aclose()
-                self._count_error(str(status))
-                self._refuse(status, _message(text))
-                wait = retry_after(resp.headers.get("retry-after"))
-                if attempt >= self.spec.max_retries or (wait is not None and wait > MAX_RETRY_WAIT_S):
-                    tries = f" after {attempt + 1} tries" if attempt else ""
-                    if status in BUSY:
-                        raise Overloaded(f"{self.name} answered {status}{tries}: {_message(text)}",
-                                         retry_after=1.0 if wait is None else wait)
-                    raise BackendError(f"{self.name} answered {status}{tries}: {_message(text)}", status=502,
-                                       retry_after=wait)
-                if wait is not None:
-                    delay = wait
-            attempt += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_WAIT_S)
-
-    def _refuse(self, status: int, message: str) -> None:
-        """Raise for a status no retry can mend; return for one worth retrying."""
-        if status in RETRY:
-            return
-        if status in DEPLOYMENT:
-            hint = f" (check ${self.spec.api_key_env})" if status in (401, 403) and self.spec.api_key_env else ""
-            raise BackendError(f"{self.name} answered {status}{hint}: {message}", status=502)
-        if 400 <= status < 500:
-            raise InvalidRequest(f"upstream {self.name} refused the request: {message}")
-        raise BackendError(f"{self.name} answered {status}: {message}", status=502)
 
 
 @dataclass
@@ -346,27 +266,3 @@ async def _aiter(items: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
     for x in items:
         yield x
 
-
-def retry_after(value: str | None) -> float | None:
-    """A retry-after header's wait in seconds (a number, or an HTTP date); None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(when.timestamp() - time.time(), 0.0)
-
-
-def _message(text: str) -> str:
-    """The message of an error body ({"type": "error", "error": {"type", "message"}}), else the text."""
-    try:
-        obj = json.loads(text)
-        err = obj.get("error", obj)
-        return str(err.get("message", err)) if isinstance(err, dict) else str(err)
-    except (json.JSONDecodeError, AttributeError):
-        return text.strip()[:300]

@@ -13,23 +13,29 @@ from tokenomy.generation import Delta, GenRequest, Usage
 
 
 class BackendError(Exception):
-    """A backend could not serve. `retryable`: another deployment may succeed (5xx, timeouts, 429)."""
+    """A backend could not serve. `retryable`: another deployment may succeed (5xx, timeouts, 429, a
+    misconfigured deployment). `status`: what this failure alone would be to a client (502 a bad answer or none,
+    503 busy, 504 past the deadline). `retry_after`: seconds the upstream said to wait, where it said. `lasting`:
+    the deployment itself is wrong (its key, model or URL), so waiting will not mend it."""
 
     def __init__(self, message: str, status: int = 502, retryable: bool = True,
-                 retry_after: float | None = None) -> None:
+                 retry_after: float | None = None, lasting: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        self.lasting = lasting
 
 
 class InvalidRequest(ValueError):
-    """Bad input detected by the backend (e.g. the prompt is longer than the context window)."""
+    """Bad input detected by the backend (e.g. the prompt is longer than the context window), or refused by its
+    upstream; `status` is the client's error status: 400, or an upstream's 413 or 422."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.param = param
         self.code = code
+        self.status = status
 
 
 class Overloaded(RuntimeError):
@@ -45,7 +51,8 @@ class Backend(Protocol):
 
     def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         """The answer as deltas; the last has finish_reason and usage. Raises InvalidRequest (a 4xx),
-        Overloaded (429) or BackendError before the first delta; a failure after it is an error delta."""
+        Overloaded (429: the engine's own queue) or BackendError before the first delta; a failure after it is an
+        error delta."""
         ...
 
     def count_tokens(self, req: GenRequest) -> TokenCount:

@@ -1,17 +1,14 @@
-"""An OpenAI-compatible upstream (vLLM, SGLang, llama.cpp server, OpenAI) over httpx.
-
-Connection pooling, streaming passthrough, connect/read timeouts, bounded retries with exponential backoff on
-429 / 5xx / connection errors (only before the first byte of an answer), upstream `usage` parsed; when an upstream
-sends no usage we count tokens ourselves and mark the usage `counted`.
+"""An OpenAI-compatible upstream (vLLM, SGLang, llama.cpp server, OpenAI) over httpx: the request's OpenAI body,
+and the answer's chunks read back as deltas, with the upstream's `usage`; when an upstream sends no usage we count
+tokens ourselves and mark the usage `counted`. Sending, retries, the meaning of each status and the event-stream
+reader are the upstream client's (upstream.py), the same for every HTTP backend.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,34 +16,22 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tokenomy.backends.base import BackendError, Embeddings, InvalidRequest
-from tokenomy.backends.transport import upstream_client
-from tokenomy.backends.upstream import Upstream
+from tokenomy.backends.base import BackendError, Embeddings
+from tokenomy.backends.upstream import Upstream, bearer, error_message, sse_data
 from tokenomy.config import OpenAIModelSpec
 from tokenomy.context.tokens import TokenCount, TokenCounter
 from tokenomy.generation import Delta, GenRequest, Usage
 from tokenomy.metrics.prometheus import Metrics
 from tokenomy.telemetry import trace
 
-RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
-
 
 class OpenAIBackend(Upstream):
     def __init__(self, spec: OpenAIModelSpec, metrics: Metrics | None = None,
                  counter: TokenCounter | None = None) -> None:
-        self.name = spec.name
-        self.spec = spec
-        self.metrics = metrics
         self.base_url = spec.base_url.rstrip("/")
-        key = os.environ.get(spec.api_key_env, "") if spec.api_key_env else ""
-        headers = {"authorization": f"Bearer {key}"} if key else {}
-        self.client = upstream_client(
-            self.base_url, headers=headers,
-            timeout=httpx.Timeout(spec.timeout_s, connect=spec.connect_timeout_s),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-        )
+        super().__init__(spec.name, spec, metrics, self.base_url, bearer(spec.api_key_env))
+        self.spec: OpenAIModelSpec = spec
         self.counter = counter or TokenCounter.for_model(spec.model or spec.name, spec.tokenizer)
-        self._urls: dict[str, httpx.URL] = {}
 
     def __repr__(self) -> str:          # never print the key
         return f"OpenAIBackend({self.name!r}, {self.base_url!r})"
@@ -82,63 +67,6 @@ class OpenAIBackend(Upstream):
             del body["stream_options"]
         return path, body
 
-    async def _open(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
-        """Send with bounded retries, all within the model's deadline; returns an open streaming response with
-        a 200 status. A request the upstream may already have received is not sent again unless the model
-        allows it (`retry_after_send`): a second send could generate, and bill, the answer twice. `headers` go
-        with every try (a trace's traceparent)."""
-        deadline = self.spec.deadline_s or self.spec.timeout_s
-        try:
-            async with asyncio.timeout(deadline):
-                return await self._send_with_retries(path, body, headers)
-        except TimeoutError:
-            self._count_error("deadline")
-            raise BackendError(f"{self.name} did not answer within its {deadline:g} s deadline", status=504,
-                               retry_after=None) from None
-
-    async def _send_with_retries(self, path: str, body: dict[str, Any],
-                                 headers: dict[str, str] | None = None) -> httpx.Response:
-        attempt, delay = 0, 0.2
-        while True:
-            t0 = time.perf_counter()
-            try:
-                resp = await self.client.send(self.client.build_request("POST", self._url(path), json=body,
-                                                                        headers=headers), stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError,
-                    httpx.ReadError, httpx.WriteError, httpx.PoolTimeout) as e:
-                self._count_error(type(e).__name__)
-                sent = not isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout))
-                if attempt >= self.spec.max_retries or (sent and not self.spec.retry_after_send):
-                    what = "did not answer" if sent else "unreachable"
-                    raise BackendError(f"{self.name} {what}: {type(e).__name__}: {e}", status=502) from e
-            else:
-                self._observe(time.perf_counter() - t0)
-                if resp.status_code == 200:
-                    return resp
-                text = (await resp.aread()).decode("utf-8", errors="replace")[:500]
-                await resp.aclose()
-                self._count_error(str(resp.status_code))
-                if resp.status_code not in RETRY_STATUS:
-                    if 400 <= resp.status_code < 500:
-                        raise InvalidRequest(f"upstream {self.name} refused the request: {_message(text)}")
-                    raise BackendError(f"{self.name} answered {resp.status_code}: {_message(text)}", status=502)
-                if attempt >= self.spec.max_retries:
-                    raise BackendError(f"{self.name} answered {resp.status_code} after {attempt + 1} tries: "
-                                       f"{_message(text)}", status=502)
-                retry_after = resp.headers.get("retry-after")
-                if retry_after and retry_after.replace(".", "", 1).isdigit():
-                    delay = min(float(retry_after), 5.0)
-            attempt += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-    def _url(self, path: str) -> httpx.URL:
-        """`path` on the base URL, as the client joins them, joined once (a join parses the URL again)."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = self.client.build_request("POST", path).url
-        return url
-
     def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         """The answer's deltas; a traced request's call is a CLIENT span whose traceparent the upstream gets."""
         return trace.client_stream(req.trace, lambda headers: self._stream(req, headers), req, "openai",
@@ -147,7 +75,7 @@ class OpenAIBackend(Upstream):
     async def _stream(self, req: GenRequest, headers: dict[str, str] | None) -> AsyncIterator[Delta]:
         t0 = time.perf_counter()
         path, body = self._body(req)
-        resp = await self._open(path, body, headers)
+        resp = await self.send(path, body, headers)
         if "application/json" in resp.headers.get("content-type", ""):
             # some OpenAI-compatible servers answer a streamed request with the whole completion
             async for d in self._whole(resp, req, t0):
@@ -162,12 +90,11 @@ class OpenAIBackend(Upstream):
         sum_lp, min_lp, n_lp = 0.0, 0.0, 0
         try:
             done = False
-            async for line in _lines(resp):
+            async for data in sse_data(resp):
                 # After [DONE], read on to the end of the body instead of breaking: closing a response that
                 # is not fully read drops its connection, and every request would then open a new one.
-                if done or not line.startswith(b"data:"):
+                if done:
                     continue
-                data = line[5:].strip()
                 if data == b"[DONE]":
                     done = True
                     continue
@@ -176,7 +103,7 @@ class OpenAIBackend(Upstream):
                 except json.JSONDecodeError as e:
                     raise BackendError(f"{self.name} sent a malformed stream chunk") from e
                 if "error" in chunk:
-                    raise BackendError(f"{self.name} stream error: {_message(json.dumps(chunk))}", status=502)
+                    raise BackendError(f"{self.name} stream error: {error_message(json.dumps(chunk))}", status=502)
                 if chunk.get("usage"):
                     usage = _usage(chunk["usage"])
                 for choice in chunk.get("choices") or []:
@@ -201,8 +128,7 @@ class OpenAIBackend(Upstream):
                         yield Delta(text=text or "", logprobs=lps, tool_calls=tool_calls, confidence=conf,
                                     index=index)
         except httpx.HTTPError as e:
-            self._count_error(type(e).__name__)
-            raise BackendError(f"{self.name} connection lost mid-answer: {type(e).__name__}") from e
+            raise self.lost(e) from e
         finally:
             await resp.aclose()
         if not finishes:
@@ -266,7 +192,7 @@ class OpenAIBackend(Upstream):
             body["dimensions"] = req.params["dimensions"]
         if req.user is not None:
             body["user"] = req.user
-        resp = await self._open("/embeddings", body, headers)
+        resp = await self.send("/embeddings", body, headers)
         try:
             data = json.loads(await resp.aread())
         except (json.JSONDecodeError, httpx.HTTPError) as e:
@@ -303,20 +229,6 @@ class OpenAIBackend(Upstream):
         return out
 
 
-async def _lines(resp: httpx.Response) -> AsyncIterator[bytes]:
-    """The lines of a body (an event stream, UTF-8 by its standard), as bytes without their ends (LF, CRLF or CR;
-    a CRLF cut between two reads gives an empty line too, which a stream's reader skips as it skips any)."""
-    rest = b""
-    async for chunk in resp.aiter_bytes():
-        rest += chunk
-        lines = rest.splitlines()
-        rest = b"" if rest[-1:] in (b"\n", b"\r") else lines.pop() if lines else b""
-        for line in lines:
-            yield line
-    if rest:
-        yield rest
-
-
 def _unmarked(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages or tools without tokenomy's prompt-cache markers (`cache_control`, which a Messages client sets
     and OpenAI's API does not know); the list itself when none has one."""
@@ -329,15 +241,6 @@ def _stop_string(choice: dict[str, Any]) -> str | None:
     """The stop string that ended a choice, where the server says (vLLM's `stop_reason`; OpenAI does not say)."""
     reason = choice.get("stop_reason")
     return reason if choice.get("finish_reason") == "stop" and isinstance(reason, str) else None
-
-
-def _message(text: str) -> str:
-    try:
-        obj = json.loads(text)
-        err = obj.get("error", obj)
-        return str(err.get("message", err)) if isinstance(err, dict) else str(err)
-    except (json.JSONDecodeError, AttributeError):
-        return text.strip()[:300]
 
 
 def _usage(u: dict[str, Any]) -> Usage:

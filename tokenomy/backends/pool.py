@@ -9,9 +9,11 @@ replica says are waiting (scraped, see load_signals.py):
     session            one replica per session (the `affinity_header`, else the request's `user`), by rendezvous
                        hashing, so sessions move only off a replica that leaves; no session: the least-loaded
     round_robin        in turn
-Failover: a replica that fails before the first delta of its answer (unreachable, 5xx, dropped connection, a
-stream that ends before any text) is left for the next one, least-loaded first, so the client never sees the
-failure; after the first delta a failure ends the stream with an error, as for any backend. The dead replica's
+Failover: a replica that fails before the first delta of its answer (unreachable, busy, 5xx, misconfigured: a
+401, 403 or 404, dropped connection, a stream that ends before any text) is left for the next one, least-loaded
+first, so the client never sees the failure; after the first delta a failure ends the stream with an error, as for
+any backend. The client's own fault (an upstream's 400, 413, 422) is not tried on another replica. Each replica is
+an upstream client (upstream.py): its statuses mean what they mean for any upstream. The dead replica's
 partial work is lost with it, so a request may be generated twice (never sent twice to a live replica).
 Health: `eject_after` consecutive failures eject a replica for `eject_s`, doubling with each ejection in a row
 up to `max_eject_s`; a success clears both. Every `check_interval_s` each replica's `/models` is asked (a replica
@@ -122,7 +124,7 @@ class Pool:
         self._start_checker()
         hashes = self.index.blocks(render(req.kind, req.messages, req.prompt)) if self._wants_prefix else []
         order, by = self.order(req, hashes)
-        errors: list[str] = []
+        errors: list[tuple[str, BackendError]] = []
         for i, r in enumerate(order):
             r.outstanding += 1
             inner = r.backend.stream(req)
@@ -144,7 +146,7 @@ class Pool:
                 if not err.retryable:
                     raise err
                 self._failed(r, str(err))
-                errors.append(f"{r.name}: {err}")
+                errors.append((r.name, err))
                 continue
             self._succeeded(r, "failover" if i else by)
             if hashes:
@@ -158,14 +160,14 @@ class Pool:
                 r.outstanding -= 1
                 await inner.aclose()
             return
-        raise BackendError(f"no replica of {self.name} could serve ({'; '.join(errors)})", status=502)
+        raise self._none_served(errors)
 
     async def embed(self, req: GenRequest) -> Embeddings:
         """An embeddings request, on the replica `balance` picks (by load or session: a prefix means nothing
         here), failed over to the next on a failure that another replica may not have."""
         self._start_checker()
         order, by = self.order(req)
-        errors: list[str] = []
+        errors: list[tuple[str, BackendError]] = []
         for i, r in enumerate(order):
             r.outstanding += 1
             try:
@@ -174,14 +176,27 @@ class Pool:
                 if not e.retryable:
                     raise
                 self._failed(r, str(e))
-                errors.append(f"{r.name}: {e}")
+                errors.append((r.name, e))
                 continue
             finally:
                 r.outstanding -= 1
             self._succeeded(r, "failover" if i else by)
             out.usage.replica = r.name
             return out
-        raise BackendError(f"no replica of {self.name} could serve ({'; '.join(errors)})", status=502)
+        raise self._none_served(errors)
+
+    def _none_served(self, failures: list[tuple[str, BackendError]]) -> BackendError:
+        """The pool's failure when every replica failed: what a client should see of them together (the same
+        rule as the generate stage's over models): busy (503) with the soonest Retry-After any replica sent;
+        `lasting` only when every replica is misconfigured; else a bad gateway (502)."""
+        errors = [e for _, e in failures]
+        waits = [e.retry_after for e in errors if e.retry_after is not None]
+        lasting = bool(errors) and all(e.lasting for e in errors)
+        busy = any(e.status == 503 for e in errors)
+        detail = "; ".join(f"{r}: {e}" for r, e in failures)
+        return BackendError(f"no replica of {self.name} could serve ({detail})",
+                            status=503 if busy else 502, retry_after=min(waits) if waits else None,
+                            lasting=lasting)
 
     # --- choosing -----------------------------------------------------------------------------------------------
 

@@ -147,6 +147,11 @@ class _Upstream(Section):
     connect_timeout_s: float = Field(5.0, gt=0, description="seconds to open a connection to the upstream")
     max_retries: int = Field(2, ge=0, le=10, description="retries of a request that failed before the upstream "
                              "answered (a pool of several replicas fails over instead)")
+    retry_backoff_s: float = Field(0.2, gt=0, description="the wait before the first retry, doubled at each "
+                                   "next one and jittered (a Retry-After the upstream sends is waited at least)")
+    max_retry_wait_s: float = Field(5.0, gt=0, description="the longest wait before a retry; an upstream's "
+                                    "Retry-After longer than this is not waited out: the next model serves, or "
+                                    "the client gets it")
     deadline_s: float | None = Field(None, gt=0, description="the most one request may wait for the "
                                      "upstream's first byte, retries included (default: timeout_s)")
     retry_after_send: bool = Field(False, description="also retry a request the upstream may have received (a "

@@ -10,6 +10,7 @@ configured with a 404, as the route stage answers.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection, Mapping
 
 from tokenomy.backends.base import BackendError, EmbeddingBackend, InvalidRequest, Overloaded
@@ -48,7 +49,7 @@ class Embed:
         try:
             out = await backend.embed(req)
         except InvalidRequest as e:
-            raise APIError(400, str(e), param=e.param, code=e.code) from e
+            raise APIError(e.status, str(e), param=e.param, code=e.code) from e
         except Overloaded as e:
             ctx.attempts.append({"model": name, "outcome": "overloaded"})
             raise APIError(429, f"Server overloaded: {e}. Retry later.", code="queue_full",
@@ -59,9 +60,9 @@ class Embed:
                 raise APIError(e.status if 400 <= e.status < 500 else 502, str(e)) from e
             if upstream:
                 self.registry.failed(name)
-            headers = {"retry-after": str(max(1, round(e.retry_after)))} if e.retry_after is not None else {}
-            raise APIError(503, f"No backend could serve the request ({name}: {e}).", code="no_backend",
-                           headers=headers) from e
+            headers = {"retry-after": str(max(1, math.ceil(e.retry_after)))} if e.retry_after is not None else {}
+            raise APIError(502 if e.lasting else 503, f"No backend could serve the request ({name}: {e}).",
+                           code="no_backend", headers=headers) from e
         if upstream:
             self.registry.succeeded(name)
         ctx.attempts.append({"model": name, "outcome": "ok"})

@@ -2,6 +2,11 @@
 
 Non-streamed requests can fall back at any point (nothing has reached the client). Streamed requests fall back
 until their first delta exists; after that a failure ends the stream with an error event, never a silent cut.
+What falls back: a BackendError that is `retryable` (an upstream busy, failing, unreachable or misconfigured:
+backends/upstream.py) and Overloaded (the engine's queue). What does not: InvalidRequest (the client's request,
+refused with its own status: 400, or an upstream's 413 or 422). When no candidate serves, the client gets a 503
+`no_backend` with the soonest Retry-After any candidate gave, or a 502 when every candidate's deployment is
+misconfigured (`lasting`: waiting will not mend it); only the engine's full queue alone is a 429 `queue_full`.
 
 A `json_schema` response_format with `strict: true` is a promise: every answer the client gets parses and validates
 against the schema (formats checked, every choice), or the request ends with a 422 `schema_unsatisfied` that
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,9 +47,11 @@ class Generate:
         failures: list[str] = []
         overloaded: Overloaded | None = None
         retry_after: float | None = None     # the soonest a failed backend said it may serve again
+        lasting = True                       # every failure so far is a misconfigured deployment
         for name in ctx.candidates:
             if self.registry.cooling(name):
                 ctx.attempts.append({"model": name, "outcome": "cooling"})
+                lasting = False
                 continue
             backend = self.registry.get(name)
             if ctx.token_router is not None and name == ctx.token_router.name:
@@ -81,10 +89,10 @@ class Generate:
                         ctx.model = name
                         raise APIError(422, problem, param="response_format", code="schema_unsatisfied")
             except InvalidRequest as e:
-                raise APIError(400, str(e), param=e.param, code=e.code) from e
+                raise APIError(e.status, str(e), param=e.param, code=e.code) from e
             except Overloaded as e:
                 ctx.attempts.append({"model": name, "outcome": "overloaded"})
-                overloaded = e
+                overloaded, lasting = e, False
                 continue
             except BackendError as e:
                 await stream.aclose()
@@ -93,7 +101,8 @@ class Generate:
                 if not e.retryable:   # this request's failure, not the deployment's: it never counts
                     raise APIError(e.status if 400 <= e.status < 500 else 502, str(e)) from e
                 if e.retry_after is not None:
-                    retry_after = min(retry_after or e.retry_after, e.retry_after)
+                    retry_after = e.retry_after if retry_after is None else min(retry_after, e.retry_after)
+                lasting = lasting and e.lasting
                 self.registry.failed(name)
                 continue
             self.registry.succeeded(name)
@@ -106,9 +115,12 @@ class Generate:
         if overloaded is not None and not failures:
             raise APIError(429, f"Server overloaded: {overloaded}. Retry later.", code="queue_full",
                            headers={"retry-after": str(max(1, int(overloaded.retry_after)))})
+        if overloaded is not None:
+            retry_after = overloaded.retry_after if retry_after is None else min(retry_after, overloaded.retry_after)
         detail = "; ".join(failures) or "all candidates are cooling down after failures"
-        headers = {"retry-after": str(max(1, round(retry_after)))} if retry_after is not None else {}
-        raise APIError(503, f"No backend could serve the request ({detail}).", code="no_backend", headers=headers)
+        headers = {"retry-after": str(max(1, math.ceil(retry_after)))} if retry_after is not None else {}
+        raise APIError(502 if failures and lasting else 503, f"No backend could serve the request ({detail}).",
+                       code="no_backend", headers=headers)
 
 
     async def _check_schema(self, ctx: RequestContext, name: str, backend: Any, req: Any, result: Result,
