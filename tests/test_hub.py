@@ -1,6 +1,7 @@
-"""Hub models (tokenomy/hub.py) downloaded by huggingface_hub's real code from a hub on loopback (tests/hub_server.py,
-reached through HF_ENDPOINT), then served: `tokenomy serve hf:ORG/REPO:QUANT` answers, works offline from the cache,
-resumes a download cut off mid-file, and names what a repo holds when asked for what it does not."""
+"""Hub models (tokenomy/hub.py) downloaded by huggingface_hub's real code from a hub on loopback
+(tests/helpers/hub_server.py, reached through HF_ENDPOINT), then served: `tokenomy serve hf:ORG/REPO:QUANT` answers,
+works offline from the cache, resumes a download cut off mid-file, and names what a repo holds when asked for what it
+does not."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import pytest
 import yaml
 
 from tests.conftest import free_port
-from tests.gguf_split import split
-from tests.hub_server import HubServer
-from tests.wait import wait_until
+from tests.helpers.gguf_split import split
+from tests.helpers.hub_server import HubServer
+from tests.helpers.wait import wait_until
 from tokenomy import hub
 from tokenomy.models import resolve_gguf
 from tokenomy.plan.gguf_file import read_gguf

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "agents" / "node_modules" / ".bin"

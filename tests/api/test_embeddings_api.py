@@ -14,10 +14,10 @@ import openai
 import pytest
 
 from tests.conftest import NO_CACHE, LiveServer, free_port, live_server
-from tests.noise import EMBEDDING_NOISE, assert_same_vectors
+from tests.helpers.noise import EMBEDDING_NOISE, assert_same_vectors
+from tests.helpers.upstream_stub import Stub, stub_vector
+from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub, stub_vector
-from tests.wait import wait_until
 from tokenomy.embedder import default_embedder
 
 MINILM = "all-minilm-l6-v2"

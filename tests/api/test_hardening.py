@@ -231,7 +231,7 @@ def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(d
     import threading
 
     from tests.conftest import NO_CACHE, live_server
-    from tests.wait import wait_until
+    from tests.helpers.wait import wait_until
 
     with live_server({"ledger_durable": durable, "cache": NO_CACHE,
                       "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:

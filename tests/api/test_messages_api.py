@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
+from tests.helpers.upstream_stub import Stub
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
 from tokenomy.api import messages as messages_api
 from tokenomy.structured.validate import validate
 

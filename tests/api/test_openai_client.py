@@ -7,7 +7,7 @@ import threading
 import httpx
 import pytest
 
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy import gpu
 from tokenomy.engine.vocab import gpu_offload
 

@@ -312,8 +312,8 @@ def test_a_fallback_to_an_openai_upstream_answers_in_responses_shape():
     """A route whose first model fails falls back to an OpenAI-compatible upstream, and the answer, streamed or
     not, text or a function call, comes back as a Responses object."""
     from tests.api.test_messages_api import upstream_config
+    from tests.helpers.upstream_stub import Stub
     from tests.pipeline.test_gateway_upstream import StubServer
-    from tests.upstream_stub import Stub
 
     tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -1,5 +1,5 @@
 """`backend: anthropic`: the internal request as a Messages body (checked against the official SDK's types), the
-answer read back from a fake Messages server (tests/messages_stub.py), its errors, prompt-cache markers, the key
+answer read back from a fake Messages server (tests/helpers/messages_stub.py), its errors, prompt-cache markers, the key
 from the environment, and a model served through the gateway with a fallback when it fails."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tests.messages_stub import DEFAULT_TEXT, Failure, MessagesStub, text, tool_use
+from tests.helpers.messages_stub import DEFAULT_TEXT, Failure, MessagesStub, text, tool_use
 from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.backends.anthropic import AnthropicBackend, retry_after
 from tokenomy.backends.anthropic_request import JSON_TOOL, messages_request

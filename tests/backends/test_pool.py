@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until_async
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until_async
 from tokenomy.backends.load_signals import parse_prometheus, parse_slots
 from tokenomy.backends.pool import Pool
 from tokenomy.backends.prefix_index import PrefixIndex, render

@@ -9,7 +9,7 @@ import openai
 
 from tests.api.test_batch_api import line, wait_done
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.batch.store import BatchStore, parse_input
 from tokenomy.meter.ledger import Ledger
 

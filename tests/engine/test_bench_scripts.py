@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tests.bench_module import load_bench
-from tests.shared_data import shared_data
+from tests.helpers.bench_module import load_bench
+from tests.helpers.shared_data import shared_data
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.draft import DraftModel
 from tokenomy.engine.vocab import Vocab

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.engine.client import EngineClient, EngineStartError, EngineUnavailable, describe_exit
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams

@@ -8,7 +8,7 @@ import pytest
 
 from tests.engine.test_engine import run
 from tests.engine.test_speculate import COPY, _cost
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy.engine import speculate
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.draft import DraftModel, VocabMismatch

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampling_params import SamplingParams

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.engine.test_engine import run
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy.engine import speculate, tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine

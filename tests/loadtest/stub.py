@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from tests.conftest import free_port
-from tests.upstream_stub import Stub, read_body
+from tests.helpers.upstream_stub import Stub, read_body
 
 
 class BenchStub:

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers.wait import wait_until
 from tests.meter.admits import admits
 from tests.meter.synthetic import Spec, rows_for
-from tests.wait import wait_until
 from tokenomy.config import BudgetLimits
 from tokenomy.meter.budget import BudgetExceeded, Budgets, WindowFull
 from tokenomy.meter.shared import SharedCounters

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.helpers.wait import wait_until
 from tests.meter.synthetic import Spec, mixed, rows_for
-from tests.wait import wait_until
 from tokenomy.meter import ledger_schema as schema
 from tokenomy.meter.ledger import Ledger, LedgerError, normalize_url
 from tokenomy.meter.row import LedgerRow

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, live_server
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
 from tests.meter.test_trace import HELLO, Collector, caller, traced, upstream_config
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
 from tokenomy.config import TelemetrySettings
 from tokenomy.generation import GenRequest
 from tokenomy.meter import trace, trace_export

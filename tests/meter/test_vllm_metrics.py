@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import SMALL_ENGINE, LiveServer, live_server
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.meter.vllm_metrics import buckets_1_2_5, finished_reason
 from tokenomy.models import DEFAULT_MODEL
 

@@ -16,8 +16,8 @@ import pytest
 import uvicorn
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MSG = [{"role": "user", "content": "Say hi."}]

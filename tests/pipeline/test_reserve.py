@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from tests.conftest import NO_CACHE, free_port, live_server
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
 from tokenomy.generation import GenRequest
 from tokenomy.pipeline.request import RequestContext
 

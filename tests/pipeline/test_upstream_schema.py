@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 
 from tests.conftest import NO_CACHE, live_server
+from tests.helpers.upstream_stub import Stub
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
 from tokenomy.generation import GenRequest, Usage
 from tokenomy.pipeline.generate import schema_problem
 from tokenomy.pipeline.request import Result

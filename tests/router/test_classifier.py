@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.noise import assert_same_probabilities
+from tests.helpers.noise import assert_same_probabilities
 from tokenomy.offline.router.dataset import RoutingData, load_routing_data
 from tokenomy.offline.router.train import train_classifier
 from tokenomy.router.classifier import Prediction, RouteClassifier, RouterFileError

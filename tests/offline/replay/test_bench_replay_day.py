@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from tests.bench_module import load_bench
+from tests.helpers.bench_module import load_bench
 from tokenomy.config import Config
 from tokenomy.meter.ledger import Ledger
 from tokenomy.offline.replay.report import build
