@@ -6,13 +6,14 @@ import os
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import uvicorn
+
+from tests.helpers.wait import wait_until
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # state a test does not place itself lands in a fresh data directory, never in the user's (tokenomy/home.py)
@@ -53,11 +54,9 @@ def live_server(config_data: dict[str, Any] | None = None, config_path: str | No
                                            timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
+    if not server.started:
+        raise RuntimeError("server did not start")
     try:
         yield LiveServer(app, gateway, port)
     finally:

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlparse
@@ -21,6 +20,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from tests.conftest import LiveServer, free_port
+from tests.helpers.wait import wait_until
 from tests.meter.synthetic import Spec, mixed, rows_for
 from tests.meter.test_report import check, expected
 from tokenomy.api import dashboard
@@ -67,10 +67,8 @@ def serve(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
+    assert server.started, "server did not start"
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

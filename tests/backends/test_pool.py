@@ -334,9 +334,7 @@ def test_a_tokenomy_replica_is_read_through_vllms_names(engines: dict[str, Any])
                     await pool.check()
                     return (replica.signal.running or 0) >= 1
 
-                deadline = time.monotonic() + 60
-                while not await running():
-                    assert time.monotonic() < deadline, "the replica's stream never showed as running"
+                await wait_until_async(running, what="the replica's stream shown as running")
         # the client left: the replica's engine frees the sequence, and the next check sees it idle
         await wait_until_async(lambda: server.gateway.engines()[0][1].running == 0, what="the replica idle")
         await pool.check()
