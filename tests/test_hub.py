@@ -26,6 +26,8 @@ from tokenomy import hub
 from tokenomy.models import resolve_gguf
 from tokenomy.plan.gguf_file import read_gguf
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "acme/SmolLM2-135M-Instruct-GGUF"
 GGUF = "SmolLM2-135M-Instruct-Q4_1.gguf"

@@ -19,6 +19,8 @@ import pytest
 from tests.conftest import free_port
 from tests.helpers.wait import wait_until
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "agents" / "node_modules" / ".bin"
 MODEL = "smollm2-135m-instruct"

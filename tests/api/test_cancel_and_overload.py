@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from tests.conftest import live_server
 from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MODEL = "smollm2-135m-instruct"
 

@@ -30,6 +30,8 @@ from tokenomy.meter.ledger import Ledger
 from tokenomy.meter.metrics import Metrics
 from tokenomy.models import DEFAULT_MODEL
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 SCREENSHOT_ENV = "TOKENOMY_DASHBOARD_SCREENSHOT"
 CHROMIUM_ENV = "TOKENOMY_TEST_CHROMIUM"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -20,6 +20,8 @@ from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.embedder import default_embedder
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MINILM = "all-minilm-l6-v2"
 CHAT_MODEL = "smollm2-135m-instruct"
 QUESTION = "How do I learn Python quickly?"

@@ -17,6 +17,8 @@ from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.api import messages as messages_api
 from tokenomy.structured.validate import validate
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name three colors."}]
 GREEDY = {"temperature": 0}       # this SDK no longer takes temperature as an argument: it rides in extra_body

@@ -12,6 +12,8 @@ from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy import gpu
 from tokenomy.engine.vocab import gpu_offload
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name three colors."}]
 

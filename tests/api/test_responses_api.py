@@ -19,6 +19,8 @@ from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 from tests.helpers.answers import assert_response_end
 from tokenomy.meter.ledger_schema import responses as stored_responses
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 KEYS = [{"key": "sk-resp-a", "tenant": "a", "name": "a"}, {"key": "sk-resp-a2", "tenant": "a", "name": "a2"},
         {"key": "sk-resp-b", "tenant": "b", "name": "b"},

@@ -28,6 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import NO_CACHE, free_port
 from tests.helpers.wait import wait_until
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 ENGINE = {"n_ctx": 6144, "max_model_len": 1024, "max_running": 4, "max_retired": 2, "max_batch_tokens": 64,
           "n_threads": 1}
 RPM_KEY, BUDGET_KEY, OPEN_KEY = (f"sk-{uuid.uuid4().hex}" for _ in range(3))

@@ -28,6 +28,8 @@ from tokenomy.config import AnthropicModelSpec, Config, ConfigError
 from tokenomy.generation import Delta, GenRequest
 from tokenomy.pipeline.generate import merge_tool_calls
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 KEY_ENV = "TOKENOMY_TEST_ANTHROPIC_KEY"
 KEY = "sk-ant-test-123"
 MARK = {"type": "ephemeral"}

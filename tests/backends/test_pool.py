@@ -23,6 +23,8 @@ from tokenomy.backends.prefix_index import PrefixIndex, render
 from tokenomy.config import Config, OpenAIModelSpec
 from tokenomy.generation import GenRequest
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 SYSTEMS = {t: f"You are the assistant of {t}. " + " ".join(f"{t} rule {i}: be brief and exact." for i in range(40))
            for t in ("acme", "globex", "initech")}
 

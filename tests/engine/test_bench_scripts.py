@@ -15,6 +15,8 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.draft import DraftModel
 from tokenomy.engine.vocab import Vocab
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 
 def test_stream_latency_reads_one_stream_and_compares_two_servers(server, monkeypatch, capsys):
     bench = load_bench("stream_latency.py")

@@ -17,6 +17,8 @@ from tokenomy.engine.runner import Chunk
 from tokenomy.engine.vocab import Vocab
 from tokenomy.models import resolve_gguf
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 CFG = dict(n_ctx=4096, max_running=4, max_retired=0, max_batch_tokens=256, prefix_caching=False)
 
 

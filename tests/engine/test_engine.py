@@ -12,6 +12,8 @@ from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.models import resolve_gguf
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 PROMPTS = ["Count from one to five.", "Spell the word cat.", "What is 2+2?", "Say hello in French.",
            "Name a fruit."]
 

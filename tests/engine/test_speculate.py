@@ -17,6 +17,8 @@ from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import Sequence
 from tokenomy.models import resolve_gguf
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 
 def test_propose_continues_the_latest_earlier_occurrence_of_the_longest_suffix():
     toks = [1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4]

@@ -20,6 +20,8 @@ from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.config import TelemetrySettings
 from tokenomy.meter import otel_metrics
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name a color."}]
 NO_CACHE = {"exact": {"enabled": False}, "semantic": {"enabled": False}}

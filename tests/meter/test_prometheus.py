@@ -20,6 +20,8 @@ from tests.helpers import services
 from tests.helpers.wait import wait_until
 from tokenomy.models import DEFAULT_MODEL
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 M = f'model_name="{DEFAULT_MODEL}"'
 # The vLLM dashboard's queries, its $__rate_interval as 1m
 DASHBOARD = {

@@ -22,6 +22,8 @@ from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.config import TelemetrySettings
 from tokenomy.meter import otlp, trace, trace_export
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name a color."}]
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

@@ -28,6 +28,8 @@ from tokenomy.generation import GenRequest
 from tokenomy.meter import trace, trace_export
 from tokenomy.pipeline.request import RequestContext
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def collector() -> Iterator[Collector]:

@@ -17,6 +17,8 @@ from tests.helpers.wait import wait_until
 from tokenomy.meter.vllm_metrics import buckets_1_2_5, finished_reason
 from tokenomy.models import DEFAULT_MODEL
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 SYSTEM = "You are a terse assistant. Answer in one word. " * 8      # a shared prefix the engine's cache keeps
 LABELS = {"model_name": DEFAULT_MODEL, "engine": "0"}
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import SMALL_ENGINE, free_port, live_server
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 
 

@@ -7,12 +7,15 @@ import re
 
 import httpx
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, live_server
 from tests.helpers.noise import shown
 from tests.helpers.shared_data import shared_data
 from tokenomy.cli import app
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 
 def routing_rows(step: int) -> list[dict]:

@@ -19,6 +19,8 @@ from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
 from tests.helpers.upstream_stub import Stub
 from tests.helpers.wait import wait_until
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MSG = [{"role": "user", "content": "Say hi."}]
 

@@ -25,6 +25,8 @@ from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.generation import GenRequest
 from tokenomy.pipeline.request import RequestContext
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 PRICE = {"input": 1000, "output": 1000}          # USD per 1M: a request's tokens / 1000 is its cost in USD
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

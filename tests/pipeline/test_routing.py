@@ -13,6 +13,8 @@ from tests.helpers.upstream_stub import Stub
 from tests.helpers.wait import wait_until_async
 from tests.pipeline.test_gateway_upstream import StubServer
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 ENGINE = {"n_ctx": 8192, "max_model_len": 1024, "max_running": 4, "max_retired": 4, "max_batch_tokens": 128}
 
 

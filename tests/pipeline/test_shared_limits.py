@@ -20,6 +20,8 @@ from tests.meter.conftest import pg_schema_url
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.pipeline.test_reserve import reserved
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 COST = (7 * 1000 + 5 * 1000) / 1e6          # the stub's usage (7 prompt, 5 completion tokens) at $1000 per 1M
 
 
