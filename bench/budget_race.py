@@ -49,7 +49,7 @@ from servers import free_port, wait_up  # noqa: E402  (bench/servers.py, beside 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import services  # noqa: E402  (Redis for the shared-store parts, as the tests start it)
+from tests.helpers import services  # noqa: E402  (Redis for the shared-store parts, as the tests start it)
 from tokenomy.ledger.ledger import Ledger  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -85,7 +85,8 @@ def gateway(cfg: dict[str, Any], code: Path | None = None) -> Any:
 @contextmanager
 def stub(delay: float = 0.0) -> Any:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(port), "--delay", str(delay)],
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.upstream_stub", "--port", str(port),
+                             "--delay", str(delay)],
                             cwd=str(ROOT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_up(f"http://127.0.0.1:{port}/v1/models", [proc])

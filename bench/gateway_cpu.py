@@ -1,6 +1,6 @@
 """CPU time a non-streamed request costs each server process, arm against arm (issue 37; docs/hardening.md,
 "Gateway overhead"): work done, which a busy machine's clock does not show. One instant stub upstream
-(tests/upstream_stub.py); each arm its own server process in front of it: `bare` (bench/gateway_overhead.py's
+(tests/helpers/upstream_stub.py); each arm its own server process in front of it: `bare` (bench/gateway_overhead.py's
 bare proxy, stock httpx), `tokenomy` (one upstream model, no keys) or `keyed` (a key and a budget), served by
 uvicorn with the parser and event loop named (`h11` or `httptools`, `asyncio` or `uvloop`); a `stock-` prefix runs
 tokenomy with its upstream clients as before issue 37's third pass: httpx's pool with h11 for every upstream, and
@@ -88,7 +88,8 @@ def main() -> None:
             sys.exit(f"{arm}: the kind is one of {', '.join(KINDS)}")
     stub_port = free_port()
     upstream = f"http://127.0.0.1:{stub_port}/v1"
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(stub_port)], cwd=ROOT)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.upstream_stub", "--port", str(stub_port)],
+                              cwd=ROOT)]
     ports = {}
     try:
         for arm in args.arms:

@@ -450,7 +450,8 @@ def main() -> None:
                                 env={**env, "TOKENOMY_HOME": tempfile.mkdtemp(prefix="tokenomy-bench-")})
 
     off_gateway = gateway(gw_port, files["off"])
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(stub_port)], cwd=ROOT),
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.upstream_stub", "--port", str(stub_port)],
+                              cwd=ROOT),
              off_gateway]
     if args.tracing:
         on_gateway = gateway(traced_port, files["on"])

@@ -1,7 +1,7 @@
 """What tracing costs the event loop, in instructions: deterministic where CPU time on a shared machine is not
 (docs/telemetry.md, "What it costs"). One gateway in this process, tracing off or on (spans to an OTLP/HTTP sink
-that drops them), in front of the stub upstream (tests/upstream_stub.py, its own process), driven through httpx's
-ASGI transport: `--warm` streamed chat requests, then `--requests` more counted by valgrind's callgrind on the
+that drops them), in front of the stub upstream (tests/helpers/upstream_stub.py, its own process), driven through
+httpx's ASGI transport: `--warm` streamed chat requests, then `--requests` more counted by valgrind's callgrind on the
 event loop's thread (instrumentation on only for them), off and on one after the other. Needs valgrind (Debian:
 `apt-get install valgrind`); a run takes minutes, as everything runs some 50 times slower under it.
 
@@ -35,7 +35,8 @@ def counted(mode: str, n: int, warm: int) -> None:
 
     stub, sink = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LD_PRELOAD")) and "VALGRIND" not in k}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(stub)], cwd=ROOT, env=env),
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.upstream_stub", "--port", str(stub)], cwd=ROOT,
+                              env=env),
              subprocess.Popen([sys.executable, os.path.join(ROOT, "bench", "gateway_overhead.py"), "--otlp-sink",
                                str(sink)], env=env)]
     for k in [k for k in os.environ if k.startswith("OTEL_")]:

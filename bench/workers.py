@@ -2,7 +2,7 @@
 
 1. Gateway throughput: `hey` (Debian's package; a Python client when it is missing, which then competes with the
    gateway for the cores and says so) sends the same small chat body to tokenomy in front of the instant stub
-   (tests/upstream_stub.py), one upstream model, no keys, default caches and ledger, at each concurrency, for
+   (tests/helpers/upstream_stub.py), one upstream model, no keys, default caches and ledger, at each concurrency, for
    each worker count: req/s, p50 and p99.
 2. Engine throughput: the embedded SmolLM2 behind 1 and 2 workers, the same 64-token answers (EOS suppressed) at
    each concurrency (bench/engine_throughput.py's client): output tok/s. One engine process serves every worker,
@@ -102,7 +102,7 @@ def python_load(url: str, concurrency: int, n: int) -> dict[str, float]:
 def stub_rows(workers: list[int], levels: list[int], n: int, console: Console) -> list[dict[str, Any]]:
     load = hey if shutil.which("hey") else python_load
     stub_port = free_port()
-    stub = subprocess.Popen([sys.executable, "-m", "tests.upstream_stub", "--port", str(stub_port)], cwd=ROOT)
+    stub = subprocess.Popen([sys.executable, "-m", "tests.helpers.upstream_stub", "--port", str(stub_port)], cwd=ROOT)
     rows = []
     try:
         wait_up(f"http://127.0.0.1:{stub_port}/v1/models", [stub])

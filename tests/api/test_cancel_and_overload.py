@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
+import pytest
 
 from tests.conftest import live_server
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MODEL = "smollm2-135m-instruct"
 
 
-def wait_idle(engine, timeout=30.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if engine.running == 0 and engine.queue_depth == 0:
-            return True
-        time.sleep(0.05)
-    return False
+def wait_idle(engine) -> None:
+    wait_until(lambda: engine.running == 0 and engine.queue_depth == 0, what="the engine idle")
 
 
 def test_disconnect_mid_stream_and_mid_prefill_frees_kv(server):
     engine = server.gateway.registry.get(MODEL).engine
-    assert wait_idle(engine)
+    wait_idle(engine)
     engine.clear_cache()
     idle = engine.call("state")["used_cells"]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
@@ -36,7 +34,7 @@ def test_disconnect_mid_stream_and_mid_prefill_frees_kv(server):
                 n += 1
             if n >= 5:
                 break            # leave mid-stream: closing the response drops the connection
-    assert wait_idle(engine) and engine.running == 0
+    wait_idle(engine)
     assert engine.call("state")["used_cells"] == idle
     # mid-prefill: a long prompt, abandoned well before its first token
     long_body = {"model": MODEL, "messages": [{"role": "user", "content": "lorem ipsum " * 500}],
@@ -45,7 +43,7 @@ def test_disconnect_mid_stream_and_mid_prefill_frees_kv(server):
         httpx.post(server.base_url + "/chat/completions", json=long_body, timeout=0.3)
     except httpx.TimeoutException:
         pass
-    assert wait_idle(engine)
+    wait_idle(engine)
     assert engine.call("state")["used_cells"] == idle
 
 

@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlparse
@@ -22,6 +21,7 @@ from fastapi import FastAPI, Request
 
 from tests.conftest import LiveServer, free_port
 from tests.helpers.synthetic import Spec, mixed, rows_for
+from tests.helpers.wait import wait_until
 from tests.report.test_figures import check, expected
 from tokenomy.api import dashboard
 from tokenomy.errors import APIError
@@ -29,6 +29,8 @@ from tokenomy.ledger.ledger import Ledger
 from tokenomy.metrics.prometheus import Metrics
 from tokenomy.models.catalog import DEFAULT_MODEL
 from tokenomy.report.figure_rows import ROWS
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 SCREENSHOT_ENV = "TOKENOMY_DASHBOARD_SCREENSHOT"
 CHROMIUM_ENV = "TOKENOMY_TEST_CHROMIUM"
@@ -67,10 +69,8 @@ def serve(app: FastAPI) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
+    assert server.started, "server did not start"
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -14,11 +14,13 @@ import openai
 import pytest
 
 from tests.conftest import NO_CACHE, LiveServer, free_port, live_server
-from tests.noise import EMBEDDING_NOISE, assert_same_vectors
+from tests.helpers.noise import EMBEDDING_NOISE, assert_same_vectors
+from tests.helpers.upstream_stub import Stub, stub_vector
+from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub, stub_vector
-from tests.wait import wait_until
 from tokenomy.embedding.embedder import default_embedder
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MINILM = "all-minilm-l6-v2"
 CHAT_MODEL = "smollm2-135m-instruct"

@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, live_server
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 ENGINE = {"n_ctx": 6144, "max_model_len": 1024, "max_running": 4, "max_retired": 2, "max_batch_tokens": 64}
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 OK = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

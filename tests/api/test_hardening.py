@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 
 
@@ -111,9 +113,8 @@ def test_bodies_are_refused_by_their_declared_size_and_after_auth_before_they_ar
 
 
 def test_a_stream_the_client_cuts_short_is_billed_for_what_it_got():
-    import time
-
     from tests.conftest import NO_CACHE, live_server
+    from tests.helpers.wait import wait_until
 
     models = [{"name": MODEL, "gguf": MODEL, "price": {"input": 1.0, "cached_input": 0.5, "output": 2.0}}]
     with live_server({"models": models, "cache": NO_CACHE,
@@ -135,12 +136,13 @@ def test_a_stream_the_client_cuts_short_is_billed_for_what_it_got():
         except httpx.TimeoutException:
             pass
         ledger = srv.gateway.ledger
-        deadline = time.time() + 30
-        rows = []
-        while time.time() < deadline and len(rows) < 2:
+
+        def cancelled() -> list:
             ledger.flush()
             rows = [row for row in ledger.query() if row.status == 499]
-            time.sleep(0.2)
+            return rows if len(rows) >= 2 else []
+
+        rows = wait_until(cancelled, what="two cancelled rows in the ledger")
         assert len(rows) == 2, [(row.status, row.finish_reason) for row in ledger.query()]
         streamed, abandoned = sorted(rows, key=lambda row: row.ts)
         assert streamed.model == MODEL and streamed.prompt_tokens > 10
@@ -231,7 +233,7 @@ def test_a_durable_ledger_commits_the_row_before_the_answer_reaches_the_client(d
     import threading
 
     from tests.conftest import NO_CACHE, live_server
-    from tests.wait import wait_until
+    from tests.helpers.wait import wait_until
 
     with live_server({"ledger_durable": durable, "cache": NO_CACHE,
                       "engine": {"n_ctx": 12288, "max_model_len": 512}}) as srv:

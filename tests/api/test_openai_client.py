@@ -7,9 +7,12 @@ import threading
 import httpx
 import pytest
 
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.answers import assert_chat_end
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy.engine.vocab import gpu_offload
 from tokenomy.hardware import gpu
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name three colors."}]
@@ -39,8 +42,9 @@ def test_models_health_and_metrics(server, client):
 def test_chat_stream_and_non_stream_agree(client):
     full = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0)
     assert full.object == "chat.completion" and full.model == MODEL
-    assert full.choices[0].message.role == "assistant" and full.choices[0].message.content
-    assert full.usage.completion_tokens <= 24 and full.usage.prompt_tokens > 5
+    assert full.choices[0].message.role == "assistant" and full.choices[0].message.content is not None
+    assert_chat_end(full.choices[0].finish_reason, full.usage.completion_tokens, 24)
+    assert full.usage.prompt_tokens > 5
     assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
     chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
@@ -56,15 +60,20 @@ def test_chat_stream_and_non_stream_agree(client):
 def test_completions_stream_and_non_stream_agree(client):
     full = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12,
                                      temperature=0)
-    assert full.object == "text_completion" and full.choices[0].finish_reason in ("stop", "length")
+    assert full.object == "text_completion"
+    assert_chat_end(full.choices[0].finish_reason, full.usage.completion_tokens, 12)
     chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12,
                                             temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
 
 
 def test_max_tokens_length_and_stop_strings(client):
-    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0)
+    # ignore_eos: the answer runs to its limit whatever the model would say
+    r = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0,
+                                       extra_body={"ignore_eos": True})
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
+    free = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0)
+    assert_chat_end(free.choices[0].finish_reason, free.usage.completion_tokens, 3)
     free = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
     text = free.choices[0].text
     assert "," in text

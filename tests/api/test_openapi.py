@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import NO_CACHE, live_server
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 
 def test_the_openapi_document_declares_bodies_and_openai_errors(server):

@@ -16,7 +16,10 @@ import sqlalchemy as sa
 from pydantic import BaseModel
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
+from tests.helpers.answers import assert_response_end
 from tokenomy.ledger.tables import responses as stored_responses
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MODEL = "smollm2-135m-instruct"
 KEYS = [{"key": "sk-resp-a", "tenant": "a", "name": "a"}, {"key": "sk-resp-a2", "tenant": "a", "name": "a2"},
@@ -57,12 +60,12 @@ def test_a_string_input_and_instructions(keyed):
                                                temperature=0)
     r = raw.parse()
     assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
-    assert r.status == "completed" and r.incomplete_details is None and r.error is None
+    assert_response_end(r, 24)          # completed or incomplete, whichever the model's words came to
     [msg] = r.output
-    assert msg.type == "message" and msg.role == "assistant" and msg.status == "completed"
-    assert r.output_text and msg.content[0].type == "output_text"
+    assert msg.type == "message" and msg.role == "assistant"
+    assert msg.content[0].type == "output_text" and r.output_text == msg.content[0].text
     u = r.usage
-    assert 0 < u.output_tokens <= 24 and u.input_tokens > 5 and u.total_tokens == u.input_tokens + u.output_tokens
+    assert u.input_tokens > 5 and u.total_tokens == u.input_tokens + u.output_tokens
     assert u.output_tokens_details.reasoning_tokens == 0
     assert raw.headers["x-tokenomy-request-id"] == "req_" + r.id.removeprefix("resp_")
     row = row_of(keyed, r.id)
@@ -84,13 +87,13 @@ def test_a_stream_is_the_greedy_answer_in_ordered_events(keyed):
     a = client_for(keyed)
     kw: dict[str, Any] = dict(model=MODEL, input="Say hello.", max_output_tokens=48, temperature=0)
     full = a.responses.create(**kw)
-    assert full.status == "completed"
+    assert_response_end(full, 48)
     events = list(a.responses.create(**kw, stream=True))
     types = [e.type for e in events]
     assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
     assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]
+                          f"response.{full.status}"]
     assert set(types[4:-4]) == {"response.output_text.delta"}
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
@@ -98,7 +101,7 @@ def test_a_stream_is_the_greedy_answer_in_ordered_events(keyed):
     assert events[-1].response.usage.output_tokens == full.usage.output_tokens
     with a.responses.stream(**kw) as stream:            # the SDK's own event accumulator
         final = stream.get_final_response()
-    assert final.output_text == full.output_text and final.status == "completed"
+    assert final.output_text == full.output_text and final.status == full.status
 
 
 def test_a_function_tool_round_trip(keyed):
@@ -113,12 +116,12 @@ def test_a_function_tool_round_trip(keyed):
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "21 C and sunny"}
     chained = a.responses.create(model=MODEL, previous_response_id=first.id, input=[result], tools=tools,
                                  tool_choice="none", max_output_tokens=24, temperature=0)
-    assert chained.output[0].type == "message" and chained.output_text
-    assert chained.previous_response_id == first.id
+    assert [o.type for o in chained.output] == ["message"] and chained.previous_response_id == first.id
+    assert_response_end(chained, 24)
     whole = a.responses.create(model=MODEL, tools=tools, tool_choice="none", max_output_tokens=24, temperature=0,
                                input=[{"role": "user", "content": "What is the weather in Paris?"},
                                       call.model_dump(exclude_none=True), result])
-    assert whole.output_text         # the stored conversation renders as the one sent whole, token for token:
+    assert_response_end(whole, 24)   # the stored conversation renders as the one sent whole, token for token:
     assert whole.usage.input_tokens == chained.usage.input_tokens
     events = list(a.responses.create(model=MODEL, input="What is the weather in Paris?", tools=tools,
                                      tool_choice="required", max_output_tokens=40, temperature=0, stream=True))
@@ -147,14 +150,17 @@ def test_json_schema_output_validates(keyed):
 
 
 def test_max_output_tokens_makes_an_incomplete_response(keyed):
+    """An answer that reaches max_output_tokens is `incomplete` (the mapping itself: tests/dialect); whether a
+    3-token answer gets there is the model's choice, so the test holds the status to the usage, not to a guess. The
+    grammar cannot force it: a limit under a schema's shortest answer is refused before anything is generated."""
     a = client_for(keyed)
     r = a.responses.create(model=MODEL, input="Write a long story.", max_output_tokens=3, temperature=0)
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
-    assert r.usage.output_tokens == 3 and r.output[0].status == "incomplete"
+    assert_response_end(r, 3)
     events = list(a.responses.create(model=MODEL, input="Write a long story.", max_output_tokens=3, temperature=0,
                                      stream=True))
-    assert events[-1].type == "response.incomplete"
-    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    done = events[-1].response
+    assert events[-1].type == "response." + done.status
+    assert_response_end(done, 3)
 
 
 def test_bad_requests_are_openai_errors(keyed):
@@ -209,8 +215,9 @@ def test_a_codex_shaped_request_is_served(keyed):
                       headers={"authorization": "Bearer sk-resp-a"}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
-    assert events[0]["type"] == "response.created" and events[-1]["type"] in ("response.completed",
-                                                                              "response.incomplete")
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] == "response." + events[-1]["response"]["status"]
+    assert_response_end(events[-1]["response"], 8)
     assert [t["name"] for t in events[-1]["response"]["tools"]] == ["shell"]
     assert events[-1]["response"]["store"] is False and stored_count(keyed) == before
 
@@ -312,8 +319,8 @@ def test_a_fallback_to_an_openai_upstream_answers_in_responses_shape():
     """A route whose first model fails falls back to an OpenAI-compatible upstream, and the answer, streamed or
     not, text or a function call, comes back as a Responses object."""
     from tests.api.test_messages_api import upstream_config
+    from tests.helpers.upstream_stub import Stub
     from tests.pipeline.test_gateway_upstream import StubServer
-    from tests.upstream_stub import Stub
 
     tool = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -1,5 +1,5 @@
 """`backend: anthropic`: the internal request as a Messages body (checked against the official SDK's types), the
-answer read back from a fake Messages server (tests/messages_stub.py), its errors, prompt-cache markers, the key
+answer read back from a fake Messages server (tests/helpers/messages_stub.py), its errors, prompt-cache markers, the key
 from the environment, and a model served through the gateway with a fallback when it fails."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tests.messages_stub import DEFAULT_TEXT, Failure, MessagesStub, text, tool_use
+from tests.helpers.messages_stub import DEFAULT_TEXT, Failure, MessagesStub, text, tool_use
 from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.backends.anthropic import AnthropicBackend
 from tokenomy.backends.anthropic_request import JSON_TOOL, messages_request
@@ -27,6 +27,8 @@ from tokenomy.backends.openai import OpenAIBackend
 from tokenomy.config import AnthropicModelSpec, Config, ConfigError
 from tokenomy.generation import Delta, GenRequest
 from tokenomy.pipeline.generate import merge_tool_calls
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 KEY_ENV = "TOKENOMY_TEST_ANTHROPIC_KEY"
 KEY = "sk-ant-test-123"

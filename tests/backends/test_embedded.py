@@ -15,6 +15,8 @@ from tokenomy.engine.config import EngineConfig
 from tokenomy.generation import GenRequest
 from tokenomy.models.catalog import resolve_gguf
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def backend():

@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 from tests.conftest import SMALL_ENGINE
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.backends.embedded_launch import launch_engines
 from tokenomy.config import Config
 from tokenomy.gateway import build_backend

@@ -14,14 +14,16 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until_async
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until_async
 from tokenomy.backends.load_signals import parse_prometheus, parse_slots
 from tokenomy.backends.pool import Pool
 from tokenomy.backends.prefix_index import PrefixIndex, render
 from tokenomy.config import Config, OpenAIModelSpec
 from tokenomy.generation import GenRequest
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 SYSTEMS = {t: f"You are the assistant of {t}. " + " ".join(f"{t} rule {i}: be brief and exact." for i in range(40))
            for t in ("acme", "globex", "initech")}
@@ -345,9 +347,7 @@ def test_a_tokenomy_replica_is_read_through_vllms_names(engines: dict[str, Any])
                     await pool.check()
                     return (replica.signal.running or 0) >= 1
 
-                deadline = time.monotonic() + 60
-                while not await running():
-                    assert time.monotonic() < deadline, "the replica's stream never showed as running"
+                await wait_until_async(running, what="the replica's stream shown as running")
         # the client left: the replica's engine frees the sequence, and the next check sees it idle
         await wait_until_async(lambda: server.gateway.engines()[0][1].running == 0, what="the replica idle")
         await pool.check()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.wait import wait_until_async
+from tests.helpers.wait import wait_until_async
 from tokenomy.backends.transport import AsyncioBackend, Cookies, CorePool, H1Transport, upstream_client
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -1,6 +1,6 @@
 """The upstream client (tokenomy/backends/upstream.py): every failure status of a real HTTP upstream on 127.0.0.1,
-for both backend kinds (an OpenAI-compatible server, tests/upstream_stub.py; a Messages server,
-tests/messages_stub.py), seen at the backend and by a client through the gateway in both dialects: the same
+for both backend kinds (an OpenAI-compatible server, tests/helpers/upstream_stub.py; a Messages server,
+tests/helpers/messages_stub.py), seen at the backend and by a client through the gateway in both dialects: the same
 table (docs/upstreams.md, "Failures") whatever the kind. Backoff is set to a millisecond, so retries take no time
 worth waiting for; nothing here sleeps or times anything."""
 
@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, live_server
-from tests.messages_stub import Failure, MessagesStub, text
+from tests.helpers.messages_stub import Failure, MessagesStub, text
+from tests.helpers.upstream_stub import Stub
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
 from tokenomy.backends.anthropic import AnthropicBackend
 from tokenomy.backends.base import BackendError, InvalidRequest
 from tokenomy.backends.openai import OpenAIBackend

@@ -7,11 +7,14 @@ import json
 import time
 
 import openai
+import pytest
 
 from tests.api.test_batch_api import line, wait_done
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 from tokenomy.batch.database import BatchStore
 from tokenomy.ledger.ledger import Ledger
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 
 def store_with_batch(tmp_path, n=3, clock=time.time):

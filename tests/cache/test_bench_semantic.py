@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_module import load_bench
+from tests.helpers.bench_module import load_bench
 
 DATA = Path(__file__).parent / "data"
 KEYS = {"error_budget", "threshold", "lookups", "hits", "right_hits", "wrong_hits", "duplicate_hit_rate",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.bench_module import load_bench
+from tests.helpers.bench_module import load_bench
 
 DATA = Path(__file__).parent / "data"
 

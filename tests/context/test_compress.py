@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.shared_data import shared_data
+from tests.helpers.shared_data import shared_data
 from tokenomy.context.compress import Costs, Scored, Scorer, compress_messages, compress_text, decide
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.noise import assert_same_vectors
-from tests.shared_data import shared_data
+from tests.helpers.noise import assert_same_vectors
+from tests.helpers.shared_data import shared_data
 from tokenomy.embedding.embedder import Embedder, default_embedder, onnx_export_path, packaged_model_path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,13 @@ import sys
 
 import pytest
 
-from tests.bench_module import load_bench
-from tests.shared_data import shared_data
+from tests.helpers.bench_module import load_bench
+from tests.helpers.shared_data import shared_data
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.spec.draft import DraftModel
 from tokenomy.engine.vocab import Vocab
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 
 def test_stream_latency_reads_one_stream_and_compares_two_servers(server, monkeypatch, capsys):

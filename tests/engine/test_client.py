@@ -9,11 +9,13 @@ import threading
 
 import pytest
 
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.engine.client import EngineClient, EngineStartError, EngineUnavailable, describe_exit
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.models.catalog import resolve_gguf
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 CFG = dict(n_ctx=16384, max_model_len=2048, max_running=4, max_retired=4, max_batch_tokens=64)
 

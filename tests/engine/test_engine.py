@@ -6,11 +6,13 @@ import threading
 
 import pytest
 
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.models.catalog import resolve_gguf
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 PROMPTS = ["Count from one to five.", "Spell the word cat.", "What is 2+2?", "Say hello in French.",
            "Name a fruit."]

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from tests.shared_data import shared_data
+from tests.helpers.shared_data import shared_data
 from tokenomy.engine import tuning
 from tokenomy.engine.tokenizer import Tokenizer
 from tokenomy.engine.vocab import Vocab, _overlapping, piece_cache

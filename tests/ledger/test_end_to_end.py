@@ -15,6 +15,8 @@ from tokenomy.ledger.ledger import Ledger
 from tokenomy.pipeline.sink import MeterSink
 from tokenomy.report.figures import build
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 PRICES = {"cheap": {"input": 0.02, "cached_input": 0.005, "output": 0.08},
           "dear": {"input": 0.20, "cached_input": 0.05, "output": 0.60}}
 SYSTEM = "You are a terse assistant. " * 12       # a shared prefix, so later prompts reuse its KV

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.helpers.synthetic import Spec, mixed, rows_for
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.ledger import tables as schema
 from tokenomy.ledger.ledger import Ledger, LedgerError, normalize_url
 from tokenomy.ledger.row import LedgerRow

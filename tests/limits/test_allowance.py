@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests import services
+from tests.helpers import services
 from tests.helpers.admits import admits
 from tests.helpers.synthetic import Spec, rows_for
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.config import BudgetLimits
 from tokenomy.errors import APIError
 from tokenomy.limits.budget import BudgetExceeded, Budgets

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.admits import admits
 from tests.helpers.synthetic import Spec, rows_for
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.config import BudgetLimits
 from tokenomy.limits.budget import BudgetExceeded, Budgets, WindowFull
 from tokenomy.limits.shared_counters import SharedCounters

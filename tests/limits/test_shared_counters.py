@@ -13,12 +13,14 @@ import httpx
 import pytest
 import yaml
 
-from tests import services
 from tests.conftest import NO_CACHE, live_server
+from tests.helpers import services
+from tests.helpers.upstream_stub import Stub
 from tests.helpers.ledger_urls import pg_schema_url
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.pipeline.test_reserve import reserved
-from tests.upstream_stub import Stub
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 COST = (7 * 1000 + 5 * 1000) / 1e6          # the stub's usage (7 prompt, 5 completion tokens) at $1000 per 1M
 

@@ -8,6 +8,8 @@ import pytest
 from tokenomy.metrics.live import LiveSeries, quantile
 from tokenomy.metrics.prometheus import Metrics
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 
 def test_series_are_the_intervals_rates_ratios_and_quantiles() -> None:
     m = Metrics()

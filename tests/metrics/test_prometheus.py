@@ -1,5 +1,5 @@
-"""A real Prometheus (Debian's `prometheus`, started here as tests/services.py starts Redis and PostgreSQL) scrapes a
-running tokenomy server every second, and the queries of vLLM's Grafana dashboard
+"""A real Prometheus (Debian's `prometheus`, started here as tests/helpers/services.py starts Redis and PostgreSQL)
+scrapes a running tokenomy server every second, and the queries of vLLM's Grafana dashboard
 (vllm/examples/online_serving/prometheus_grafana/grafana.json) return data for the served model.
 
 Without a prometheus binary the test is skipped, naming the fix, except in CI ($CI set), where it fails:
@@ -15,10 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import services
 from tests.conftest import LiveServer
-from tests.wait import wait_until
+from tests.helpers import services
+from tests.helpers.wait import wait_until
 from tokenomy.models.catalog import DEFAULT_MODEL
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 M = f'model_name="{DEFAULT_MODEL}"'
 # The vLLM dashboard's queries, its $__rate_interval as 1m

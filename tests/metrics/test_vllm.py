@@ -13,9 +13,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import SMALL_ENGINE, LiveServer, live_server
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
 from tokenomy.metrics.vllm import buckets_1_2_5, finished_reason
 from tokenomy.models.catalog import DEFAULT_MODEL
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 SYSTEM = "You are a terse assistant. Answer in one word. " * 8      # a shared prefix the engine's cache keeps
 LABELS = {"model_name": DEFAULT_MODEL, "engine": "0"}

@@ -1,7 +1,7 @@
 """Hub models (tokenomy/models/hub.py) downloaded by huggingface_hub's real code from a hub on loopback
-(tests/hub_server.py, reached through HF_ENDPOINT), then served: `tokenomy serve hf:ORG/REPO:QUANT` answers, works
-offline from the cache, resumes a download cut off mid-file, and names what a repo holds when asked for what it does
-not."""
+(tests/helpers/hub_server.py, reached through HF_ENDPOINT), then served: `tokenomy serve hf:ORG/REPO:QUANT` answers,
+works offline from the cache, resumes a download cut off mid-file, and names what a repo holds when asked for what it
+does not."""
 
 from __future__ import annotations
 
@@ -19,14 +19,16 @@ import pytest
 import yaml
 
 from tests.conftest import free_port
-from tests.gguf_split import split
-from tests.hub_server import HubServer
-from tests.wait import wait_until
+from tests.helpers.gguf_split import split
+from tests.helpers.hub_server import HubServer
+from tests.helpers.wait import wait_until
 from tokenomy.models import hub
 from tokenomy.models.catalog import resolve_gguf
 from tokenomy.models.gguf import read_gguf
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
+ROOT = Path(__file__).resolve().parents[1]
 REPO = "acme/SmolLM2-135M-Instruct-GGUF"
 GGUF = "SmolLM2-135M-Instruct-Q4_1.gguf"
 SPLIT = [f"sub/SmolLM2-135M-Instruct-Q8_0-0000{i}-of-00002.gguf" for i in (1, 2)]

@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 

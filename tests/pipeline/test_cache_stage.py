@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import SMALL_ENGINE, free_port, live_server
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 
 
@@ -152,8 +154,8 @@ def test_a_batch_answer_is_stored_at_the_batch_price_it_was_charged(tmp_path):
 
 
 def test_each_cache_switches_off_on_its_own():
+    from tests.helpers.upstream_stub import Stub
     from tests.pipeline.test_gateway_upstream import StubServer
-    from tests.upstream_stub import Stub
 
     with StubServer(Stub()) as s:
         up = [{"name": MODEL, "backend": "openai", "model": "stub", "base_url": f"http://127.0.0.1:{s.port}/v1",

@@ -7,12 +7,15 @@ import re
 
 import httpx
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, live_server
-from tests.noise import shown
-from tests.shared_data import shared_data
+from tests.helpers.noise import shown
+from tests.helpers.shared_data import shared_data
 from tokenomy.cli import app
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 
 def routing_rows(step: int) -> list[dict]:
@@ -80,7 +83,7 @@ def test_a_contextual_router_shares_the_request_vector_with_the_semantic_cache(t
     p, ctx = choose(gsm, {})
     assert set(ctx.vectors) == {gsm}                                   # embedded here, left for the cache
     # The route's classifier, loaded from the file, computes what the trained one does on the same vector (to
-    # kernel noise: tests/noise.py); the vector is the text's embedding, to float32 noise.
+    # kernel noise: tests/helpers/noise.py); the vector is the text's embedding, to float32 noise.
     assert p == shown(router.p_weak_ok(gsm, ctx.vectors[gsm]))
     np.testing.assert_allclose(ctx.vectors[gsm], router.embed([gsm])[0], rtol=0, atol=1e-6)
     # The memo's vector is what the router judges: the MMLU prompt's vector under the GSM8K text gives the
@@ -95,7 +98,7 @@ def test_a_two_head_router_uses_the_contextual_head_only_when_the_memo_holds_the
     """The route stage decides with the contextual head when the prompt's contextual vector is already in the
     request's memo (the semantic cache's lookup put it there), and with the static head otherwise, without
     embedding the prompt contextually; the signals and the reason say which head decided."""
-    from tests.routing_fixtures import synthetic_rows
+    from tests.helpers.routing_fixtures import synthetic_rows
     from tokenomy.config import RouteSpec
     from tokenomy.generation import GenRequest
     from tokenomy.pipeline.request import RequestContext

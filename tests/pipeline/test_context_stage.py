@@ -9,6 +9,8 @@ import pytest
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 from tokenomy.report.figures import build, render_table
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 MODEL = "smollm2-135m-instruct"
 SYSTEM = "You are a travel assistant. Answer in one short sentence."
 RULES = "You are the help desk of a library. Answer briefly, name the shelf, and never invent titles."

@@ -16,8 +16,10 @@ import pytest
 import uvicorn
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MSG = [{"role": "user", "content": "Say hi."}]
@@ -29,15 +31,21 @@ def start_tokenomy(port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port)],
                             cwd=tempfile.mkdtemp(prefix="tokenomy-upstream-"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline:
+
+    def healthy() -> bool:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("upstream tokenomy did not start")
+            return proc.poll() is not None              # exited: stop waiting, and fail below
+
+    try:
+        wait_until(healthy, timeout=120, interval=0.2, what="the upstream tokenomy to start")
+    except AssertionError:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        raise RuntimeError(f"upstream tokenomy exited with {proc.returncode} before it served")
+    return proc
 
 
 class StubServer:

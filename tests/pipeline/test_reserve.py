@@ -19,11 +19,13 @@ import pytest
 import yaml
 
 from tests.conftest import NO_CACHE, free_port, live_server
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
 from tokenomy.generation import GenRequest
 from tokenomy.pipeline.request import RequestContext
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 PRICE = {"input": 1000, "output": 1000}          # USD per 1M: a request's tokens / 1000 is its cost in USD
 MESSAGES = [{"role": "user", "content": "Hi"}]

@@ -9,9 +9,11 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, live_server
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until_async
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until_async
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 ENGINE = {"n_ctx": 8192, "max_model_len": 1024, "max_running": 4, "max_retired": 4, "max_batch_tokens": 128}
 

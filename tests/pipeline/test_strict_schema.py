@@ -14,8 +14,10 @@ import openai
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
+from tests.helpers.upstream_stub import Stub
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
 

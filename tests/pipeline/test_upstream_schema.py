@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.conftest import NO_CACHE, live_server
+from tests.helpers.upstream_stub import Stub
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
 from tokenomy.generation import GenRequest, Usage
 from tokenomy.pipeline.generate import schema_problem
 from tokenomy.pipeline.request import Result
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 FMT = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.bench_module import load_bench
+from tests.helpers.bench_module import load_bench
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_gsm8k_study_reports_each_fold_assignment(bench, dev_rows, tmp_path) -> 
 
 
 def test_head_study_scores_both_heads_over_each_fold_assignment(bench, tmp_path) -> None:
-    from tests.routing_fixtures import synthetic_rows
+    from tests.helpers.routing_fixtures import synthetic_rows
     from tokenomy.router.features import embed_prompts
     from tokenomy.tools.router_training.dataset import load_routing_data
 

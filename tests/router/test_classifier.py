@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.noise import assert_same_probabilities
+from tests.helpers.noise import assert_same_probabilities
 from tokenomy.router.classifier import RouteClassifier, RoutePrediction, RouterFileError
 from tokenomy.router.features import embed_prompts
 from tokenomy.tools.router_training.dataset import RoutingData, load_routing_data

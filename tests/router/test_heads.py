@@ -1,6 +1,6 @@
 """Router files with two heads (static and contextual embedding): they round-trip, a version-1 file still loads
 and predicts what it did, bad files are refused, and head_for picks the contextual head only when its vector is
-at hand. Tiny synthetic data (tests/routing_fixtures.synthetic_rows), the real MiniLM."""
+at hand. Tiny synthetic data (tests/helpers/routing_fixtures.synthetic_rows), the real MiniLM."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.noise import assert_same_probabilities
-from tests.routing_fixtures import synthetic_rows
+from tests.helpers.noise import assert_same_probabilities
+from tests.helpers.routing_fixtures import synthetic_rows
 from tokenomy.router.classifier import VERSION, RouteClassifier, RouterFileError, TrainedRouter
 from tokenomy.tools.router_training.dataset import RoutingData, load_routing_data
 from tokenomy.tools.router_training.train import RouterTrainingError, train_router

@@ -1,5 +1,5 @@
 """`tokenomy serve --workers 2`, run as a user runs it (the CLI, in its own process), on two embedded models
-(the real SmolLM2), with rate limits and budgets in the Redis of tests/services.py: one engine process per model
+(the real SmolLM2), with rate limits and budgets in the Redis of tests/helpers/services.py: one engine process per model
 whatever the number of workers, both workers answer, a rate limit and a budget hold across them, /metrics sums
 them, and a worker killed mid-request is replaced while its request fails and the rest serve on.
 
@@ -26,7 +26,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import NO_CACHE, free_port
-from tests.wait import wait_until
+from tests.helpers.wait import wait_until
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 ENGINE = {"n_ctx": 6144, "max_model_len": 1024, "max_running": 4, "max_retired": 2, "max_batch_tokens": 64,
           "n_threads": 1}

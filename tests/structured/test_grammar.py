@@ -4,8 +4,8 @@ import threading
 import llguidance
 import pytest
 
-from tests.shared_data import shared_data
-from tests.wait import wait_until
+from tests.helpers.shared_data import shared_data
+from tests.helpers.wait import wait_until
 from tokenomy.structured.grammar import GrammarCompiler, clean_reason
 from tokenomy.structured.schema import SchemaError, json_schema_format, output_format
 

@@ -13,12 +13,14 @@ import httpx
 import pytest
 
 from tests.conftest import SMALL_ENGINE, free_port, live_server
-from tests.otlp_receiver import OTLPReceiver, attributes
+from tests.helpers.otlp_receiver import OTLPReceiver, attributes
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
 from tokenomy.config import TelemetrySettings
 from tokenomy.telemetry import otel_metrics
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name a color."}]

@@ -14,12 +14,14 @@ import httpx
 import pytest
 
 from tests.conftest import SMALL_ENGINE, free_port, live_server
-from tests.otlp_receiver import OTLPReceiver, attributes
+from tests.helpers.otlp_receiver import OTLPReceiver, attributes
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
 from tokenomy.config import TelemetrySettings
 from tokenomy.telemetry import trace, trace_export
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 MODEL = "smollm2-135m-instruct"
 HELLO = [{"role": "user", "content": "Name a color."}]
@@ -354,7 +356,7 @@ def test_an_embeddings_request_is_traced_through_its_embed_stage_to_the_upstream
 
 def test_an_anthropic_upstream_call_is_a_client_span_with_its_traceparent(
         collector: Collector, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.messages_stub import MessagesStub
+    from tests.helpers.messages_stub import MessagesStub
 
     monkeypatch.setenv("TOKENOMY_TEST_TRACE_KEY", "sk-test")
     stub, (tid, parent) = MessagesStub(key="sk-test"), caller()

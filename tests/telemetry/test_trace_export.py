@@ -19,14 +19,16 @@ import pytest
 import yaml
 
 from tests.conftest import free_port, live_server
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.telemetry.test_trace import HELLO, Collector, caller, traced, upstream_config
-from tests.upstream_stub import Stub
-from tests.wait import wait_until
 from tokenomy.config import TelemetrySettings
 from tokenomy.generation import GenRequest
 from tokenomy.pipeline.request import RequestContext
 from tokenomy.telemetry import trace, trace_export
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 
 @pytest.fixture(scope="module")

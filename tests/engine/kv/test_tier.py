@@ -15,6 +15,8 @@ from tokenomy.engine.engine import Engine
 from tokenomy.engine.kv.tier import KVTiers, engine_dir
 from tokenomy.models.catalog import resolve_gguf
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 
 @pytest.fixture(scope="module")
 def path() -> str:

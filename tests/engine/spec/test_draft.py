@@ -8,7 +8,7 @@ import pytest
 
 from tests.engine.spec.test_speculate import COPY, _cost
 from tests.engine.test_engine import run
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
 from tokenomy.engine.runner import Chunk
@@ -16,6 +16,8 @@ from tokenomy.engine.spec import cost
 from tokenomy.engine.spec.draft import DraftModel, VocabMismatch
 from tokenomy.engine.vocab import Vocab
 from tokenomy.models.catalog import resolve_gguf
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 CFG = dict(n_ctx=4096, max_running=4, max_retired=0, max_batch_tokens=256, prefix_caching=False)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.engine.test_engine import run
-from tests.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_up_to_noise
 from tokenomy.engine import tuning
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
@@ -17,6 +17,8 @@ from tokenomy.engine.sampling_params import SamplingParams
 from tokenomy.engine.sequence import Sequence
 from tokenomy.engine.spec import cost, prediction, speculate
 from tokenomy.models.catalog import resolve_gguf
+
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
 
 def test_propose_continues_the_latest_earlier_occurrence_of_the_longest_suffix():

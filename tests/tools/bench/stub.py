@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from typing import Any
 
 import uvicorn
 
 from tests.conftest import free_port
-from tests.upstream_stub import Stub, read_body
+from tests.helpers.upstream_stub import Stub, read_body
+from tests.helpers.wait import wait_until
 
 
 class BenchStub:
@@ -82,11 +82,7 @@ class Served:
 
     def __enter__(self) -> Served:
         self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("stub did not start")
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started, what="the stub to start")
         return self
 
     def __exit__(self, *exc: object) -> None:

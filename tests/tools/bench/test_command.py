@@ -13,6 +13,8 @@ from tests.conftest import LiveServer, free_port
 from tests.tools.bench.stub import BenchStub, Served
 from tokenomy.cli import app
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 runner = CliRunner()
 VLLM_KEYS = {"duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
              "output_throughput", "total_token_throughput", "request_goodput", "max_concurrency", "request_rate",

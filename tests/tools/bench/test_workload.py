@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.shared_data import shared_data
+from tests.helpers.shared_data import shared_data
 from tokenomy.tools.bench.workload import (
     BUILTINS,
     Request,

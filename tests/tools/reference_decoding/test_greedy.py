@@ -2,7 +2,7 @@
 
 import json
 
-from tests.shared_data import shared_data
+from tests.helpers.shared_data import shared_data
 from tests.structured.test_normalize import ONE_OF
 from tokenomy.structured.constraint import Constraint
 from tokenomy.structured.schema import json_schema_format, output_format, parse_tool_calls, tools_prompt

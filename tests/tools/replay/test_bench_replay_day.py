@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from tests.bench_module import load_bench
+from tests.helpers.bench_module import load_bench
 from tokenomy.config import Config
 from tokenomy.ledger.ledger import Ledger
 from tokenomy.tools.replay.report import build

@@ -18,6 +18,8 @@ from tokenomy.cli import app
 from tokenomy.ledger.ledger import Ledger
 from tokenomy.ledger.prompts import StoredPrompt
 
+pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
+
 runner = CliRunner()
 PRICE = {"input": 2.0, "cached_input": 0.5, "output": 8.0}
 QUESTIONS = [   # (tenant, question): a miss, its exact repeat, a paraphrase, another question, another tenant

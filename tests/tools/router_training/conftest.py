@@ -1,3 +1,4 @@
-"""Shared fixtures (tests/routing_fixtures.py): slices of RouteLLM's dev file and a classifier trained on one."""
+"""Shared fixtures (tests/helpers/routing_fixtures.py): slices of RouteLLM's dev file and a classifier trained on
+one."""
 
-from tests.routing_fixtures import dev_rows, test_file, train_file, trained  # noqa: F401
+from tests.helpers.routing_fixtures import dev_rows, test_file, train_file, trained  # noqa: F401

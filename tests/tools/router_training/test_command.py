@@ -36,7 +36,7 @@ def test_train_writes_both_heads_by_default(router_file) -> None:
 
 
 def test_train_one_head_with_embedding(tmp_path) -> None:
-    from tests.routing_fixtures import synthetic_rows
+    from tests.helpers.routing_fixtures import synthetic_rows
 
     data = write(tmp_path / "tiny.jsonl", "".join(json.dumps(r) + "\n" for r in synthetic_rows(40)))
     result = run("train", "--data", data, "--out", tmp_path / "r.json", "--embedding", "minilm-static")

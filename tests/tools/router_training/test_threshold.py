@@ -56,7 +56,7 @@ def two_heads(tmp_path_factory):
     """A two-head router (static and contextual MiniLM) trained on a few dozen synthetic rows, and 40 others."""
     import json
 
-    from tests.routing_fixtures import synthetic_rows
+    from tests.helpers.routing_fixtures import synthetic_rows
     from tokenomy.tools.router_training.dataset import load_routing_data
     from tokenomy.tools.router_training.train import train_router
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.noise import assert_same_probabilities
+from tests.helpers.noise import assert_same_probabilities
 from tokenomy.router.classifier import RouteClassifier
 from tokenomy.tools.router_training.dataset import RoutingData, load_routing_data
 from tokenomy.tools.router_training.evaluate import evaluate_scores
@@ -50,7 +50,7 @@ def test_router_without_group_labels(dev_rows, tmp_path) -> None:
     router = train_classifier(load_routing_data(path))
     assert router.prior is None
     router.save(tmp_path / "r.json")
-    # the file holds what was trained without a prior too (up to kernel noise: tests/noise.py)
+    # the file holds what was trained without a prior too (up to kernel noise: tests/helpers/noise.py)
     assert_same_probabilities(RouteClassifier.load(tmp_path / "r.json").p_weak_ok(rows[1]["prompt"]),
                               router.p_weak_ok(rows[1]["prompt"]))
 

@@ -14,10 +14,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import warnings
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from tests.helpers.wait import wait_until
 
 REDIS_ENV = "TOKENOMY_TEST_REDIS_URL"
 REDIS_BINARY_ENV = "TOKENOMY_TEST_REDIS_BINARY"
@@ -33,6 +36,24 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _serves(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float, interval: float) -> bool:
+    """Whether `ready()` holds before the process exits or `timeout` seconds pass; a process that does not serve in
+    time is killed."""
+    def settled() -> str | None:
+        if proc.poll() is not None:
+            return "exited"
+        return "ready" if ready() else None
+
+    try:
+        outcome = wait_until(settled, timeout=timeout, interval=interval)
+    except AssertionError:
+        outcome = "timed out"
+    if outcome != "ready" and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    return outcome == "ready"
 
 
 def _package_dir(name: str) -> Path | None:
@@ -121,14 +142,8 @@ def start_redis() -> Service:
             proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                      "--appendonly", "no", "--dir", str(workdir)],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.time() + 15
-        while proc.poll() is None and time.time() < deadline:
-            if redis_answers(url):
-                return Service(url, proc, workdir, signal.SIGTERM)
-            time.sleep(0.05)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if _serves(proc, partial(redis_answers, url), timeout=15, interval=0.05):
+            return Service(url, proc, workdir, signal.SIGTERM)
         if "Address already in use" not in _tail(log):
             break
     tail = _tail(log)
@@ -233,16 +248,17 @@ def start_postgres() -> Service:
                                      "-c", "full_page_writes=off", "-c", "synchronous_commit=off"],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir,
                                     **user)
-        deadline = time.time() + 60
-        while proc.poll() is None and time.time() < deadline:
+        failures: list[str] = []
+
+        def answers(url: str = url, failures: list[str] = failures) -> bool:
             failure = postgres_answers(url)
-            if failure is None:
-                return Service(url, proc, workdir, signal.SIGINT, tuple(scratch))   # SIGINT: fast shutdown
-            error = failure
-            time.sleep(0.2)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            if failure is not None:
+                failures.append(failure)
+            return failure is None
+
+        if _serves(proc, answers, timeout=60, interval=0.2):
+            return Service(url, proc, workdir, signal.SIGINT, tuple(scratch))   # SIGINT: fast shutdown
+        error = failures[-1] if failures else error
         if "already in use" not in _tail(log):
             break
     tail = _tail(log)
@@ -291,14 +307,8 @@ def start_prometheus(binary: str, targets: list[str], scrape_interval_s: float =
             proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
                                      f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=workdir)
-        deadline = time.time() + 60
-        while proc.poll() is None and time.time() < deadline:
-            if prometheus_ready(url):
-                return Service(url, proc, workdir, signal.SIGTERM)
-            time.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if _serves(proc, partial(prometheus_ready, url), timeout=60, interval=0.1):
+            return Service(url, proc, workdir, signal.SIGTERM)
         if "address already in use" not in _tail(log).lower():
             break
     tail = _tail(log)

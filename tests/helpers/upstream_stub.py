@@ -2,7 +2,7 @@
 with errors, as told), as a raw ASGI app so that its own overhead is as small as it can be. Its /v1/embeddings
 answers STUB_DIMENSIONS-dimensional vectors that `stub_vector` computes from each input.
 
-    python -m tests.upstream_stub --port 9000 [--delay 0] [--fail-status 429 --fail-times 2] [--no-usage]
+    python -m tests.helpers.upstream_stub --port 9000 [--delay 0] [--fail-status 429 --fail-times 2] [--no-usage]
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared_data import shared_data
+from tests.helpers.shared_data import shared_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEV = Path(os.environ.get("TOKENOMY_ROUTING_DATA", ROOT.parent / "shared/data/routing/routellm-dev.jsonl"))
 
 

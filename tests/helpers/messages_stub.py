@@ -1,5 +1,5 @@
 """A minimal Anthropic Messages server for tests: records every request and answers as told, streamed (the
-events Anthropic sends, in its order) or as one JSON message. A raw ASGI app, like tests/upstream_stub.py.
+events Anthropic sends, in its order) or as one JSON message. A raw ASGI app, like tests/helpers/upstream_stub.py.
 
     stub = MessagesStub(key="sk-test")
     stub.replies.append(tool_use("weather", {"city": "Paris"}))      # the next answer; default: DEFAULT_TEXT
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.upstream_stub import read_body
+from tests.helpers.upstream_stub import read_body
 
 DEFAULT_TEXT = "Hello from the Messages stub."
 

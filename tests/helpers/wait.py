@@ -8,8 +8,9 @@ soon as the condition holds.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -35,11 +36,16 @@ def wait_until(condition: Callable[[], T], timeout: float = TIMEOUT_S, interval:
     return value
 
 
-async def wait_until_async(condition: Callable[[], T], timeout: float = TIMEOUT_S, interval: float = INTERVAL_S,
-                           what: str | None = None) -> T:
-    """wait_until in a coroutine: the event loop runs other tasks between the calls."""
+async def wait_until_async(condition: Callable[[], T | Awaitable[T]], timeout: float = TIMEOUT_S,
+                           interval: float = INTERVAL_S, what: str | None = None) -> T:
+    """wait_until in a coroutine: the event loop runs other tasks between the calls. `condition` may be a coroutine
+    function (a check that itself awaits, such as a request); its result is awaited each time."""
     deadline = time.monotonic() + timeout
-    while not (value := condition()):
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
         _check(deadline, timeout, condition, what)
         await asyncio.sleep(interval)
-    return value
