@@ -416,8 +416,8 @@ def test_queued_is_the_least_queued_eligible_replica_and_holds_batch_work(tmp_pa
     try:
         p = gw.registry.get("m")
         p.replicas[0].signal, p.replicas[1].signal = LoadSignal(waiting=3), LoadSignal(waiting=5)
-        assert gw._hold_batch("m")                                # every replica has more than 2 waiting
+        assert gw.hold_batch("m")                                # every replica has more than 2 waiting
         p.replicas[1].signal = LoadSignal(waiting=0)
-        assert not gw._hold_batch("m")
+        assert not gw.hold_batch("m")
     finally:
         gw.ledger.close()

@@ -37,11 +37,6 @@ def test_missing_and_wrong_keys_get_401(gw):
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_keys_are_stored_hashed(gw):
-    ring = gw.gateway.keyring
-    assert "sk-alice" not in repr(ring.by_hash) and hashlib.sha256(b"sk-alice").hexdigest() in ring.by_hash
-
-
 def test_requests_per_minute_per_key_and_tenants_separated(gw):
     assert chat(gw, "sk-alice").status_code == 200
     assert chat(gw, "sk-alice").status_code == 200

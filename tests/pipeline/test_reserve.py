@@ -66,7 +66,7 @@ def ledger_rows(*servers: Any, key_id: str | None = None) -> list[Any]:
 
 
 def settled(*servers: Any) -> bool:
-    return all(not s.gateway.budgets.holding and not s.gateway.reserve.admit.holding for s in servers)
+    return all(not s.gateway.budgets.holding and not s.gateway.reserve.windows.holding for s in servers)
 
 
 @pytest.mark.parametrize("limit", ["tokens", "usd", "tpm", "rpm"])

@@ -65,6 +65,11 @@ class Backend(Protocol):
         """The queue wait a new request should expect now (seconds)."""
         ...
 
+    def queued(self) -> float | None:
+        """Requests waiting for this backend now, where it knows (the batch worker holds back above a limit); None
+        where it does not."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -281,6 +281,10 @@ class EmbeddedBackend:
             return 0.0
         return max(self.engine.oldest_wait_s, self._wait_ewma)
 
+    def queued(self) -> float | None:
+        """Requests waiting in the engine's queue."""
+        return float(self.engine.queue_depth)
+
     async def health(self) -> bool:
         return self.engine.state == "ready"
 

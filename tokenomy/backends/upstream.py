@@ -140,6 +140,10 @@ class Upstream:
         """Unknown for an upstream (it queues on its side); treated as no wait."""
         return 0.0
 
+    def queued(self) -> float | None:
+        """Unknown: a single upstream publishes no queue (a pool of them reads its replicas': pool.py)."""
+        return None
+
     async def health(self) -> bool:
         try:
             r = await self.client.get(self.HEALTH_PATH, timeout=2.0)

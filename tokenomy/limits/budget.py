@@ -110,7 +110,7 @@ Slot = tuple[str, str, str, float]      # (scope, ident, period, period start as
 
 class WindowFull(Exception):
     """A tokens-per-minute window reserved with the budgets (`reserve(window=...)`) had no room: tokens used and
-    held in it, and seconds until its oldest entry leaves. The caller words the 429 (pipeline/admit.py)."""
+    held in it, and seconds until its oldest entry leaves. The caller words the 429 (limits/rate_windows.py)."""
 
     def __init__(self, used: float, wait_s: float) -> None:
         super().__init__(f"tokens-per-minute window full: {used:.0f} used or held")
@@ -174,6 +174,15 @@ class _Held:
         self.next_end = min((h[2] for h in self.by_rid.values()), default=math.inf)
 
 
+def _subjects(keys: dict[str, BudgetLimits] | None, tenants: dict[str, BudgetLimits] | None,
+              key_names: dict[str, str] | None) -> dict[tuple[str, str], _Subject]:
+    """(scope, ident) -> its limits: keys by key id (named by `key_names` in messages), tenants by name."""
+    names = key_names or {}
+    out = {("key", kid): _Subject("key", kid, names.get(kid, kid), lim) for kid, lim in (keys or {}).items()}
+    out.update({("tenant", t): _Subject("tenant", t, t, lim) for t, lim in (tenants or {}).items()})
+    return out
+
+
 @dataclass
 class _Subject:
     scope: str          # key | tenant
@@ -197,12 +206,7 @@ class Budgets:
         `fail_open`: admit (True) or refuse (False) while `shared` does not answer; `lease_s`: how long a hold
         outlives its last renewal (`lease_clock` measures it in this process); `allowances`: with `shared`, hold
         leased local allowances while far from a limit (limits/allowance.py)."""
-        names = key_names or {}
-        self.subjects: dict[tuple[str, str], _Subject] = {}
-        for kid, lim in (keys or {}).items():
-            self.subjects[("key", kid)] = _Subject("key", kid, names.get(kid, kid), lim)
-        for tenant, lim in (tenants or {}).items():
-            self.subjects[("tenant", tenant)] = _Subject("tenant", tenant, tenant, lim)
+        self.subjects = _subjects(keys, tenants, key_names)
         self.metrics = metrics
         self.clock = clock
         # (scope, ident, period, period start) -> [usd, tokens]
@@ -225,6 +229,21 @@ class Budgets:
     @property
     def enabled(self) -> bool:
         return bool(self.subjects)
+
+    def set_limits(self, keys: dict[str, BudgetLimits], tenants: dict[str, BudgetLimits],
+                   key_names: dict[str, str], *, fail_open: bool, allowances: bool) -> None:
+        """Swap the limits whole (a config reload): one assignment replaces the table of keys' and tenants' limits;
+        the spend counted, the holds of requests in flight and their leases are kept. A key or tenant new to the
+        table is seeded from the ledger; the allowances taken under the old limits close (each goes back once its
+        requests end)."""
+        subjects = _subjects(keys, tenants, key_names)
+        new = [k for k in subjects if k not in self.subjects]
+        self.subjects, self._plans = subjects, {}
+        self.fail_open, self.allow = fail_open, allowances
+        if self.allowances is not None:
+            self.allowances.retire()
+        if self._ledger is not None and new:
+            self.seed(self._ledger, only=set(new))
 
     def _applicable(self, key_id: str | None, tenant: str | None) -> Iterator[_Subject]:
         for k in (("key", key_id), ("tenant", tenant)):
@@ -249,8 +268,9 @@ class Budgets:
             plan = self._plans[(key_id, tenant, day)] = (checks, slots, limited)
         return plan
 
-    def seed(self, ledger: Any) -> None:
-        """Load this month's (and so today's) spend from the ledger; call once at start."""
+    def seed(self, ledger: Any, only: set[tuple[str, str]] | None = None) -> None:
+        """Load this month's (and so today's) spend from the ledger; call once at start (`only`: of these keys and
+        tenants, (scope, ident), new to the limits)."""
         self._ledger = ledger
         if not self.enabled:
             return
@@ -259,7 +279,8 @@ class Budgets:
             start, end = period_bounds(period, now)
             for scope, by in (("key", "key_id"), ("tenant", "tenant")):
                 for ident, (usd, tokens) in ledger.totals(start, by=by).items():
-                    if ident is None or (scope, ident) not in self.subjects:
+                    if ident is None or (scope, ident) not in self.subjects or \
+                            (only is not None and (scope, ident) not in only):
                         continue
                     slot = (scope, ident, period, start.timestamp())
                     if self.shared is None:

@@ -7,7 +7,7 @@ get series: an upstream is a model server of its own and publishes its own.
 Each fact comes from the one place that already computes it:
   vllm:num_requests_running, _waiting, kv_cache_usage_perc   the engine's last step report, read at scrape time
   vllm:prefix_cache_queries / _hits (tokens), num_preemptions, spec_decode_*, iteration_tokens_total
-                                                             the engine's step counters (Gateway._watch_engine -> step)
+                                                             the engine's step counters (gateway.watch_engine -> step)
   vllm:prompt_tokens, generation_tokens, request_success{finished_reason}, time_to_first_token_seconds,
   e2e_request_latency_seconds, request_queue_time_seconds, request_{prefill,decode,inference}_time_seconds,
   request_{prompt,generation}_tokens, request_time_per_output_token_seconds, inter_token_latency_seconds

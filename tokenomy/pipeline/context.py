@@ -15,6 +15,7 @@ stage did is in `x-tokenomy-context` and on the ledger row (tokens before and af
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import threading
 import time
@@ -72,6 +73,13 @@ class Context:
         self.compressors = compressors if compressors is not None else {}
         self._compressors_lock = threading.Lock()   # one engine process per compressor model, however many ask
         self.prefill_s_per_token: dict[str, float] = {}   # measured per model (EWMA), for compression's decision
+
+    def with_routes(self, routes: dict[str, RouteSpec]) -> Context:
+        """This stage over other routes (a config reload): a new stage sharing this one's state (prefix tracker,
+        summaries, compressors, measured prefill speeds)."""
+        other = copy.copy(self)
+        other.routes = routes
+        return other
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         opt = _switch(ctx, "x-tokenomy-context")

@@ -6,11 +6,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenomy.errors import APIError
 from tokenomy.generation import Delta, GenRequest, Usage
 from tokenomy.ledger.row import CacheSaving
+
+if TYPE_CHECKING:      # types only: each lies in a layer below the pipeline's
+    import numpy as np
+
+    from tokenomy.context.lint import Finding
+    from tokenomy.limits.keys import KeyInfo
+    from tokenomy.router.token_routing import TokenRouter
+    from tokenomy.telemetry.trace import RequestTrace
 
 
 def new_request_id() -> str:
@@ -81,14 +89,14 @@ class RequestContext:
     # admit
     key_id: str | None = None
     tenant: str = "default"
-    key: Any = None     # the admit stage's KeyInfo when the API layer already checked the request's own key with it
+    key: KeyInfo | None = None     # the request's key: set by the API layer that checked it first, else by admit
     allowed_models: frozenset[str] | None = None   # the key's allow-list (None: every model)
     # context
     prompt_tokens: int | None = None
     prompt_tokens_exact: bool = True
     over_budget: bool = False
     context_work: ContextWork | None = None   # set when the route's context levers ran
-    lint: Any = None                          # the prompt-layout lint's Finding (tokenomy/context/lint.py)
+    lint: Finding | None = None               # the prompt-layout lint's finding (tokenomy/context/lint.py)
     # cache
     cache: str = "miss"                       # miss | explore | exact | semantic | bypass
     cache_bypass: str | None = None           # why the request was not eligible for the response cache
@@ -104,7 +112,7 @@ class RequestContext:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     route_decision: RouteDecision | None = None
     escalations: list[tuple[str, Usage]] = field(default_factory=list)   # discarded (paid) answers: model, usage
-    token_router: Any = None                  # a token route's TokenRouter (router/token_routing.py), which serves
+    token_router: TokenRouter | None = None   # a token route's router (router/token_routing.py), which serves
     #                                           its small model's candidate in the generate stage
     # reserve (pipeline/reserve.py): the model the request's hold is priced at and its USD; `cover(ctx, model)`
     # holds more before a dearer model serves it (a fallback), raising the budget's 429 when that does not fit
@@ -119,7 +127,7 @@ class RequestContext:
     serving: str | None = None                # the model at work, should the client leave before it answers
     seen_tokens: int = 0                      # completion tokens streamed so far
     schema_problem: str | None = None         # the answer did not validate against the request's schema
-    embeddings: Any = None                    # an embeddings request's vectors: float32 (inputs, dimensions)
+    embeddings: np.ndarray | None = None      # an embeddings request's vectors: float32 (inputs, dimensions)
     stream_error: str | None = None           # a stream that failed after its 200
     # record
     error: APIError | None = None
@@ -130,7 +138,7 @@ class RequestContext:
     batch_id: str | None = None
     # traces (telemetry/trace.py): the request's RequestTrace while traced; the trace id its ledger row carries (a
     # caller's traceparent's even with tracing off)
-    trace: Any = None
+    trace: RequestTrace | None = None
     trace_id: str | None = None
 
     @property

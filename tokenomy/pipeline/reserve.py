@@ -1,5 +1,5 @@
 """Reserve stage: before a request reaches a backend, hold the most it can cost against its key's and tenant's
-budgets (limits/budget.py) and its key's tokens-per-minute limit (pipeline/admit.py); the record settles the holds
+budgets (limits/budget.py) and its key's tokens-per-minute window (limits/rate_windows.py); the record settles the holds
 with what the request actually used, whatever way it ended.
 
 The most a request can cost is its prompt plus its output bound:
@@ -32,11 +32,11 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from tokenomy.config import LimitsSettings
 from tokenomy.ledger.pricing import PriceLike, cache_write_rate
 from tokenomy.limits.budget import BudgetExceeded, Budgets, WindowFull
+from tokenomy.limits.rate_windows import RateWindows
 from tokenomy.pipeline.chain import Next
 from tokenomy.pipeline.request import RequestContext
 
@@ -48,11 +48,11 @@ PER = 1e6
 class Reserve:
     name = "reserve"
 
-    def __init__(self, budgets: Budgets, admit: Any, price: Callable[[str, bool], PriceLike | None],
+    def __init__(self, budgets: Budgets, windows: RateWindows | None, price: Callable[[str, bool], PriceLike | None],
                  window: Callable[[str], int | None], settings: LimitsSettings | None = None) -> None:
-        """`admit`: the Admit stage (its tpm holds); `price(model, batch)`: a model's price, None without one;
-        `window(model)`: a model's context window in tokens, None when unknown."""
-        self.budgets, self.admit = budgets, admit
+        """`windows`: the keys' rate windows (their tpm holds; None: no tpm limits); `price(model, batch)`: a
+        model's price, None without one; `window(model)`: a model's context window in tokens, None when unknown."""
+        self.budgets, self.windows = budgets, windows
         self.price, self.window = price, window
         self.settings = settings or LimitsSettings()
         self._renewal: asyncio.Task[None] | None = None
@@ -61,11 +61,14 @@ class Reserve:
 
     def traced(self, ctx: RequestContext) -> bool:
         """Whether the request has anything to hold (a trace shows this stage only then)."""
-        return (self.admit is not None and self.admit.limits_tokens(ctx.key_id)) \
-            or self.budgets.applies(ctx.key_id, ctx.tenant)
+        return self._tpm(ctx) or self.budgets.applies(ctx.key_id, ctx.tenant)
+
+    def _tpm(self, ctx: RequestContext) -> bool:
+        """Whether the request's key has a tokens-per-minute limit (else there is nothing to hold in its window)."""
+        return self.windows is not None and ctx.key is not None and ctx.key.tpm is not None
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
-        tpm = self.admit is not None and self.admit.limits_tokens(ctx.key_id)
+        tpm = self._tpm(ctx)
         if not (tpm or self.budgets.applies(ctx.key_id, ctx.tenant)):
             await call_next(ctx)
             return
@@ -80,7 +83,8 @@ class Reserve:
             tokens, usd = self.bound(ctx, model)
             held = self._reserve(ctx, tpm, usd, tokens)
         if tpm and not held:
-            self.admit.reserve_tokens(ctx, int(tokens))
+            assert self.windows is not None
+            self.windows.reserve_tokens(ctx.key, ctx.request_id, int(tokens))
         ctx.reserved = (model, usd)
         ctx.response_headers["x-tokenomy-reserved"] = f"tokens={int(tokens)}; usd={usd:.8f}; model={model}"
         ctx.cover = self.cover       # called with ctx: no closure over it, so no reference cycle
@@ -89,14 +93,16 @@ class Reserve:
     def _reserve(self, ctx: RequestContext, tpm: bool, usd: float, tokens: float) -> bool:
         """Hold the budgets, and with them (one Redis round trip) the tpm window when both live in the shared store;
         whether the tpm hold was taken here."""
-        window = self.admit.window(ctx, int(tokens)) if tpm else None
+        windows = self.windows if tpm else None
+        window = windows.window(ctx.key, int(tokens)) if windows is not None else None
         try:
             ample = self.budgets.reserve(ctx.key_id, ctx.tenant, ctx.request_id, usd, tokens, window=window)
         except WindowFull as e:
-            raise self.admit.window_full(ctx, e.used, int(tokens), e.wait_s) from None
-        if ample is None:
+            assert windows is not None and ctx.key is not None
+            raise windows.full(ctx.key, e.used, int(tokens), e.wait_s) from None
+        if ample is None or windows is None:
             return False
-        self.admit.held_with_budgets(ctx, ample)
+        windows.held_with_budgets(ctx.key, ctx.request_id, ample)
         return True
 
     # ---- what a request may cost --------------------------------------------------------------------------
@@ -198,12 +204,12 @@ class Reserve:
 
     async def _renew(self) -> None:
         every = self.settings.lease_s / 3
-        while self.budgets.holding or (self.admit is not None and self.admit.holding):
+        while self.budgets.holding or (self.windows is not None and self.windows.holding):
             await asyncio.sleep(every)
             try:          # snapshots taken here, on the loop that changes them; Redis answers off it
                 await asyncio.to_thread(self.budgets.renew, list(self.budgets.holding.items()))
-                if self.admit is not None:
-                    await asyncio.to_thread(self.admit.renew, list(self.admit.holding.items()))
+                if self.windows is not None:
+                    await asyncio.to_thread(self.windows.renew, list(self.windows.holding.items()))
             except Exception:           # never let renewal die silently: log and go on
                 log.exception("renewing holds failed")
 

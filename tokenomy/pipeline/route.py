@@ -25,6 +25,7 @@ judged when the answer ends inside the buffer.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
@@ -58,6 +59,13 @@ class Route:
         self.backends = backends
         self._classifiers: dict[str, Any] = {}
         self._token_routers: dict[str, tuple[RouteSpec, TokenRouter]] = {}
+
+    def with_routes(self, routes: dict[str, RouteSpec]) -> Route:
+        """This stage over other routes (a config reload): a new stage sharing this one's classifiers and token
+        routers (a token router is rebuilt when its route's spec changed)."""
+        other = copy.copy(self)
+        other.routes = routes
+        return other
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         asked = ctx.gen.model

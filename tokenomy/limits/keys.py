@@ -1,0 +1,81 @@
+"""API keys and tenants: each key stored as its SHA-256 only, with its tenant, its rate limits and the models it may
+use. A Keyring is built from the config's keys and swapped whole on a reload; the keys' rate windows are kept apart
+(limits/rate_windows.py, by key id) so that they outlive the swap."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from tokenomy.config import KeySpec, TenantSpec
+from tokenomy.errors import APIError
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id_of(spec: KeySpec) -> str:
+    """A configured key's id: the first 12 hex characters of its hash, safe to log and store."""
+    return (spec.key_sha256.lower() if spec.key_sha256 else hash_key(spec.key or ""))[:12]
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key_id: str                 # first 12 hex chars of the hash: safe to log and store
+    name: str
+    tenant: str
+    admin: bool
+    rpm: int | None
+    tpm: int | None
+    allowed: frozenset[str] | None = None    # model and route names it may ask for (key's and tenant's); None: all
+
+
+class Keyring:
+    def __init__(self, keys: list[KeySpec], tenants: dict[str, TenantSpec] | None = None) -> None:
+        self.by_hash: dict[str, KeyInfo] = {}
+        for k in keys:
+            h = k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or "")
+            lists = [set(x) for x in (k.models, (tenants or {}).get(k.tenant, TenantSpec()).models) if x is not None]
+            allowed = frozenset(set.intersection(*lists)) if lists else None
+            self.by_hash[h] = KeyInfo(h[:12], k.name, k.tenant, k.admin, k.rpm, k.tpm, allowed)
+        self._by_id = {i.key_id: i for i in self.by_hash.values()}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.by_hash)
+
+    def by_key_id(self, key_id: str | None) -> KeyInfo | None:
+        return self._by_id.get(key_id) if key_id else None
+
+    def names(self) -> dict[str, str]:
+        """key id -> the key's name (what messages call it)."""
+        return {i.key_id: i.name for i in self.by_hash.values()}
+
+    def lookup(self, authorization: str | None) -> KeyInfo:
+        """The key a request's Authorization header presents, or a 401. Only the key's SHA-256 is kept and looked
+        up (in a table: the time a lookup takes tells nothing of a stored digest's preimage)."""
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise APIError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
+                           code="missing_api_key")
+        info = self.by_hash.get(hash_key(authorization[7:].strip()))
+        if info is not None:
+            return info
+        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def by_id(self, key_id: str | None) -> KeyInfo:
+        """The key behind a batch (authenticated when the batch was created): 401 once it is no longer configured."""
+        info = self.by_key_id(key_id)
+        if info is None:
+            raise APIError(401, "The API key that created this batch is no longer configured.",
+                           code="invalid_api_key")
+        return info
+
+    def admin(self, authorization: str | None) -> KeyInfo | None:
+        """Admin endpoints: refuse unless an admin key is presented (or no keys are configured at all)."""
+        if not self.enabled:
+            return None
+        info = self.lookup(authorization)
+        if not info.admin:
+            raise APIError(403, "This endpoint needs an admin key.", code="not_admin")
+        return info
