@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from tests.conftest import NO_CACHE
+from tests.helpers.upstream_stub import Stub
+from tests.helpers.wait import wait_until_async
 from tests.pipeline.test_gateway_upstream import StubServer
-from tests.upstream_stub import Stub
-from tests.wait import wait_until_async
 from tokenomy.config import load_config
 from tokenomy.errors import APIError
 from tokenomy.gateway import Gateway

@@ -22,6 +22,11 @@ def test_the_openapi_document_declares_bodies_and_openai_errors(server):
     assert {"400", "401", "404", "413", "429", "503"} <= set(chat["responses"])
     assert "422" not in chat["responses"] and "messages" in doc["components"]["schemas"]["ChatCompletionRequest"][
         "properties"]
+    ollama = doc["paths"]["/api/chat"]["post"]         # Ollama's endpoints, with Ollama's error body, are fuzzed too
+    assert ollama["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatRequest")
+    assert ollama["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/OllamaErrorResponse")
+    assert {"/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/tags", "/api/ps", "/api/pull",
+            "/api/delete", "/api/version"} <= set(doc["paths"])
 
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_status():
