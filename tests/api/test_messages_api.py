@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
-from tests.helpers.answers import assert_message_end
+from tests.helpers.answers import assert_message_end, assert_message_stop
 from tests.helpers.upstream_stub import Stub
 from tests.pipeline.test_gateway_upstream import StubServer
 from tokenomy.api import messages as messages_api
@@ -24,6 +24,11 @@ HELLO = [{"role": "user", "content": "Name three colors."}]
 GREEDY = {"temperature": 0}       # this SDK no longer takes temperature as an argument: it rides in extra_body
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+# An answer the grammar writes whole, whatever the model would say: a strict output_config.format with one value
+# (non-ASCII, so the stream's pieces split UTF-8 characters), the same text in any two runs.
+FIXED = {"type": "object", "properties": {"colors": {"enum": ["rot, grün, 青"]}}, "required": ["colors"],
+         "additionalProperties": False}
+FIXED_FORMAT = {"output_config": {"format": {"type": "json_schema", "schema": FIXED}}}
 
 
 def sdk(root: str, key: str = "unused", **kw) -> anthropic.Anthropic:
@@ -56,6 +61,8 @@ def sse_events(response: httpx.Response) -> list[tuple[str, dict]]:
 # ---- answers -------------------------------------------------------------------------------------------------
 
 def test_a_message_and_its_stream_agree(claude):
+    """A free answer and its stream, each whole on its own (two greedy runs of one prompt may part at a near-tie,
+    tests/helpers/noise.py, so their words are not compared); an answer the grammar fixes, word for word alike."""
     full = claude.messages.create(model=MODEL, max_tokens=24, messages=HELLO, extra_body=GREEDY)
     assert full.type == "message" and full.role == "assistant" and full.model == MODEL
     assert full.id.startswith("msg_")
@@ -68,9 +75,20 @@ def test_a_message_and_its_stream_agree(claude):
     with claude.messages.stream(model=MODEL, max_tokens=24, messages=HELLO, extra_body=GREEDY) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert text == "".join(b.text for b in full.content) == "".join(b.text for b in final.content)
-    assert final.stop_reason == full.stop_reason and final.usage.output_tokens == u.output_tokens
+    assert text == "".join(b.text for b in final.content)
+    assert [b.type for b in final.content] in (["text"], []) and all(b.text for b in final.content)
+    assert_message_end(final, 24)
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == u.input_tokens + u.cache_read_input_tokens
+    fixed = claude.messages.create(model=MODEL, max_tokens=48, messages=HELLO, extra_body={**GREEDY, **FIXED_FORMAT})
+    assert fixed.stop_reason == "end_turn" and fixed.usage.output_tokens < 48
+    assert [b.type for b in fixed.content] == ["text"]
+    assert json.loads(fixed.content[0].text) == {"colors": "rot, grün, 青"}
+    with claude.messages.stream(model=MODEL, max_tokens=48, messages=HELLO,
+                                extra_body={**GREEDY, **FIXED_FORMAT}) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == fixed.content[0].text == "".join(b.text for b in final.content)
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens < 48
 
 
 def test_the_stream_has_anthropics_events_in_order(server):
@@ -80,8 +98,11 @@ def test_the_stream_has_anthropics_events_in_order(server):
         assert r.headers["x-tokenomy-request-id"] == r.headers["request-id"]
         events = sse_events(r)
     names = [n for n, _ in events]
-    assert names[:2] == ["message_start", "content_block_start"] and names[-2:] == ["message_delta", "message_stop"]
-    assert set(names[2:-3]) == {"content_block_delta"} and names[-3] == "content_block_stop"
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    # one text block of deltas, or none where the model's first token ended its turn
+    blocks = names[1:-2]
+    assert blocks == [] or (blocks[0] == "content_block_start" and blocks[-1] == "content_block_stop"
+                            and len(blocks) > 2 and set(blocks[1:-1]) == {"content_block_delta"}), names
     assert all(n == d["type"] for n, d in events)
     start = events[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["input_tokens"] > 5
@@ -90,22 +111,25 @@ def test_the_stream_has_anthropics_events_in_order(server):
 
 
 def test_max_tokens_and_stop_sequences(claude):
+    """The stop sequence is the last word of a free answer to the same greedy request, which the next run writes
+    again unless a near-tie between the two runs' kernels sends it elsewhere (tests/helpers/noise.py). What is
+    asserted holds either way (assert_message_stop: no stop sequence in the text, and the one named that ended
+    it, or an ordinary end) and still fails where stop sequences are ignored: the same words again would hold
+    the stop."""
     cut = claude.messages.create(model=MODEL, max_tokens=3, messages=HELLO, extra_body=GREEDY)
     assert_message_end(cut, 3)
-    free = claude.messages.create(model=MODEL, max_tokens=24, messages=HELLO, extra_body=GREEDY).content[0].text
-    words = free.split()
-    assert len(words) >= 3, free
-    stop = words[2]                       # a word the model writes, not at the start
-    stopped = claude.messages.create(model=MODEL, max_tokens=24, messages=HELLO, stop_sequences=["zzqx", stop],
+    free = claude.messages.create(model=MODEL, max_tokens=24, messages=HELLO, extra_body=GREEDY)
+    words = "".join(b.text for b in free.content).split()
+    stops = ["zzqx", words[-1]] if words else ["zzqx"]       # none where the model's first token ended its turn
+    stopped = claude.messages.create(model=MODEL, max_tokens=24, messages=HELLO, stop_sequences=stops,
                                      extra_body=GREEDY)
-    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == stop
-    text = stopped.content[0].text if stopped.content else ""
-    assert free.startswith(text) and stop not in text
-    with claude.messages.stream(model=MODEL, max_tokens=24, messages=HELLO, stop_sequences=[stop],
+    assert_message_stop(stopped, stops, 24)
+    with claude.messages.stream(model=MODEL, max_tokens=24, messages=HELLO, stop_sequences=stops,
                                 extra_body=GREEDY) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert streamed == text and final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+    assert streamed == "".join(b.text for b in final.content)
+    assert_message_stop(final, stops, 24)
 
 
 def test_a_repeated_long_prompt_is_read_from_the_prefix_cache_and_counted_alike(claude):
@@ -125,26 +149,31 @@ def test_a_repeated_long_prompt_is_read_from_the_prefix_cache_and_counted_alike(
 # ---- tools ---------------------------------------------------------------------------------------------------
 
 def test_a_tool_use_round_trip(claude):
+    """The one tool, forced (`any`), with one city its schema allows: the grammar writes the whole call, so the
+    message and its stream carry the same input whatever the model would say; the tool_use block's stop reason,
+    id and the next turn are the API's."""
+    paris = {**WEATHER, "input_schema": {"type": "object", "properties": {"city": {"enum": ["Paris"]}},
+                                         "required": ["city"]}}
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    r = claude.messages.create(model=MODEL, max_tokens=48, messages=ask, tools=[WEATHER],
+    r = claude.messages.create(model=MODEL, max_tokens=48, messages=ask, tools=[paris],
                                tool_choice={"type": "any"}, extra_body=GREEDY)
     assert r.stop_reason == "tool_use"
     calls = [b for b in r.content if b.type == "tool_use"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].id.startswith("toolu_")
-    assert isinstance(calls[0].input, dict) and validate(json.dumps(calls[0].input), WEATHER["input_schema"]).ok
-    with claude.messages.stream(model=MODEL, max_tokens=48, messages=ask, tools=[WEATHER],
+    assert calls[0].input == {"city": "Paris"} and validate(json.dumps(calls[0].input), paris["input_schema"]).ok
+    with claude.messages.stream(model=MODEL, max_tokens=48, messages=ask, tools=[paris],
                                 tool_choice={"type": "any"}, extra_body=GREEDY) as stream:
         final = stream.get_final_message()
     streamed = [b for b in final.content if b.type == "tool_use"]
-    assert final.stop_reason == "tool_use" and [b.input for b in streamed] == [calls[0].input]
+    assert final.stop_reason == "tool_use" and [b.input for b in streamed] == [{"city": "Paris"}]
     turn = ask + [{"role": "assistant", "content": r.content},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id,
                                                 "content": "Sunny, 24 degrees."}]}]
-    answer = claude.messages.create(model=MODEL, max_tokens=24, messages=turn, tools=[WEATHER],
+    answer = claude.messages.create(model=MODEL, max_tokens=24, messages=turn, tools=[paris],
                                     tool_choice={"type": "none"}, extra_body=GREEDY)
     assert_message_end(answer, 24)
     assert [b.type for b in answer.content] in (["text"], [])        # no tool_use: tool_choice none
-    with_tools = claude.messages.count_tokens(model=MODEL, messages=ask, tools=[WEATHER]).input_tokens
+    with_tools = claude.messages.count_tokens(model=MODEL, messages=ask, tools=[paris]).input_tokens
     without = claude.messages.count_tokens(model=MODEL, messages=ask).input_tokens
     assert with_tools > without + 20 and with_tools == r.usage.input_tokens + r.usage.cache_read_input_tokens
 
@@ -159,12 +188,14 @@ def test_thinking_and_other_fields_no_model_here_honours_are_accepted_and_ignore
                                thinking={"type": "enabled", "budget_tokens": 1024}, service_tier="auto",
                                extra_body={**GREEDY, "context_management": {"edits": []}, "mcp_servers": [],
                                            "output_config": {"effort": "low"}})
-    assert r.content and r.content[0].type == "text"
+    assert_message_end(r, 6)
+    assert [b.type for b in r.content] in (["text"], [])        # a text block, or none: the model's end token first
 
 
 def test_the_beta_client_and_the_models_list_work(claude):
     r = claude.beta.messages.create(model=MODEL, max_tokens=4, messages=HELLO, betas=["prompt-caching-2024-07-31"])
-    assert r.content[0].text
+    assert_message_end(r, 4)
+    assert [b.type for b in r.content] in (["text"], []) and all(b.text for b in r.content)
     assert [m.id for m in claude.models.list().data] == [MODEL]
     assert claude.models.retrieve(MODEL).id == MODEL
     with pytest.raises(anthropic.NotFoundError) as e:
@@ -244,7 +275,8 @@ def keyed():
 
 def test_keys_by_x_api_key_or_bearer(keyed):
     r = sdk(keyed.root, "sk-a").messages.create(model=MODEL, max_tokens=3, messages=HELLO)
-    assert r.content
+    assert r.type == "message" and r.model == MODEL
+    assert_message_end(r, 3)
     bearer = anthropic.Anthropic(base_url=keyed.root, auth_token="sk-a", max_retries=0, timeout=120)
     assert bearer.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens > 5
     with pytest.raises(anthropic.AuthenticationError) as e:

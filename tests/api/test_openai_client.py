@@ -8,9 +8,10 @@ import httpx
 import pytest
 
 from tests.helpers.answers import assert_chat_end
-from tests.helpers.noise import assert_same_up_to_noise
+from tests.helpers.noise import assert_same_answer_up_to_noise, assert_same_up_to_noise
 from tokenomy.engine.vocab import gpu_offload
 from tokenomy.hardware import gpu
+from tokenomy.structured.token_tables import load_tokenizer
 
 pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
@@ -40,31 +41,51 @@ def test_models_health_and_metrics(server, client):
 
 
 def test_chat_stream_and_non_stream_agree(client):
-    full = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0)
+    """Each whole on its own; against each other the same answer up to kernel noise (the stream reads the prompt
+    from the prefix cache: tests/helpers/noise.py), word for word where every token agrees."""
+    full = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0, logprobs=True,
+                                          top_logprobs=2)
     assert full.object == "chat.completion" and full.model == MODEL
     assert full.choices[0].message.role == "assistant" and full.choices[0].message.content is not None
     assert_chat_end(full.choices[0].finish_reason, full.usage.completion_tokens, 24)
     assert full.usage.prompt_tokens > 5
     assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
     chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+                                                 logprobs=True, top_logprobs=2, stream=True,
+                                                 stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == full.choices[0].message.content
+    steps = [(e.token, e.logprob, e.top_logprobs[0].logprob - e.top_logprobs[1].logprob)
+             for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert finishes == [full.choices[0].finish_reason]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert len(finishes) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(steps)
+    assert_chat_end(finishes[0], len(steps), 24)
     assert all(c.usage is None for c in chunks[:-1])
+    assert full.usage.completion_tokens == len(full.choices[0].logprobs.content)
+    assert_same_answer_up_to_noise(steps, _steps(full.choices[0]), text, full.choices[0].message.content)
+
+
+def _completion_steps(logprobs) -> list[tuple[str, float, float]]:
+    """A greedy completion's (token, logprob, margin to the runner-up) per step (logprobs=2)."""
+    margins = [a - b for a, b in (sorted(top.values(), reverse=True)[:2] for top in logprobs.top_logprobs)]
+    return list(zip(logprobs.tokens, logprobs.token_logprobs, margins, strict=True))
 
 
 def test_completions_stream_and_non_stream_agree(client):
+    """As the chat test: each whole, and alike up to kernel noise."""
     full = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12,
-                                     temperature=0)
+                                     temperature=0, logprobs=2)
     assert full.object == "text_completion"
     assert_chat_end(full.choices[0].finish_reason, full.usage.completion_tokens, 12)
     chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=12,
-                                            temperature=0, stream=True))
-    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+                                            temperature=0, logprobs=2, stream=True))
+    text = "".join(c.choices[0].text for c in chunks)
+    steps = [s for c in chunks if c.choices[0].logprobs for s in _completion_steps(c.choices[0].logprobs)]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    assert len(finishes) == 1
+    assert_chat_end(finishes[0], len(steps), 12)
+    assert_same_answer_up_to_noise(steps, _completion_steps(full.choices[0].logprobs), text, full.choices[0].text)
 
 
 def test_max_tokens_length_and_stop_strings(client):
@@ -74,14 +95,16 @@ def test_max_tokens_length_and_stop_strings(client):
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3
     free = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0)
     assert_chat_end(free.choices[0].finish_reason, free.usage.completion_tokens, 3)
-    free = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
-    text = free.choices[0].text
-    assert "," in text
-    stop = text.split(",")[1] + ","     # cut at the second comma that the model would write
-    cut = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0,
-                                    stop=[stop])
-    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
-    assert text.startswith(cut.choices[0].text)
+    # logit_bias +100 on ' red' makes it every token, whatever the model would write: a stop string it must meet,
+    # here one that starts inside a token
+    red = load_tokenizer().tokenize_str(" red")
+    assert len(red) == 1, red
+    kw = dict(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, logit_bias={str(red[0]): 100})
+    free = client.completions.create(**kw)
+    assert free.choices[0].text == " red" * 12 and free.choices[0].finish_reason == "length"
+    cut = client.completions.create(**kw, stop=["zzqx", "d red"])
+    assert cut.choices[0].text == " re" and cut.choices[0].finish_reason == "stop"
+    assert_chat_end(cut.choices[0].finish_reason, cut.usage.completion_tokens, 12, stop_strings=True)
 
 
 def test_seeded_sampling_is_reproducible_and_logprobs_are_reported(client):
@@ -163,13 +186,21 @@ def test_n_choices_of_chat_and_completions_streamed_or_not_with_usage_over_all(c
     assert full.usage.completion_tokens == sum(len(c.logprobs.content) for c in full.choices) \
         == 3 * one.usage.completion_tokens
     chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=8, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
-    for c in full.choices:
+                                                 logprobs=True, top_logprobs=2, stream=True,
+                                                 stream_options={"include_usage": True}))
+    streamed = 0
+    for c in full.choices:          # each choice whole, and alike the unstreamed one up to kernel noise
         mine = [x.choices[0] for x in chunks if x.choices and x.choices[0].index == c.index]
         assert mine[0].delta.role == "assistant"
-        assert "".join(x.delta.content or "" for x in mine) == c.message.content
-        assert [x.finish_reason for x in mine if x.finish_reason] == [c.finish_reason]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+        steps = [(e.token, e.logprob, e.top_logprobs[0].logprob - e.top_logprobs[1].logprob)
+                 for x in mine if x.logprobs for e in x.logprobs.content]
+        finishes = [x.finish_reason for x in mine if x.finish_reason]
+        assert len(finishes) == 1
+        assert_chat_end(finishes[0], len(steps), 8)
+        assert_same_answer_up_to_noise(steps, _steps(c), "".join(x.delta.content or "" for x in mine),
+                                       c.message.content)
+        streamed += len(steps)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == streamed
     kw = dict(model=MODEL, prompt="The capital of France is", n=3, max_tokens=8, temperature=1.0, seed=5)
     texts = [c.text for c in client.completions.create(**kw).choices]
     assert len(set(texts)) > 1                          # each choice its own seed: they differ ...

@@ -122,20 +122,28 @@ def test_the_default_server_finishes_json_inside_a_small_max_tokens(client):
 
 
 def test_an_answer_cut_inside_json_is_counted_when_wrap_up_is_turned_off():
+    """A cut by construction: logit_bias +100 on the one-character tokens 'a' and 'b' makes every sampled token
+    one of them (the loop breaker bans at most one a step), so 30 tokens hold under 200 characters of story and
+    the grammar cannot close it (minLength 200), whatever the model would have written (its vocabulary has tokens
+    of up to 81 characters)."""
     import httpx
 
     from tests.conftest import live_server
+    from tokenomy.structured.token_tables import load_tokenizer
 
+    one_char = [load_tokenizer().tokenize_str(ch) for ch in "ab"]      # the packaged SmolLM2's vocabulary
+    assert all(len(ids) == 1 for ids in one_char), one_char
     cfg = {"models": [{"name": MODEL, "structured": {"wrap_up": None, "max_array_items": None}}]}
     with live_server(cfg) as srv:
         c = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
-        # at least 200 characters of story: a few long whitespace tokens could do it, the model writes words
         r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "A long story."}],
-                                      max_tokens=30, temperature=0,
+                                      max_tokens=30, temperature=0, logit_bias={str(ids[0]): 100 for ids in one_char},
                                       response_format=_schema({"type": "object", "properties": {
                                           "story": {"type": "string", "minLength": 200}}, "required": ["story"]}))
-        assert r.choices[0].finish_reason == "length"
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 30
+        content = r.choices[0].message.content
+        assert content.startswith('{"story": "') and set(content[len('{"story": "'):]) <= set("ab"), content
         with pytest.raises(json.JSONDecodeError):
-            json.loads(r.choices[0].message.content)
+            json.loads(content)
         metrics = httpx.get(srv.root + "/metrics").text
         assert f'tokenomy_schema_cut_total{{model="{MODEL}"}} 1.0' in metrics

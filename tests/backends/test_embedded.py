@@ -90,10 +90,19 @@ def structured_backend(**settings) -> EmbeddedBackend:
                            EngineConfig(**SMALL_ENGINE), structured=StructuredSettings(**settings))
 
 
-def schema_request(schema: dict, prompt: str, max_tokens: int) -> GenRequest:
-    return GenRequest(model="smollm2-135m-instruct", messages=[{"role": "user", "content": prompt}],
-                      params={"max_tokens": max_tokens, "temperature": 0},
+def schema_request(schema: dict, prompt: str, max_tokens: int, bias: dict[int, float] | None = None) -> GenRequest:
+    params: dict = {"max_tokens": max_tokens, "temperature": 0}
+    if bias:
+        params["logit_bias"] = {str(t): b for t, b in bias.items()}
+    return GenRequest(model="smollm2-135m-instruct", messages=[{"role": "user", "content": prompt}], params=params,
                       response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+
+
+def token(backend: EmbeddedBackend, piece: str) -> int:
+    """The one token id whose text is `piece`."""
+    ids = backend.engine.tokenizer.encode(piece, add_special=False)
+    assert len(ids) == 1 and backend.engine.tokenizer.decode(ids) == piece, (piece, ids)
+    return ids[0]
 
 
 async def finish(backend: EmbeddedBackend, req: GenRequest) -> tuple[str, str | None, int]:
@@ -106,32 +115,45 @@ async def finish(backend: EmbeddedBackend, req: GenRequest) -> tuple[str, str | 
 
 
 def test_wrap_up_ends_a_long_answer_as_valid_json() -> None:
+    """A logit_bias of +100 on two words makes the story run on whatever the model would write: greedy takes one
+    of them at every step the grammar allows it (the loop breaker bans at most one token a step), so the string
+    never closes by itself. Without wrap-up the answer is cut at max_tokens as JSON that does not parse; with it,
+    past its soft limit the mask keeps only closing tokens (the bias cannot reach a masked token) and the answer
+    ends as valid JSON inside max_tokens."""
     schema = {"type": "object", "properties": {"story": {"type": "string"}}, "required": ["story"]}
-    req = schema_request(schema, "Tell me everything you know about the history of Rome, in detail.", 24)
     plain, wrapped = structured_backend(), structured_backend(wrap_up=0.5)
     try:
-        _, reason, _ = asyncio.run(finish(plain, req))
-        assert reason == "length"  # without wrap-up the story runs into max_tokens: incomplete JSON
+        words = {token(plain, " Rome"): 100.0, token(plain, " history"): 100.0}
+        req = schema_request(schema, "Tell me everything you know about the history of Rome, in detail.", 24, words)
+        text, reason, completion = asyncio.run(finish(plain, req))
+        assert reason == "length" and completion == 24, (reason, completion, text)
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
         text, reason, completion = asyncio.run(finish(wrapped, req))
-        assert reason == "stop" and completion <= 24
-        assert isinstance(json.loads(text)["story"], str)
+        assert reason == "stop" and completion <= 24, (reason, completion, text)
+        assert isinstance(json.loads(text)["story"], str), text
     finally:
         plain.engine.stop()
         wrapped.engine.stop()
 
 
 def test_max_array_items_bounds_unbounded_lists() -> None:
+    """A logit_bias of +100 on '",' (close an item, then the comma before the next) makes the model start another
+    item whenever the grammar lets it: unbounded, the list grows until wrap-up closes it; bounded to two, the
+    grammar refuses the third item and the list has exactly two."""
     schema = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}}},
               "required": ["fruits"]}
-    req = schema_request(schema, "Name five fruits: apple, banana and three more.", 64)   # seeded: stable greedy
     b, free = structured_backend(max_array_items=2, wrap_up=0.8), structured_backend(wrap_up=0.8)
     try:
-        text, reason, _ = asyncio.run(finish(free, req))
-        assert len(json.loads(text)["fruits"]) > 2  # unbounded, the model lists more than two
-        text, reason, _ = asyncio.run(finish(b, req))
-        assert reason == "stop"
+        req = schema_request(schema, "Name five fruits: apple, banana and three more.", 64,
+                             {token(free, '",'): 100.0})
+        text, reason, completion = asyncio.run(finish(free, req))
+        assert reason == "stop" and completion <= 64, (reason, completion, text)
+        assert len(json.loads(text)["fruits"]) > 2, text
+        text, reason, completion = asyncio.run(finish(b, req))
+        assert reason == "stop" and completion <= 64, (reason, completion, text)
         fruits = json.loads(text)["fruits"]
-        assert 0 <= len(fruits) <= 2 and all(isinstance(f, str) for f in fruits)
+        assert len(fruits) == 2 and all(isinstance(f, str) for f in fruits), text
     finally:
         b.engine.stop()
         free.engine.stop()

@@ -150,21 +150,23 @@ def test_a_handover_ends_before_the_unsure_token_and_keeps_the_answer_cached(pat
                                        kv_unified=kv_unified)).start()
     try:
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Write a short poem about rain."}])
-        # top1 is below 0.999 on nearly every step: after its first 3 tokens the sequence hands over
+        # top1 is a probability, always below 1.01, and ignore_eos keeps the model from ending first: the sequence
+        # hands over at its fourth token, whatever the model would write
         evs = submit_wait(engine, prompt, SamplingParams(max_tokens=40, temperature=0, signal="top1",
-                                                         handover_below=0.999, handover_after=3))
+                                                         handover_below=1.01, handover_after=3, ignore_eos=True))
         last = evs[-1]
         out = [t for e in evs for t in e.token_ids]
         signals = [c for e in evs for c in e.signals]
-        assert last.finish_reason == "handover" and 3 <= len(out) < 40
+        assert last.finish_reason == "handover" and len(out) == 3
         assert len(signals) == len(out) and all(0.0 < c <= 1.0 for c in signals)
         # the tokens so far, resumed: prompt and answer come from the cache, only the last token is computed
         evs = submit_wait(engine, prompt + out, SamplingParams(max_tokens=4, temperature=0))
         assert evs[-1].cached_tokens == len(prompt) + len(out) - 1
         # an ordinary finish keeps only the prompt
         other = engine.tokenizer.encode_chat([{"role": "user", "content": "Name three fruits."}])
-        evs = submit_wait(engine, other, SamplingParams(max_tokens=6, temperature=0))
+        evs = submit_wait(engine, other, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
         ans = [t for e in evs for t in e.token_ids]
+        assert len(ans) == 6                    # an answer to leave out of the cache, however the model would end
         evs = submit_wait(engine, other + ans, SamplingParams(max_tokens=2, temperature=0))
         assert evs[-1].cached_tokens == len(other)
     finally:

@@ -61,3 +61,16 @@ def assert_message_end(m: Any, max_tokens: int) -> None:
     assert reason in ("end_turn", "max_tokens"), seen
     assert used == max_tokens if reason == "max_tokens" else used < max_tokens, seen
     assert _get(m, "stop_sequence") is None, seen
+
+
+def assert_message_stop(m: Any, stop_sequences: list[str], max_tokens: int) -> None:
+    """Anthropic Messages asked with `stop_sequences`: the text holds none of them (the first match ends it), and
+    either `stop_sequence` names the one that matched (at most `max_tokens` output tokens: it may match in the last
+    one) or the answer ended as assert_message_end says."""
+    text = "".join(_get(b, "text") for b in _get(m, "content") if _get(b, "type") == "text")
+    assert not [s for s in stop_sequences if s in text], (text, stop_sequences)
+    if _get(m, "stop_reason") == "stop_sequence":
+        seen = (_get(m, "stop_sequence"), _get(_get(m, "usage"), "output_tokens"), stop_sequences, max_tokens)
+        assert seen[0] in stop_sequences and seen[1] <= max_tokens, seen
+    else:
+        assert_message_end(m, max_tokens)

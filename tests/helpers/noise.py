@@ -35,6 +35,23 @@ def assert_same_up_to_noise(a, b):
             return
 
 
+def assert_same_answer_up_to_noise(a, b, text_a: str, text_b: str) -> None:
+    """Two greedy runs of one request, as (token, logprob, margin to the runner-up) per step with their texts: the
+    same tokens and the same text, or the same until a step where the two part at a near-tie
+    (assert_same_up_to_noise), one answer ending first only where the other's next step nearly tied (its end
+    token the runner-up there)."""
+    assert_same_up_to_noise(a, b)
+    n = min(len(a), len(b))
+    parted = next((i for i in range(n) if a[i][0] != b[i][0]), n)
+    if parted < n:
+        return
+    if len(a) == len(b):
+        assert text_a == text_b, (text_a, text_b)
+    else:
+        longer = a if len(a) > len(b) else b
+        assert longer[n][2] < 0.6, ("one answer ended without a near-tie", a, b)
+
+
 def assert_same_probabilities(got: Any, want: Any) -> None:
     """Router probabilities (arrays or floats) equal up to PROBABILITY_NOISE."""
     np.testing.assert_allclose(got, want, rtol=0, atol=PROBABILITY_NOISE)

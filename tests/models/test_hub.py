@@ -118,6 +118,11 @@ def ready(proc: subprocess.Popen[str], port: int) -> bool:
         return False
 
 
+def assert_answered(chat: dict) -> None:
+    """The model answered answer_one's chat: with ignore_eos, exactly its 4 tokens, whatever it said."""
+    assert chat["choices"][0]["finish_reason"] == "length" and chat["usage"]["completion_tokens"] == 4, chat
+
+
 def answer_one(ref: str, env: dict[str, str]) -> tuple[dict, dict, str]:
     """Start `tokenomy serve ref`, ask one short chat and /v1/models; stop it; its output too."""
     port = free_port()
@@ -125,7 +130,7 @@ def answer_one(ref: str, env: dict[str, str]) -> tuple[dict, dict, str]:
     try:
         wait_until(lambda: ready(proc, port), timeout=240, what="tokenomy serve to answer /health")
         chat = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
-            "model": hub.default_name(ref), "max_tokens": 4, "temperature": 0,
+            "model": hub.default_name(ref), "max_tokens": 4, "temperature": 0, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Say hi."}]})
         assert chat.status_code == 200, chat.text
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
@@ -144,7 +149,7 @@ def test_serve_downloads_a_hub_model_resuming_a_cut_download_and_answers(
     ref = f"hf:{REPO}:Q4_1"
     # TQDM_POSITION=-1: huggingface_hub draws its bar on a pipe too, not only on a terminal
     chat, models, out = answer_one(ref, env_for(hub_home, hub_server.url, TQDM_POSITION="-1"))
-    assert chat["choices"][0]["message"]["content"]
+    assert_answered(chat)
     card = next(m for m in models["data"] if m["id"] == f"{REPO}:Q4_1")
     assert (card["context_window"], card["context_window_source"], card["trained_context"]) == (8192, "gguf", 8192)
     assert card["object"] == "model" and card["owned_by"] == "tokenomy"
@@ -165,7 +170,7 @@ def test_offline_the_cached_model_serves_without_the_hub(hub_server: HubServer, 
     before = len(hub_server.requests)
     nowhere = f"http://127.0.0.1:{free_port()}"                 # nothing listens there
     chat, _, _ = answer_one(ref, env_for(hub_home, nowhere, offline=True))
-    assert chat["choices"][0]["message"]["content"]
+    assert_answered(chat)
     assert len(hub_server.requests) == before
     # offline, a model the cache does not hold is one line that says so
     missing = pull("hf:acme/Other-GGUF:Q4_1", env_for(hub_home, nowhere, offline=True))
@@ -190,7 +195,7 @@ def test_a_real_split_model_is_served_from_its_first_part(smollm2: Path, tmp_pat
     repo = "acme/SmolLM2-split-GGUF"
     with HubServer({repo: {f"Q4_1/{p.name}": p for p in parts}}) as server:
         chat, models, _ = answer_one(f"hf:{repo}", env_for(tempfile.mkdtemp(prefix="tokenomy-hf-home-"), server.url))
-    assert chat["choices"][0]["message"]["content"]
+    assert_answered(chat)
     assert models["data"][0]["id"] == repo and models["data"][0]["context_window"] == 8192
     gets = sorted(path for method, path, _ in server.requests if method == "GET" and path.endswith(".gguf"))
     assert gets == [f"/{repo}/resolve/main/Q4_1/{p.name}" for p in parts]

@@ -18,6 +18,7 @@ import uvicorn
 from tests.conftest import NO_CACHE, SMALL_ENGINE, free_port, live_server
 from tests.helpers.upstream_stub import Stub
 from tests.helpers.wait import wait_until
+from tokenomy.structured.token_tables import load_tokenizer
 
 pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
@@ -88,34 +89,40 @@ def upstream():
 
 
 def test_routes_to_upstream_streams_then_falls_back_when_it_dies(upstream):
+    """Every answer is ' red' eight times, whatever the model would say (logit_bias +100 on that token, which the
+    gateway passes on): the upstream's answer through the gateway, straight from it, streamed, and the embedded
+    fallback's are compared word for word, which two free greedy runs in other processes, on other kernels,
+    could not be (tests/helpers/noise.py)."""
     proc, port = upstream
+    [red] = load_tokenizer().tokenize_str(" red")
+    ask = dict(messages=MSG, max_tokens=8, temperature=0, logit_bias={str(red): 100})
     with live_server(gateway_config(port)) as gw:
         c = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
-        raw = c.chat.completions.with_raw_response.create(model="chat", messages=MSG, max_tokens=8, temperature=0)
+        raw = c.chat.completions.with_raw_response.create(model="chat", **ask)
         r = raw.parse()
         assert r.model == "remote" and raw.headers["x-tokenomy-route"].startswith("remote")
         assert raw.headers["x-tokenomy-request-id"].startswith("req_")
+        assert r.choices[0].message.content == " red" * 8 and r.choices[0].finish_reason == "length"
         direct = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x").chat.completions.create(
-            model="smollm2-135m-instruct", messages=MSG, max_tokens=8, temperature=0)
+            model="smollm2-135m-instruct", **ask)
         assert r.choices[0].message.content == direct.choices[0].message.content
         assert r.usage.prompt_tokens == direct.usage.prompt_tokens
-        chunks = list(c.chat.completions.create(model="chat", messages=MSG, max_tokens=8, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}))
+        chunks = list(c.chat.completions.create(model="chat", **ask, stream=True,
+                                                stream_options={"include_usage": True}))
         assert "".join(x.choices[0].delta.content or "" for x in chunks if x.choices) == r.choices[0].message.content
         assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
         proc.kill()
         proc.wait()
         for stream in (False, True):
-            raw = c.chat.completions.with_raw_response.create(model="chat", messages=MSG, max_tokens=8,
-                                                              temperature=0, stream=stream)
+            raw = c.chat.completions.with_raw_response.create(model="chat", **ask, stream=stream)
             assert "local" in raw.headers["x-tokenomy-route"]
             if stream:
                 body = raw.parse()
                 text = "".join(x.choices[0].delta.content or "" for x in body if x.choices)
             else:
                 text = raw.parse().choices[0].message.content
-            assert text == r.choices[0].message.content          # same model, same greedy answer
+            assert text == r.choices[0].message.content          # the same answer, from the local engine
         # after two failures the dead upstream is cooled down and skipped without a connection attempt
         assert gw.gateway.registry.cooling("remote")
         # a pinned dead model has no fallback: 503 in OpenAI's error format
