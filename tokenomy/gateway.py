@@ -228,7 +228,8 @@ class Gateway:
         runner = BatchRunner(store, self.handle, concurrency=b.concurrency, poll_s=b.poll_s, drain_s=b.drain_s,
                              flush=self.ledger.flush, upstream=lambda m: bool(self._upstreams(m)),
                              hold=self._hold_batch,
-                             upstream_concurrency=b.upstream_concurrency, lease_s=b.lease_s)
+                             upstream_concurrency=b.upstream_concurrency, lease_s=b.lease_s,
+                             max_attempts=b.max_attempts)
         return store, runner
 
     def _hold_batch(self, model: str) -> bool:
