@@ -64,3 +64,29 @@ def test_an_item_whose_start_keeps_failing_fails_after_max_attempts_and_the_batc
         by_id = {e["custom_id"]: e for e in errors}
         assert by_id["k1"]["error"]["code"] == "internal_error" and "3 times" in by_id["k1"]["error"]["message"]
         assert by_id["k0"]["response"]["status_code"] == 400
+
+
+def test_an_item_stored_before_lines_were_checked_fails_as_its_line_and_never_reaches_the_pipeline(tmp_path):
+    led, store, bid = store_with_batch(tmp_path, n=1)
+    started = []
+
+    async def handle(ctx):
+        started.append(ctx)
+
+    with led:
+        with store.engine.begin() as conn:          # a body an older gateway stored unchecked
+            conn.exec_driver_sql("UPDATE batch_items SET body = ?", (json.dumps(
+                {"model": "m", "messages": [{"role": "user", "content": "x\ud800"}]}),))
+        runner = BatchRunner(store, handle)
+
+        async def run() -> None:
+            for _ in range(5):
+                await runner.tick()
+                await asyncio.gather(*runner.inflight.values())
+
+        asyncio.run(run())
+        batch = store.get_batch(bid, "k")
+        assert batch["status"] == "completed" and not started
+        [error] = [json.loads(x) for x in store.get_file(batch["error_file_id"], "k")["content"].splitlines()]
+        assert error["response"]["status_code"] == 400
+        assert error["response"]["body"]["error"]["code"] == "invalid_encoding"

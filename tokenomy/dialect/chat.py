@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from tokenomy.dialect.json_input import check_json
 from tokenomy.errors import APIError
 from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, GenRequest
 
@@ -248,7 +249,9 @@ def body_error(errors: list[Any]) -> APIError:
 
 def gen_request(endpoint: str, body: dict[str, Any], priority: str = "interactive") -> GenRequest:
     """The internal request for a body sent to `endpoint` (a key of BODIES), not streamed; an APIError 400 when it
-    does not validate."""
+    does not validate, or holds what no body read over HTTP may (json_input.check_json: a stored batch line from
+    before that check, say)."""
+    check_json(body, "The body")
     try:
         req = BODIES[endpoint].model_validate({**body, "stream": False})
     except ValidationError as e:
