@@ -305,7 +305,8 @@ def test_a_batch_line_with_a_lone_surrogate_fails_as_that_line_and_the_batch_com
     done = wait_done(c, b.id)
     assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (1, 1)
     [error] = jsonl(c, done.error_file_id)
-    assert error["custom_id"] == "a" and error["error"]["code"] == "invalid_encoding"
+    assert error["custom_id"] == "a" and error["response"]["status_code"] == 400     # as over HTTP
+    assert error["response"]["body"]["error"]["code"] == "invalid_encoding"
     assert [o["custom_id"] for o in jsonl(c, done.output_file_id)] == ["b"]
 
 

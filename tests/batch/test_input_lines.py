@@ -27,15 +27,20 @@ def test_a_line_the_api_would_refuse_fails_as_that_line_and_the_others_run():
     recursion = '{"custom_id": "r", "body": ' + "[" * 100_000 + "]" * 100_000 + "}"     # json's RecursionError
     lines = [surrogate, line("ok"), deep, recursion, line("big", max_tokens=2**63),
              json.dumps({"custom_id": "none", "url": CHAT, "body": {"model": MODEL}})]
-    parsed = list(parse_input("\n".join(lines).encode(), CHAT))
+    parsed = list(parse_input("\n".join(lines).encode(), CHAT, request_id="req_x_{}".format))
     assert [body is not None for _, body, _ in parsed] == [False, True, False, False, False, False]
-    errors = [err["error"] for _, _, err in parsed if err is not None]
-    assert [e["code"] for e in errors] == ["invalid_encoding", "invalid_json", "invalid_json", "invalid_value",
-                                           "invalid_value"]
-    assert errors[0]["message"].startswith("line 1: body.messages[0].content contains a lone UTF-16 surrogate")
-    assert f"nested more than {MAX_JSON_DEPTH}" in errors[1]["message"] and errors[2]["message"].startswith("line 4")
-    assert "max_tokens" in errors[3]["message"] and "1048576" in errors[3]["message"]
-    assert "messages" in errors[4]["message"] and parsed[0][0] == "a"
+    assert [cid for cid, _, _ in parsed] == ["a", "ok", "deep", None, "big", "none"]
+    [unparsed] = [err["error"] for _, _, err in parsed if err is not None and err["response"] is None]
+    assert unparsed["code"] == "invalid_json" and unparsed["message"].startswith("line 4: The line is nested more")
+    refused = [err["response"] for _, _, err in parsed if err is not None and err["response"] is not None]
+    assert [r["status_code"] for r in refused] == [400] * 4     # the HTTP route's answer to the same body
+    assert [r["request_id"] for r in refused] == ["req_x_0", "req_x_2", "req_x_4", "req_x_5"]
+    errors = [r["body"]["error"] for r in refused]
+    assert [(e["code"], e["param"]) for e in errors] == [
+        ("invalid_encoding", "messages[0].content"), ("invalid_json", errors[1]["param"]),
+        ("invalid_value", "max_tokens"), ("invalid_value", "messages")]
+    assert "lone UTF-16 surrogate" in errors[0]["message"] and f"more than {MAX_JSON_DEPTH}" in errors[1]["message"]
+    assert "1048576" in errors[2]["message"]
     assert count_lines(b"\n".join(x.encode() for x in lines) + b"\n\n  \n") == len(lines)
     short, long = line("s"), line("l", "x" * 300)
     (_, ok, _), (cid, body, err) = parse_input(f"{short}\n{long}\n".encode(), CHAT, max_line_bytes=len(short))

@@ -103,7 +103,8 @@ class BatchStore:
         with self.engine.begin() as conn:
             conn.execute(batches.insert().values(**row))
             chunk: list[dict[str, Any]] = []
-            for i, (cid, body, err) in enumerate(parse_input(content, endpoint, max_line_bytes)):
+            first_id = f"req_{bid.removeprefix('batch_')}_{{}}".format     # worker.request_id's first start
+            for i, (cid, body, err) in enumerate(parse_input(content, endpoint, max_line_bytes, first_id)):
                 chunk.append({"batch_id": bid, "line": i, "custom_id": cid,
                               "body": json.dumps(body) if body else None, "state": "failed" if err else "pending",
                               "attempts": 0, "result": json.dumps(err) if err else None})

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tokenomy.dialect.chat import gen_request
-from tokenomy.dialect.json_input import check_json, is_text, loads
+from tokenomy.dialect.json_input import is_text, loads
 from tokenomy.errors import APIError
 
 Parsed = tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]
@@ -36,37 +36,38 @@ def count_lines(content: bytes) -> int:
     return n
 
 
-def parse_input(content: bytes, endpoint: str, max_line_bytes: int = 4 << 20) -> Iterator[Parsed]:
+def parse_input(content: bytes, endpoint: str, max_line_bytes: int = 4 << 20,
+                request_id: Callable[[int], str] | None = None) -> Iterator[Parsed]:
     """Each non-empty line of an input file, in order: (custom_id, body, None) for a line that can run, or
-    (custom_id or None, None, error line) for one that cannot: longer than `max_line_bytes`, not UTF-8 JSON, too
-    deep or holding a lone surrogate, no custom_id, a repeated custom_id, another method or url, no body, or a
-    body `endpoint` refuses (the 400 the API would answer)."""
+    (custom_id or None, None, result line) for one that cannot. A line that is no request (longer than
+    `max_line_bytes`, not UTF-8 JSON or too deep to parse, no custom_id or one that is not text, a repeated
+    custom_id, another method or url, no body) gets an error line, `{"response": null, "error": {"code",
+    "message"}}`; a body the endpoint refuses (dialect/chat.py gen_request: the 400 the HTTP route would answer,
+    lone surrogates and nesting included) gets the answer the worker gives a refused request, `{"response":
+    {"status_code": 400, "request_id", "body": <OpenAI error body>}, "error": null}`, with `request_id(i)` for the
+    i-th request of the file (the worker's first request id for it)."""
     seen: set[str] = set()
+    i = -1
     for n, raw in enumerate(io.BytesIO(content), start=1):
         if not raw.strip():
             continue
+        i += 1
         size = len(raw.rstrip(b"\r\n"))
         if size > max_line_bytes:
             yield None, None, error_line(None, "line_too_large", f"line {n}: {size} bytes; a line may be at most "
                                          f"{max_line_bytes} bytes")
             continue
         try:
-            obj = loads(raw, "The line", check=False)
+            obj = loads(raw, "The line", check=False)       # the body is checked below, as a body
         except APIError as e:
             yield None, None, error_line(None, e.code or "invalid_json", f"line {n}: {e.message}")
             continue
         cid = obj.get("custom_id") if isinstance(obj, dict) else None
-        try:
-            check_json(obj, "The line")
-        except APIError as e:                # its custom_id still names it, if that much is text
-            named = cid if isinstance(cid, str) and is_text(cid) else None
-            yield named, None, error_line(named, e.code or "invalid_json", f"line {n}: {e.message}")
-            continue
         problem = None
         if not isinstance(obj, dict):
             problem = "the line must be a JSON object"
-        elif not isinstance(cid, str) or not cid:
-            problem, cid = "custom_id must be a non-empty string", None
+        elif not isinstance(cid, str) or not cid or not is_text(cid):
+            problem, cid = "custom_id must be a non-empty string of Unicode text", None
         elif cid in seen:
             problem = f"custom_id {cid!r} is used by an earlier line"
         elif obj.get("method", "POST") != "POST":
@@ -82,7 +83,8 @@ def parse_input(content: bytes, endpoint: str, max_line_bytes: int = 4 << 20) ->
         try:
             gen_request(endpoint, obj["body"])
         except APIError as e:
-            yield cid, None, error_line(cid, e.code or "invalid_request", f"line {n}: {e.message}")
+            yield cid, None, {"id": "batch_req_" + uuid.uuid4().hex[:24], "custom_id": cid, "error": None,
+                              "response": {"status_code": e.status, "request_id": request_id(i) if request_id else None,
+                                           "body": e.body()}}
             continue
         yield cid, obj["body"], None
-

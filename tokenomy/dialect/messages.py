@@ -221,17 +221,17 @@ class CountTokensRequest(_MessagesBody):
         used: set[str] = set()          # the tool_use ids of the turns so far: a result answers one of them
         for i, m in enumerate(self.messages):
             for j, block in enumerate(m.content):
+                parts = block.content if isinstance(block, ToolResultBlock) else [block]
+                media = next((p for p in parts if isinstance(p, MediaBlock)), None)
+                if media is not None:
+                    raise ValueError(f"messages.{i}.content.{j}: {media.type} blocks are not supported: the model "
+                                     f"'{self.model}' reads text only")
                 if isinstance(block, ToolUseBlock):
                     used.add(block.id)
                 elif isinstance(block, ToolResultBlock) and block.tool_use_id not in used:
                     raise ValueError(f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
                                      f"blocks: {block.tool_use_id}. Each `tool_result` block must have a "
                                      "corresponding `tool_use` block in an earlier assistant message.")
-                parts = block.content if isinstance(block, ToolResultBlock) else [block]
-                media = next((p for p in parts if isinstance(p, MediaBlock)), None)
-                if media is not None:
-                    raise ValueError(f"messages.{i}.content.{j}: {media.type} blocks are not supported: the model "
-                                     f"'{self.model}' reads text only")
         if self.tool_choice is not None and self.tool_choice.type in ("any", "tool") and not self.tools:
             raise ValueError(f"tool_choice of type '{self.tool_choice.type}' needs tools")
         if self.tool_choice is not None and self.tool_choice.type == "tool" and self.tools and \
