@@ -104,7 +104,7 @@ async def admin_reload(request: Request) -> dict[str, Any]:
 
 
 async def metrics(request: Request) -> Response:
-    """The Prometheus exposition; the per-tenant and per-key families (Metrics.PER_TENANT) only for an admin key,
+    """The Prometheus exposition; the per-tenant and per-key families (prometheus.PER_TENANT) only for an admin key,
     or for anyone with no keys configured or with server.metrics_per_tenant_public."""
     _keyed(request)
     gateway = _gateway(request)
