@@ -165,6 +165,10 @@ def test_a_refused_batch_stores_nothing_and_nothing_stored_breaks_a_read(api):
                 400, "invalid_value", "metadata")
     refused(client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": ["x"]}),
             400, "invalid_value", "input_file_id")
+    for field in ("endpoint", "completion_window"):          # schemathesis found a dict here was a 500
+        refused(client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": f["id"],
+                                                                       field: {"a": 1}}),
+                400, "invalid_value", field)
     assert client.get("/v1/batches", headers=as_key("a")).json()["data"] == [] and woken == []
     ok = client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": f["id"]}).json()
     with store.engine.begin() as conn:              # a row stored before these checks existed

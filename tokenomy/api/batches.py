@@ -135,10 +135,10 @@ async def create_batch(request: Request) -> dict[str, Any]:
     api, owner, tenant = _api(request)
     body = await read_json(request, MAX_BATCH_BODY)
     endpoint, window = body.get("endpoint"), body.get("completion_window")
-    if endpoint not in ENDPOINTS:
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
         raise APIError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}.", param="endpoint",
                        code="invalid_value")
-    if window not in WINDOW_S:
+    if not isinstance(window, str) or window not in WINDOW_S:     # a dict is no key of WINDOW_S, nor hashable
         raise APIError(400, "completion_window must be '24h'.", param="completion_window", code="invalid_value")
     meta = _metadata(body.get("metadata"))
     file_id = body.get("input_file_id")
