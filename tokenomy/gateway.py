@@ -319,7 +319,8 @@ def _batch(config: Config, gateway: Gateway, ledger: Ledger | None) -> tuple[Bat
     store = BatchStore(ledger.engine)
     runner = BatchRunner(store, gateway.handle, concurrency=b.concurrency, poll_s=b.poll_s, drain_s=b.drain_s,
                          flush=ledger.flush, upstream=lambda m: bool(gateway.upstreams(m)),
-                         hold=gateway.hold_batch, upstream_concurrency=b.upstream_concurrency, lease_s=b.lease_s)
+                         hold=gateway.hold_batch, upstream_concurrency=b.upstream_concurrency, lease_s=b.lease_s,
+                         max_attempts=b.max_attempts)
     return store, runner
 
 

@@ -11,6 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# The work one request may ask for, in every dialect (docs/api.md, "Limits"): a 400 naming the limit above them.
+MAX_MESSAGES = 2048           # messages (chat, Messages) or input items (Responses), as OpenAI's chat limit
+MAX_OUTPUT_TOKENS = 1 << 20   # max_tokens and its kin; the context stage then lowers it to the model's window
+
 
 @dataclass(frozen=True)
 class TokenRouting:

@@ -20,6 +20,9 @@ LINE = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completi
                    "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}})
 
 
+MAX_LINES = 5
+
+
 @pytest.fixture
 def api(tmp_path):
     led = Ledger(f"sqlite:///{tmp_path / 'batch.db'}")           # its migrations make the batch tables
@@ -30,7 +33,8 @@ def api(tmp_path):
         return key, f"tenant-{key}"
 
     app = FastAPI(routes=batches.ROUTES, exception_handlers={APIError: api_error_handler})
-    app.state.batch_api = batches.BatchAPI(store, owner_of, max_file_bytes=1 << 20, wake=lambda: woken.append(1))
+    app.state.batch_api = batches.BatchAPI(store, owner_of, max_file_bytes=1 << 20, wake=lambda: woken.append(1),
+                                           max_lines=MAX_LINES, is_admin=lambda r: owner_of(r)[0] == "admin")
     with TestClient(app) as client:
         yield client, store, woken
     led.close()
@@ -139,3 +143,68 @@ def test_an_upload_is_read_under_the_limit_and_its_form_checked(api):
     r = client.post("/v1/files", headers=multipart, content=chunks())
     assert "more than" in refused(r, 413, "body_too_large")
     assert [f["filename"] for f in store.list_files("a", None)] == ["upload.jsonl"]
+
+
+BATCH = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
+
+
+def test_a_refused_batch_stores_nothing_and_nothing_stored_breaks_a_read(api):
+    """Issue 50: metadata with a lone surrogate was stored, answered 500, and broke every later list and read."""
+    client, store, woken = api
+    f = upload(client, "a")
+    raw = json.dumps({**BATCH, "input_file_id": f["id"]})[:-1] + ", "
+    surrogate = raw + '"metadata": {"a": "\\ud800"}}'
+    deep = raw + '"metadata": {"a": ' + "[" * 5000 + "]" * 5000 + "}}"
+    headers = {**as_key("a"), "content-type": "application/json"}
+    assert "surrogate" in refused(client.post("/v1/batches", headers=headers, content=surrogate), 400,
+                                  "invalid_encoding", "metadata.a")
+    assert "nested" in refused(client.post("/v1/batches", headers=headers, content=deep), 400, "invalid_json")
+    for meta in ({"k" * 65: "v"}, {"k": "v" * 513}, {str(i): "v" for i in range(17)}, {"k": 1}, ["k"]):
+        refused(client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": f["id"],
+                                                                       "metadata": meta}),
+                400, "invalid_value", "metadata")
+    refused(client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": ["x"]}),
+            400, "invalid_value", "input_file_id")
+    for field in ("endpoint", "completion_window"):          # schemathesis found a dict here was a 500
+        refused(client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": f["id"],
+                                                                       field: {"a": 1}}),
+                400, "invalid_value", field)
+    assert client.get("/v1/batches", headers=as_key("a")).json()["data"] == [] and woken == []
+    ok = client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": f["id"]}).json()
+    with store.engine.begin() as conn:              # a row stored before these checks existed
+        conn.exec_driver_sql("UPDATE batches SET metadata = ? WHERE id = ?", ('{"a": "x\\ud800"}', ok["id"]))
+    listed = client.get("/v1/batches", headers=as_key("a"))
+    assert listed.status_code == 200 and listed.json()["data"][0]["metadata"] == {"a": "x\ufffd"}
+    assert client.get(f"/v1/batches/{ok['id']}", headers=as_key("a")).json()["metadata"] == {"a": "x\ufffd"}
+
+
+def test_a_file_with_more_lines_than_a_batch_may_have_is_a_400_naming_the_limit(api):
+    client, _, woken = api
+    f = upload(client, "a", (LINE + "\n\n") * (MAX_LINES + 1))
+    message = refused(client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": f["id"]}),
+                      400, "too_many_lines", "input_file_id")
+    assert f"{MAX_LINES + 1} requests" in message and f"at most {MAX_LINES}" in message
+    assert client.get("/v1/batches", headers=as_key("a")).json()["data"] == [] and woken == []
+
+
+def test_a_bad_line_fails_as_that_line_and_the_batch_is_created(api):
+    client, store, _ = api
+    surrogate = LINE.replace('"content": "hi"', '"content": "x\\ud800"').replace('"a"', '"s"')
+    f = upload(client, "a", f"{LINE}\n{surrogate}\n")
+    b = client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": f["id"]}).json()
+    assert b["request_counts"] == {"total": 2, "completed": 0, "failed": 1}
+    assert [i.custom_id for i in store.pending(b["id"], 10, set())] == ["a"]
+
+
+def test_an_admin_key_lists_reads_and_cancels_every_batch(api):
+    client, _, _ = api
+    mine = client.post("/v1/batches", headers=as_key("a"), json={**BATCH, "input_file_id": upload(client, "a")["id"]})
+    bid = mine.json()["id"]
+    not_found(client.get(f"/v1/batches/{bid}", headers=as_key("b")), "batch", bid)
+    not_found(client.post(f"/v1/batches/{bid}/cancel", headers=as_key("b")), "batch", bid)
+    assert client.get("/v1/batches", headers=as_key("b")).json()["data"] == []
+    assert [b["id"] for b in client.get("/v1/batches", headers=as_key("admin")).json()["data"]] == [bid]
+    assert client.get(f"/v1/batches/{bid}", headers=as_key("admin")).json()["status"] == "validating"
+    cancelled = client.post(f"/v1/batches/{bid}/cancel", headers=as_key("admin"))
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
+    assert client.get(f"/v1/batches/{bid}", headers=as_key("a")).json()["status"] == "cancelling"

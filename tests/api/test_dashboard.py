@@ -173,7 +173,9 @@ def test_data_endpoint_and_its_errors(site):
     assert httpx.get(root + "/dashboard/data", params={"since": "5m"}).json()["total"]["requests"] == \
         sum(s.ago_s < 300 for s in specs)
     for params, param in (({"since": "soon"}, "since"), ({"until": "x"}, "until"), ({"by": "user"}, "by"),
-                          ({"since": "1h", "until": "2h"}, "since")):
+                          ({"since": "1h", "until": "2h"}, "since"), ({"since": "inf"}, "since"),
+                          ({"since": "-inf"}, "since"), ({"until": "nan"}, "until"), ({"since": "1e400"}, "since"),
+                          ({"since": str(10**30)}, "since"), ({"since": "99999999999999w"}, "since")):
         r = httpx.get(root + "/dashboard/data", params=params)
         assert r.status_code == 400
         assert r.json()["error"]["param"] == param and set(r.json()["error"]) == {"message", "type", "param", "code"}
@@ -211,6 +213,10 @@ def test_feedback_endpoint(site):
     err({"request_id": rid, "score": 1, "stars": 5}, 400, "stars")
     err(None, 400, raw=b"{not json")
     err(None, 400, raw=b"[1, 2]")
+    assert err(None, 400, raw=b'{"request_id": "a", "score": 1, "comment": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+               )["code"] == "invalid_json"                # issue 50: a RecursionError was a 500
+    e = err(None, 400, "comment", raw=json.dumps({"request_id": rid, "score": 1, "comment": "x\udc00"}).encode())
+    assert e["code"] == "invalid_encoding"                # issue 50: a UnicodeEncodeError was a 500
     assert led.get(rid).feedback_score == 0.5          # no bad request changed it
 
 
@@ -231,8 +237,13 @@ def test_guards(tmp_path):
             ok = httpx.get(root + "/dashboard/data", headers={"authorization": "Bearer admin"})
             assert ok.status_code == 200 and ok.json()["total"]["requests"] == 1
             body = json.dumps({"request_id": row.request_id, "score": 1})
-            assert httpx.post(root + "/v1/feedback", content=body,
-                              headers={"authorization": "Bearer k1"}).status_code == 403
+            theirs = httpx.post(root + "/v1/feedback", content=body, headers={"authorization": "Bearer k1"})
+            unknown = httpx.post(root + "/v1/feedback", content=json.dumps({"request_id": "req_none", "score": 1}),
+                                 headers={"authorization": "Bearer k1"})
+            assert theirs.status_code == unknown.status_code == 404        # no oracle of another key's ids
+            assert theirs.json() == {"error": {**unknown.json()["error"],
+                                               "message": unknown.json()["error"]["message"].replace(
+                                                   "req_none", row.request_id)}}
             assert httpx.post(root + "/v1/feedback", content=body,
                               headers={"authorization": "Bearer k9"}).status_code == 200
 

@@ -283,3 +283,131 @@ def test_a_keyed_server_opens_only_its_public_paths_without_a_key():
                       "server": {"public": ["/health", "/metrics"]}}) as srv:
         assert httpx.get(srv.root + "/metrics").status_code == 200
         assert httpx.get(srv.root + "/openapi.json").status_code == 401
+
+
+# ---- issue 50: the endpoints added since issue 14 ------------------------------------------------------------
+
+SURROGATE_LINE = ('{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":'
+                  '"smollm2-135m-instruct","messages":[{"role":"user","content":"x\\ud800"}]}}')
+
+
+def test_a_batch_line_with_a_lone_surrogate_fails_as_that_line_and_the_batch_completes(server):
+    import io
+
+    import openai
+
+    from tests.api.test_batch_api import jsonl, line, wait_done
+
+    c = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    text = SURROGATE_LINE + "\n" + line("b", "Say hi.", max_tokens=2) + "\n"
+    f = c.files.create(file=("in.jsonl", io.BytesIO(text.encode())), purpose="batch")
+    b = c.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    done = wait_done(c, b.id)
+    assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    [error] = jsonl(c, done.error_file_id)
+    assert error["custom_id"] == "a" and error["response"]["status_code"] == 400     # as over HTTP
+    assert error["response"]["body"]["error"]["code"] == "invalid_encoding"
+    assert [o["custom_id"] for o in jsonl(c, done.output_file_id)] == ["b"]
+
+
+def test_bad_input_on_the_newer_endpoints_is_a_4xx_naming_the_limit_on_a_connection_that_stays_open(server):
+    deep = "[" * 5000 + "]" * 5000
+    user = {"role": "user", "content": "hi"}
+    turns = [user, {"role": "assistant", "content": "ok"}] * 2500 + [user]
+    orphan = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}
+    cases = [                                               # (method, path, raw body or JSON, what the error says)
+        ("POST", "/v1/batches", '{"endpoint": "/v1/chat/completions", "metadata": ' + deep + "}", "nested"),
+        ("POST", "/v1/batches", '{"endpoint": "/v1/chat/completions", "completion_window": "24h", '
+                                '"metadata": {"a": "\\ud800"}}', "surrogate"),
+        ("POST", "/v1/feedback", '{"request_id": "r", "score": 1, "comment": ' + deep + "}", "nested"),
+        ("POST", "/v1/feedback", '{"request_id": "r", "score": 1, "comment": "\\ud800"}', "surrogate"),
+        ("GET", "/dashboard/data?since=inf", None, "since"),
+        ("GET", "/dashboard/data?until=1e400", None, "until"),
+        ("POST", "/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": turns}, "2048"),
+        ("POST", "/v1/messages", {"model": MODEL, "max_tokens": 2**63, "messages": [user]}, "1048576"),
+        ("POST", "/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": [orphan]}, "toolu_x"),
+        ("POST", "/v1/responses", {"model": MODEL, "input": turns}, "2048"),
+        ("POST", "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2**63}, "1048576"),
+        ("POST", "/v1/chat/completions", {"model": MODEL, "messages": turns}, "2048"),
+        ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [user], "max_tokens": 2**63}, "1048576"),
+    ]
+    with httpx.Client(base_url=server.root, timeout=60) as c:
+        for method, path, body, says in cases:
+            sent = {"content": body.encode()} if isinstance(body, str) else {"json": body}
+            r = c.request(method, path, headers={"content-type": "application/json"}, **sent)
+            assert r.status_code == 400, (path, says, r.text[:300])
+            assert says in r.text and "connection" not in r.headers, (path, says, r.text[:300])
+        assert c.get("/v1/batches").status_code == 200          # nothing stored broke the list
+        assert c.get("/health").status_code == 200
+
+
+def test_a_500_says_connection_close_and_a_pooled_client_goes_on():
+    from fastapi import FastAPI
+    from fastapi.routing import APIRoute
+
+    from tests.api.test_dashboard import serve
+    from tokenomy.api.app import EXCEPTION_HANDLERS
+
+    async def broken() -> None:
+        raise RuntimeError("a defect")
+
+    async def fine() -> dict:
+        return {"ok": True}
+
+    app = FastAPI(routes=[APIRoute("/broken", broken), APIRoute("/fine", fine)], exception_handlers=EXCEPTION_HANDLERS)
+    with serve(app) as root, httpx.Client(base_url=root, timeout=10) as c:
+        for _ in range(3):
+            r = c.get("/broken")
+            assert r.status_code == 500 and r.headers["connection"] == "close"
+            assert r.json()["error"]["message"] == "internal error: RuntimeError"
+            assert c.get("/fine").json() == {"ok": True}
+
+
+def test_a_keyed_server_shows_tenants_and_every_batch_to_admins_only_and_feedback_is_no_oracle():
+    import io
+
+    import openai
+
+    from tests.api.test_batch_api import line
+    from tests.conftest import NO_CACHE, live_server
+    from tests.helpers.wait import wait_until
+
+    keys = [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"},
+            {"key": "sk-admin", "tenant": "ops", "admin": True}]
+    with live_server({"keys": keys, "cache": NO_CACHE, "engine": {"n_ctx": 12288, "max_model_len": 512},
+                      "batch": {"concurrency": 1}}) as srv:
+        def as_key(key: str) -> dict[str, str]:
+            return {"authorization": f"Bearer {key}"}
+
+        r = httpx.post(srv.base_url + "/chat/completions", headers=as_key("sk-a"), timeout=60,
+                       json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        rid = r.headers["x-tokenomy-request-id"]
+        wait_until(lambda: 'tokenomy_tenant_requests_total{tenant="a"}' in httpx.get(
+            srv.root + "/metrics", headers=as_key("sk-admin")).text, what="tenant a's series")
+        seen = httpx.get(srv.root + "/metrics", headers=as_key("sk-b")).text
+        assert "tokenomy_tenant_" not in seen and "tokenomy_budget_used_ratio" not in seen
+        assert "tokenomy_requests_total" in seen
+
+        def feedback(key: str, request_id: str) -> httpx.Response:
+            return httpx.post(srv.base_url + "/feedback", headers=as_key(key),
+                              json={"request_id": request_id, "score": 1})
+
+        theirs, unknown = feedback("sk-b", rid), feedback("sk-b", "req_" + "0" * 24)
+        assert theirs.status_code == unknown.status_code == 404
+        assert theirs.json()["error"]["code"] == unknown.json()["error"]["code"] == "request_not_found"
+        assert feedback("sk-a", rid).status_code == 200
+
+        a = openai.OpenAI(base_url=srv.base_url, api_key="sk-a", max_retries=0)
+        text = "\n".join(line(f"k{i}", "Count to twenty.", max_tokens=32) for i in range(20))
+        f = a.files.create(file=("in.jsonl", io.BytesIO(text.encode())), purpose="batch")
+        b = a.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        admin = openai.OpenAI(base_url=srv.base_url, api_key="sk-admin", max_retries=0)
+        other = openai.OpenAI(base_url=srv.base_url, api_key="sk-b", max_retries=0)
+        assert [x.id for x in admin.batches.list()] == [b.id] and list(other.batches.list()) == []
+        with pytest.raises(openai.NotFoundError):
+            other.batches.cancel(b.id)
+        assert admin.batches.cancel(b.id).status in ("cancelling", "cancelled")
+        ended = wait_until(lambda: a.batches.retrieve(b.id).status == "cancelled", 60, what="the cancel")
+        assert ended
+        assert httpx.get(srv.root + "/dashboard/data", headers=as_key("sk-a")).status_code == 403
+        assert httpx.get(srv.root + "/dashboard/data", headers=as_key("sk-admin")).status_code == 200

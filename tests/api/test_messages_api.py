@@ -223,6 +223,11 @@ def test_bad_requests_are_anthropic_shaped_400s(claude, server):
         ({"max_tokens": "4", "messages": HELLO}, "max_tokens: Input should be a valid integer"),
         ({"max_tokens": 4, "messages": HELLO, "temperature": 1.5}, "temperature"),
         ({"max_tokens": 4, "messages": HELLO, "tool_choice": {"type": "any"}}, "needs tools"),
+        ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x",
+                                                                     "content": "1"}]}]},
+         "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_x"),
+        ({"max_tokens": 4, "messages": HELLO * 2049}, "messages: List should have at most 2048 items"),
+        ({"max_tokens": 2**63, "messages": HELLO}, "max_tokens: Input should be less than or equal to 1048576"),
     ]
     for extra, expected in cases:
         with pytest.raises(anthropic.BadRequestError) as e:      # the SDK's own request path, without its checks

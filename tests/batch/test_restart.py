@@ -12,7 +12,8 @@ import pytest
 from tests.api.test_batch_api import line, wait_done
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 from tests.helpers.wait import wait_until
-from tokenomy.batch.database import BatchStore, parse_input
+from tokenomy.batch.database import BatchStore
+from tokenomy.batch.input_lines import parse_input
 from tokenomy.ledger.ledger import Ledger
 
 N = 12
@@ -59,11 +60,12 @@ def test_a_restart_mid_batch_resumes_without_duplicates(tmp_path, drain_s):
 
 
 def test_malformed_lines_become_error_lines_and_runnable_ones_items(tmp_path):
-    lines = ["", "[1]", json.dumps({"custom_id": "a", "url": "/v1/chat/completions", "body": {"model": "m"}}),
+    ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    lines = ["", "[1]", json.dumps({"custom_id": "a", "url": "/v1/chat/completions", "body": ok}),
              json.dumps({"custom_id": "a", "url": "/v1/chat/completions", "body": {}}),
              json.dumps({"custom_id": "b", "method": "GET", "url": "/v1/chat/completions", "body": {}}),
              json.dumps({"url": "/v1/chat/completions", "body": {}})]
-    parsed = parse_input("\n".join(lines).encode(), "/v1/chat/completions")
+    parsed = list(parse_input("\n".join(lines).encode(), "/v1/chat/completions"))
     assert [(cid, body is not None) for cid, body, _ in parsed] == [
         (None, False), ("a", True), ("a", False), ("b", False), (None, False)]
     assert all(err is None or set(err["error"]) == {"code", "message"} for _, _, err in parsed)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from tokenomy.dialect.messages import MessagesRequest, body_error
 from tokenomy.dialect.messages_wire import EventWriter, message_body, stop_reason, usage_body
-from tokenomy.generation import Delta, GenRequest, Usage
+from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, Delta, GenRequest, Usage
 from tokenomy.pipeline.request import RequestContext, Result
 
 EPHEMERAL = {"type": "ephemeral"}
@@ -38,7 +38,9 @@ def test_a_conversation_with_tools_maps_to_openai_shaped_messages():
             {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"},
                                               {"type": "text", "text": "Looking."},
                                               {"type": "tool_use", "id": "toolu_1", "name": "get",
-                                               "input": {"q": "cats"}}]},
+                                               "input": {"q": "cats"}},
+                                              {"type": "tool_use", "id": "toolu_2", "name": "get",
+                                               "input": {"q": "dogs"}}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "3 cats"},
                                          {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
                                           "content": [{"type": "text", "text": "timeout"}]},
@@ -49,7 +51,8 @@ def test_a_conversation_with_tools_maps_to_openai_shaped_messages():
         {"role": "system", "content": "Be brief.\n\nUse tools.", "cache_control": EPHEMERAL},
         {"role": "user", "content": "Find cats."},
         {"role": "assistant", "content": "Looking.", "tool_calls": [
-            {"id": "toolu_1", "type": "function", "function": {"name": "get", "arguments": '{"q": "cats"}'}}]},
+            {"id": "toolu_1", "type": "function", "function": {"name": "get", "arguments": '{"q": "cats"}'}},
+            {"id": "toolu_2", "type": "function", "function": {"name": "get", "arguments": '{"q": "dogs"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "3 cats"},
         {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: timeout"},
         {"role": "user", "content": "Go on."}]
@@ -153,3 +156,23 @@ def test_a_system_message_inside_the_conversation_stays_in_its_place():
         MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "messages": [
             {"role": "user", "content": "hi"},
             {"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "x", "input": {}}]}]})
+
+
+def test_a_tool_result_with_no_earlier_tool_use_is_refused_as_anthropic_refuses_it():
+    orphan = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"}]}
+    with pytest.raises(ValidationError) as e:
+        MessagesRequest.model_validate({**BASE, "messages": [orphan]})
+    err = body_error(e.value.errors())
+    assert err.status == 400 and err.message.startswith("messages.0.content.0: unexpected `tool_use_id`")
+    assert "toolu_9" in err.message
+
+
+def test_messages_and_max_tokens_are_bounded_with_a_400_naming_the_limit():
+    many = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}] * (MAX_MESSAGES // 2) + [
+        {"role": "user", "content": "z"}]
+    for body, param, limit in (({**BASE, "messages": many}, "messages", MAX_MESSAGES),
+                               ({**BASE, "max_tokens": 2**63}, "max_tokens", MAX_OUTPUT_TOKENS)):
+        with pytest.raises(ValidationError) as e:
+            MessagesRequest.model_validate(body)
+        err = body_error(e.value.errors())
+        assert err.status == 400 and err.param == param and str(limit) in err.message, err.message

@@ -127,3 +127,20 @@ def test_prometheus_scrapes_the_vllm_families_and_the_vllm_dashboards_queries_an
     assert 0 < float(hits["value"][1]) <= float(queries["value"][1])
     up = query(prometheus, 'up{job="tokenomy"}')
     assert [s["value"][1] for s in up] == ["1"]
+
+
+def test_the_exposition_without_per_tenant_families_drops_exactly_them() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tokenomy.metrics.prometheus import Metrics
+
+    m = Metrics()
+    m.tenant_cost.labels("a").inc(1.5)
+    m.tenant_requests.labels("a").inc()
+    m.budget_used.labels("tenant", "a", "day", "usd").set(0.5)
+    m.cost.labels("other").inc(1.5)
+    every = {f.name for f in text_string_to_metric_families(m.render().decode())}
+    shown = {f.name for f in text_string_to_metric_families(m.render(per_tenant=False).decode())}
+    per_tenant = {"tokenomy_tenant_cost_usd", "tokenomy_tenant_requests", "tokenomy_budget_used_ratio"}
+    assert every - shown == per_tenant | {"tokenomy_tenant_cost_usd_created", "tokenomy_tenant_requests_created"}
+    assert "tokenomy_cost_usd" in shown and b'tenant="a"' not in m.render(per_tenant=False)

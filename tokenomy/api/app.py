@@ -104,8 +104,13 @@ async def admin_reload(request: Request) -> dict[str, Any]:
 
 
 async def metrics(request: Request) -> Response:
+    """The Prometheus exposition; the per-tenant and per-key families (prometheus.PER_TENANT) only for an admin key,
+    or for anyone with no keys configured or with server.metrics_per_tenant_public."""
     _keyed(request)
-    return Response(_gateway(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    gateway = _gateway(request)
+    every = (not gateway.keyring.enabled or gateway.config.server.metrics_per_tenant_public
+             or _admin_or_none(request))
+    return Response(gateway.metrics.render(per_tenant=every), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def openapi_json(request: Request) -> JSONResponse:
@@ -161,7 +166,8 @@ def create_app(gateway: Gateway) -> FastAPI:
                                         authenticate=_authenticate)
     if gateway.batches is not None:
         app.state.batch_api = BatchAPI(gateway.batches, _owner, max_file_bytes=gateway.config.batch.max_file_bytes,
-                                       wake=gateway.batch_runner.wake)
+                                       wake=gateway.batch_runner.wake, max_lines=gateway.config.batch.max_lines,
+                                       max_line_bytes=gateway.config.server.max_body_bytes, is_admin=_is_admin)
     openapi.install(app)
     return app
 
@@ -188,6 +194,20 @@ def _admin(request: Request) -> None:
     _gateway(request).keyring.admin(request.headers.get("authorization"))
 
 
+def _admin_or_none(request: Request) -> bool:
+    """Whether the request presents a valid admin key (no error for none: a public path may be asked without)."""
+    try:
+        return _is_admin(request)
+    except APIError:
+        return False
+
+
+def _is_admin(request: Request) -> bool:
+    """Whether the request presents an admin key (False without keys: then every batch is everyone's)."""
+    gateway = _gateway(request)
+    return gateway.keyring.enabled and gateway.keyring.lookup(request.headers.get("authorization")).admin
+
+
 def _owner(request: Request) -> tuple[str, str]:
     """Who owns the files and batches a request may see: (key id, tenant); ("", "default") without keys."""
     gateway = _gateway(request)
@@ -198,13 +218,14 @@ def _owner(request: Request) -> tuple[str, str]:
 
 
 def _own_request(request: Request, row: Any) -> None:
-    """Feedback is for one's own requests (or any, with an admin key); open when no keys are configured."""
+    """Feedback is for one's own requests (or any, with an admin key); open when no keys are configured. Another
+    key's request is refused as the dashboard refuses an unknown id (a 404), so the answer tells nothing of it."""
     gateway = _gateway(request)
     if not gateway.keyring.enabled:
         return
     info = gateway.keyring.lookup(request.headers.get("authorization"))
     if not info.admin and info.key_id != getattr(row, "key_id", None):
-        raise APIError(403, "That request was made with another key.", code="not_your_request")
+        raise dashboard.request_not_found(row.request_id)
 
 
 async def _serve(request: Request, gateway: Gateway, gen: GenRequest, stream: bool, include_usage: bool,

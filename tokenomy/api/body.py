@@ -1,11 +1,10 @@
 """Reading a request body without trusting it: a declared Content-Length over the limit is refused before a byte is
 read, a chunked body is read only up to the limit, and JSON that parses but cannot be served (a lone surrogate,
-nesting past MAX_JSON_DEPTH) is a 400 naming the field. Every dialect reads its body here, and the Files upload
-its multipart form (read_form)."""
+nesting too deep) is a 400 naming the field (dialect/json_input.py). Every dialect reads its body here, and the
+Files upload its multipart form (read_form)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,9 +17,8 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.types import Message
 
+from tokenomy.dialect.json_input import loads
 from tokenomy.errors import APIError
-
-MAX_JSON_DEPTH = 128
 
 
 def too_large(size: int | str, limit: int) -> APIError:
@@ -78,23 +76,11 @@ async def read_form(request: Request, limit: int, max_files: int, max_fields: in
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object (read_body's limit), or a 400 that says what is wrong with it."""
-    raw = await read_body(request, limit)
-    try:
-        text = raw.decode("utf-8-sig")      # a leading byte-order mark is not part of the JSON
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"We could not parse the JSON body of your request: {e.msg} at line {e.lineno} "
-                       f"column {e.colno}.", code="invalid_json") from e
-    except RecursionError:
-        raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
-                       code="invalid_json") from None
+    """The body as a JSON object (read_body's limit), or a 400 that says what is wrong with it (json_input.loads:
+    the same checks as every batch line and stored field)."""
+    data = loads(await read_body(request, limit), "The request body")
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_body")
-    check_json(data)
     return data
 
 
@@ -110,36 +96,6 @@ async def parse_recorded(gateway: Any, request: Request, model: type[BaseModel],
         err = e if isinstance(e, APIError) else APIError(400, "invalid request body", code="invalid_value")
         gateway.refused(api, err, {k.lower(): v for k, v in request.headers.items()})
         raise
-
-
-
-def check_json(data: Any) -> None:
-    """Refuse what parses as JSON but cannot be served: text with a lone UTF-16 surrogate ("\\ud800"), which no
-    response, log line, ledger row or metric can encode, and nesting deeper than MAX_JSON_DEPTH. The error names
-    the field."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise APIError(400, f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep (at {path}).",
-                           param=path or None, code="invalid_json")
-        if isinstance(value, str):
-            _encodable(value, path)
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                _encodable(k, path)
-                stack.append((v, f"{path}.{k}" if path else k, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
-
-
-def _encodable(text: str, path: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        field = path or "the body"
-        raise APIError(400, f"{field} contains a lone UTF-16 surrogate, which is not valid Unicode text.",
-                       param=path or None, code="invalid_encoding") from None
 
 
 async def parse(request: Request, model: type[BaseModel], limit: int) -> BaseModel:

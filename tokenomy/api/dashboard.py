@@ -7,13 +7,13 @@
 
 `Dashboard.guard(request)` (e.g. the keyring's admin check) protects /dashboard/data and /dashboard/live; the page
 itself holds no data and forwards a key given in its URL fragment (/dashboard#key=...) as a bearer token.
-`feedback_guard(request, row)` may refuse feedback on another key's request. Errors use the OpenAI body with a 4xx
-status.
+`feedback_guard(request, row)` may refuse feedback on another key's request, which is then answered with the same 404
+as an unknown request id. Bodies are read with the checks every body gets (api/body.py read_json); query strings
+are parsed into finite times or a 400. Errors use the OpenAI body with a 4xx status.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
-from tokenomy.api.body import read_body
+from tokenomy.api.body import read_json
 from tokenomy.api.error_bodies import error_response
 from tokenomy.errors import APIError
 from tokenomy.ledger.ledger import FEEDBACK_RANGE, MAX_COMMENT, Ledger
@@ -54,8 +54,14 @@ def _live(metrics: Any) -> dict[str, float]:
 def _time(text: str | None, param: str, now: float) -> float | None:
     try:
         return parse_time(text, now)
-    except ValueError as e:
+    except (ValueError, OverflowError) as e:
         raise APIError(400, f"Invalid value for '{param}': {e}", param=param, code="invalid_time") from e
+
+
+def request_not_found(request_id: str) -> APIError:
+    """The one answer for a request id the caller may not give feedback on: unknown, or another key's."""
+    return APIError(404, f"No request with id '{request_id}' is in the ledger.", param="request_id",
+                    code="request_not_found")
 
 
 def _err(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
@@ -134,15 +140,9 @@ async def feedback(request: Request) -> Response:
     try:
         if d.authenticate is not None:
             d.authenticate(request)          # before a byte of the body is read
-        raw = await read_body(request, MAX_FEEDBACK_BYTES)
+        body = await read_json(request, MAX_FEEDBACK_BYTES)      # the checks every body gets
     except APIError as e:
         return error_response(e)
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        return _err(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json")
-    if not isinstance(body, dict):
-        return _err(400, "The request body must be a JSON object.", code="invalid_body")
     unknown = sorted(set(body) - {"request_id", "score", "comment"})
     if unknown:
         return _err(400, f"Unrecognized parameter: '{unknown[0]}'.", param=unknown[0], code="unknown_parameter")
@@ -168,13 +168,15 @@ async def feedback(request: Request) -> Response:
             if row is None and await run_in_threadpool(d.ledger.flush):   # it may still be queued
                 row = await run_in_threadpool(d.ledger.get, rid)
             if row is not None:
-                d.feedback_guard(request, row)
+                try:
+                    d.feedback_guard(request, row)
+                except APIError as e:      # another key's request: the same 404 as an unknown id
+                    raise request_not_found(rid) if e.status in (403, 404) else e from None
         found = await run_in_threadpool(d.ledger.feedback, rid, float(score), comment)
     except APIError as e:
         return error_response(e)
     if not found:
-        return _err(404, f"No request with id '{rid}' is in the ledger.", param="request_id",
-                    code="request_not_found")
+        return error_response(request_not_found(rid))
     if d.metrics is not None:
         d.metrics.feedback.observe(float(score))
     return JSONResponse({"object": "feedback", "request_id": rid, "score": float(score), "comment": comment})

@@ -56,4 +56,7 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
-    return _respond(request, APIError(500, f"internal error: {type(exc).__name__}"))
+    """A 500 for what no handler expected. Starlette re-raises the exception once this answer is sent, and uvicorn
+    then closes the connection: `Connection: close` says so, so a pooled client opens a new one for its next
+    request instead of failing on a connection the server has dropped."""
+    return _respond(request, APIError(500, f"internal error: {type(exc).__name__}", headers={"connection": "close"}))

@@ -42,6 +42,33 @@ FEEDBACK_BODY = {
 }
 
 
+BATCH_BODY = {
+    "type": "object", "required": ["input_file_id", "endpoint", "completion_window"],
+    "properties": {"input_file_id": {"type": "string"},
+                   "endpoint": {"type": "string", "enum": ["/v1/chat/completions", "/v1/completions"]},
+                   "completion_window": {"type": "string", "enum": ["24h"]},
+                   "metadata": {"type": ["object", "null"], "maxProperties": 16,
+                                "additionalProperties": {"type": "string", "maxLength": 512}}},
+}
+FILE_FORM = {
+    "type": "object", "required": ["file", "purpose"],
+    "properties": {"file": {"type": "string", "format": "binary"}, "purpose": {"type": "string", "enum": ["batch"]}},
+}
+# the bodies and query strings the handlers read by hand, by (path, method)
+HAND_READ: dict[tuple[str, str], dict[str, Any]] = {
+    ("/v1/feedback", "post"): {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": FEEDBACK_BODY}}}},
+    ("/v1/batches", "post"): {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": BATCH_BODY}}}},
+    ("/v1/files", "post"): {"requestBody": {"required": True, "content": {"multipart/form-data": {
+        "schema": FILE_FORM}}}},
+    ("/dashboard/data", "get"): {"parameters": [
+        {"name": name, "in": "query", "required": False, "schema": {"type": "string"}, "description": what}
+        for name, what in (("since", "a duration before now (24h), an ISO date or time, 'now' or UNIX seconds"),
+                           ("until", "as since"), ("by", "model | route | tenant | key"))]},
+}
+
+
 def documented(model: type[BaseModel]) -> dict[str, Any]:
     """openapi_extra for a route whose handler parses `model` from the JSON body itself."""
     return {"requestBody": {"required": True, "content": {"application/json": {
@@ -54,13 +81,13 @@ def _errors(doc: dict[str, Any]) -> None:
     anthropic = {"application/json": {"schema": {"$ref": REF.format(model="AnthropicErrorResponse")}}}
     for path, ops in doc.get("paths", {}).items():
         error = anthropic if path.startswith("/v1/messages") else openai
-        for op in ops.values():
+        for method, op in ops.items():
+            for key, value in HAND_READ.get((path, method), {}).items():
+                op.setdefault(key, value)
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             for code, what in ERRORS.items():
                 responses.setdefault(code, {"description": what, "content": error})
-            if path == "/v1/feedback" and "requestBody" not in op:
-                op["requestBody"] = {"required": True, "content": {"application/json": {"schema": FEEDBACK_BODY}}}
     schemas = doc.get("components", {}).get("schemas", {})
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)

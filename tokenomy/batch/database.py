@@ -27,6 +27,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from tokenomy.batch.input_lines import error_line, parse_input
+from tokenomy.dialect.json_input import readable
 from tokenomy.ledger.tables import BATCH_TABLES_VERSION, batches, current_version
 from tokenomy.ledger.tables import BATCH_TIMES as TIMES
 from tokenomy.ledger.tables import batch_files as files
@@ -34,6 +36,7 @@ from tokenomy.ledger.tables import batch_items as items
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+CHUNK = 500             # items inserted at once: what a batch's creation holds beside its file's bytes
 WINDOW_S = {"24h": 86400}
 
 
@@ -48,47 +51,6 @@ class Item:
     custom_id: str | None
     body: dict[str, Any]
     attempts: int
-
-
-def error_line(custom_id: str | None, code: str, message: str) -> dict[str, Any]:
-    """A line of the error file for a request that never got a response (OpenAI's batch error shape)."""
-    return {"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
-            "error": {"code": code, "message": message}}
-
-
-def parse_input(content: bytes, endpoint: str) -> list[tuple[str | None, dict[str, Any] | None, dict | None]]:
-    """Each non-empty line of an input file: (custom_id, body, None), or (custom_id or None, None, error line)
-    for a line that cannot be run: not JSON, no custom_id, a repeated custom_id, another method or url, no body."""
-    out: list[tuple[str | None, dict[str, Any] | None, dict | None]] = []
-    seen: set[str] = set()
-    for n, raw in enumerate(content.decode("utf-8", errors="replace").splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            out.append((None, None, error_line(None, "invalid_json", f"line {n}: not valid JSON ({e.msg})")))
-            continue
-        cid = obj.get("custom_id") if isinstance(obj, dict) else None
-        problem = None
-        if not isinstance(obj, dict):
-            problem = "the line must be a JSON object"
-        elif not isinstance(cid, str) or not cid:
-            problem, cid = "custom_id must be a non-empty string", None
-        elif cid in seen:
-            problem = f"custom_id {cid!r} is used by an earlier line"
-        elif obj.get("method", "POST") != "POST":
-            problem = "method must be POST"
-        elif obj.get("url") != endpoint:
-            problem = f"url must be the batch's endpoint {endpoint}"
-        elif not isinstance(obj.get("body"), dict):
-            problem = "body must be a JSON object"
-        if problem is not None:
-            out.append((cid, None, error_line(cid, "invalid_request", f"line {n}: {problem}")))
-            continue
-        seen.add(cid)
-        out.append((cid, obj["body"], None))
-    return out
 
 
 class BatchStore:
@@ -130,21 +92,27 @@ class BatchStore:
 
     # ---- batches -----------------------------------------------------------------------------------------
     def create_batch(self, owner: str, tenant: str, input_file_id: str, endpoint: str, window: str,
-                     meta: dict[str, str] | None, content: bytes) -> dict[str, Any]:
-        """A batch and its items, in one transaction: lines that cannot run are failed items at once."""
+                     meta: dict[str, str] | None, content: bytes, max_line_bytes: int = 4 << 20) -> dict[str, Any]:
+        """A batch and its items, in one transaction: lines that cannot run (input_lines.parse_input) are failed
+        items at once. The lines are read and inserted CHUNK at a time, never all held as objects."""
         now = int(self.clock())
         bid = new_id("batch_")
         row = {"id": bid, "owner": owner, "tenant": tenant, "endpoint": endpoint, "input_file_id": input_file_id,
                "completion_window": window, "status": "validating", "created_at": now,
                "expires_at": now + WINDOW_S[window], "metadata": json.dumps(meta) if meta else None}
-        lines = [{"batch_id": bid, "line": i, "custom_id": cid, "body": json.dumps(body) if body else None,
-                  "state": "failed" if err else "pending", "attempts": 0,
-                  "result": json.dumps(err) if err else None}
-                 for i, (cid, body, err) in enumerate(parse_input(content, endpoint))]
         with self.engine.begin() as conn:
             conn.execute(batches.insert().values(**row))
-            if lines:
-                conn.execute(items.insert(), lines)
+            chunk: list[dict[str, Any]] = []
+            first_id = f"req_{bid.removeprefix('batch_')}_{{}}".format     # worker.request_id's first start
+            for i, (cid, body, err) in enumerate(parse_input(content, endpoint, max_line_bytes, first_id)):
+                chunk.append({"batch_id": bid, "line": i, "custom_id": cid,
+                              "body": json.dumps(body) if body else None, "state": "failed" if err else "pending",
+                              "attempts": 0, "result": json.dumps(err) if err else None})
+                if len(chunk) >= CHUNK:
+                    conn.execute(items.insert(), chunk)
+                    chunk = []
+            if chunk:
+                conn.execute(items.insert(), chunk)
         return self.batch_object(row)
 
     def get_batch(self, batch_id: str, owner: str | None) -> dict[str, Any] | None:
@@ -155,9 +123,11 @@ class BatchStore:
         found = self._dicts(q)          # the primary key: one row or none
         return self.batch_object(found[0]) if found else None
 
-    def list_batches(self, owner: str, limit: int = 20, after: str | None = None) -> list[dict[str, Any]]:
-        q = sa.select(batches).where(batches.c.owner == owner).order_by(batches.c.created_at.desc(),
-                                                                          batches.c.id.desc())
+    def list_batches(self, owner: str | None, limit: int = 20, after: str | None = None) -> list[dict[str, Any]]:
+        """The owner's batches, newest first; `owner` None: everyone's (an admin key)."""
+        q = sa.select(batches).order_by(batches.c.created_at.desc(), batches.c.id.desc())
+        if owner is not None:
+            q = q.where(batches.c.owner == owner)
         rows = self._dicts(q)
         if after is not None:
             ids = [r["id"] for r in rows]
@@ -185,15 +155,16 @@ class BatchStore:
         return {"total": sum(by.values()), "completed": by.get("done", 0), "failed": by.get("failed", 0)}
 
     def batch_object(self, row: dict[str, Any]) -> dict[str, Any]:
-        """OpenAI's Batch object."""
-        errors = json.loads(row["errors"]) if row.get("errors") else None
+        """OpenAI's Batch object. Stored JSON is read through json_input.readable, so a value stored before the
+        checks existed (a lone surrogate in metadata) never makes a read fail."""
+        errors = readable(json.loads(row["errors"])) if row.get("errors") else None
         return {"id": row["id"], "object": "batch", "endpoint": row["endpoint"], "errors": errors,
                 "input_file_id": row["input_file_id"], "completion_window": row["completion_window"],
                 "status": row["status"], "output_file_id": row.get("output_file_id"),
                 "error_file_id": row.get("error_file_id"), "created_at": row["created_at"],
                 **{t: row.get(t) for t in TIMES}, "expires_at": row["expires_at"],
                 "request_counts": self.counts(row["id"]),
-                "metadata": json.loads(row["metadata"]) if row.get("metadata") else None}
+                "metadata": readable(json.loads(row["metadata"])) if row.get("metadata") else None}
 
     # ---- items -------------------------------------------------------------------------------------------
     def pending(self, batch_id: str, limit: int, skip: set[int], worker: str | None = None) -> list[Item]:

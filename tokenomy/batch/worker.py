@@ -9,10 +9,13 @@ Exactly once: an item's result is committed (after its ledger row) before it cou
 only items still pending. Each start of an item has its own request id (`req_<batch>_<line>`, then `_a<n>` for a
 later start), so a start cut short by a crash never shares a ledger row with the start that finishes it. A 429
 that is not a spent budget (a full queue, a rate limit, a budget held by requests in flight) or a 503 (an engine
-restarting) puts the item back.
+restarting) puts the item back (the batch's completion window bounds how long). Any other failure of a start
+(an exception the pipeline did not turn into an APIError) is logged and the item tried again RETRY_S later, at most
+`max_attempts` times in this process; then the item fails with an `internal_error` line in the error file and the
+batch goes on.
 
 Several gateways on one database: each runner is a worker with its own id that claims an item before it starts it
-and a batch before it ends it (store.py's leases, renewed every third of `lease_s` while it works, given up when it
+and a batch before it ends it (database.py's leases, renewed every third of `lease_s` while it works, given up when it
 stops), so no item runs twice and each batch's results are written once, whichever gateways are up.
 """
 
@@ -25,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tokenomy.batch.database import BatchStore, Item, new_id
+from tokenomy.batch.input_lines import error_line
 from tokenomy.dialect.chat import gen_request
 from tokenomy.dialect.chat_wire import chat_body, completion_body
 from tokenomy.errors import APIError
@@ -52,10 +56,11 @@ class BatchRunner:
                  concurrency: int = 8, poll_s: float = 0.5, drain_s: float = 10.0,
                  flush: Callable[[], None] | None = None, hold: Callable[[str], bool] | None = None,
                  upstream: Callable[[str], bool] | None = None, upstream_concurrency: int = 2,
-                 lease_s: float = 60.0) -> None:
+                 lease_s: float = 60.0, max_attempts: int = 3) -> None:
         """`handle` runs a RequestContext through the pipeline; `flush` commits the ledger's queued rows;
         `upstream(model)` says whether a model or route serves from an upstream, `hold(model)` whether that
-        upstream is too loaded for batch work now."""
+        upstream is too loaded for batch work now; an item whose start fails unexpectedly `max_attempts` times
+        fails."""
         self.store = store
         self.handle = handle
         self.concurrency = concurrency
@@ -72,6 +77,8 @@ class BatchRunner:
         self.inflight: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.upstream_inflight: dict[str, int] = {}
         self.retry_at: dict[tuple[str, int], float] = {}
+        self.max_attempts = max_attempts
+        self.failures: dict[tuple[str, int], int] = {}     # unexpected failures of an item's starts, here
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -162,31 +169,53 @@ class BatchRunner:
             if not await asyncio.to_thread(self.store.claim, item, self.worker, self.lease_s):
                 return                        # another worker took it since we read it
             self.ran += 1
-            rid = request_id(item, item.attempts)
-            try:
-                ctx = to_context(batch["endpoint"], item.body, rid)
-            except APIError as e:
-                await asyncio.to_thread(self.store.finish, item, False, _result(item, rid, e.status, e.body()))
+            await self._start(batch, item, key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:                # never a task exception nobody reads, never a start for ever
+            failures = self.failures[key] = self.failures.get(key, 0) + 1
+            log.exception("batch %s line %d: start %d of %d failed", batch["id"], item.line, failures,
+                          self.max_attempts)
+            if failures < self.max_attempts:
+                self.retry_at[key] = time.monotonic() + RETRY_S * failures
                 return
-            ctx.batch_id, ctx.key_id, ctx.tenant = batch["id"], batch["owner"] or None, batch["tenant"]
             try:
-                await self.handle(ctx)
-                ok, status, body = True, 200, (chat_body(ctx) if ctx.gen.kind == "chat" else completion_body(ctx))
-            except APIError as e:
-                spent = isinstance(e, BudgetExceeded) and not e.fits_later    # not only held by items in flight
-                if (e.status == 429 and not spent) or e.status == 503:
-                    self.retry_at[key] = time.monotonic() + RETRY_S     # stays pending; tried again later
-                    return
-                ok, status, body = False, e.status, e.body()
-            if self.flush is not None:      # its ledger row is committed before the item counts as done
-                await asyncio.to_thread(self.flush)
-            await asyncio.to_thread(self.store.finish, item, ok, _result(item, ctx.request_id, status, body))
+                await asyncio.to_thread(self.store.finish, item, False, error_line(
+                    item.custom_id, "internal_error", f"The request failed {failures} times "
+                    f"({type(e).__name__}); it is not tried again."))
+            except Exception:
+                log.exception("batch %s line %d: could not record its failure", batch["id"], item.line)
+            self.failures.pop(key, None)
             self.retry_at.pop(key, None)
         finally:
             self.inflight.pop(key, None)
             if self.upstream(model):
                 self.upstream_inflight[model] -= 1
             self._wake.set()
+
+    async def _start(self, batch: dict[str, Any], item: Item, key: tuple[str, int]) -> None:
+        """One start of a claimed item: its result committed, or the item put back for a later start."""
+        rid = request_id(item, item.attempts)
+        try:
+            ctx = to_context(batch["endpoint"], item.body, rid)
+        except APIError as e:
+            await asyncio.to_thread(self.store.finish, item, False, _result(item, rid, e.status, e.body()))
+            return
+        ctx.batch_id, ctx.key_id, ctx.tenant = batch["id"], batch["owner"] or None, batch["tenant"]
+        try:
+            await self.handle(ctx)
+            ok, status, body = True, 200, (chat_body(ctx) if ctx.gen.kind == "chat" else completion_body(ctx))
+        except APIError as e:
+            spent = isinstance(e, BudgetExceeded) and not e.fits_later    # not only held by items in flight
+            if (e.status == 429 and not spent) or e.status == 503:
+                self.retry_at[key] = time.monotonic() + RETRY_S     # stays pending; tried again later
+                return
+            ok, status, body = False, e.status, e.body()
+        if self.flush is not None:      # its ledger row is committed before the item counts as done
+            await asyncio.to_thread(self.flush)
+        await asyncio.to_thread(self.store.finish, item, ok, _result(item, ctx.request_id, status, body))
+        self.retry_at.pop(key, None)
+        self.failures.pop(key, None)
 
     async def _cancel(self, bid: str, owner: str) -> None:
         for (batch, _), task in list(self.inflight.items()):

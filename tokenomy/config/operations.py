@@ -86,6 +86,11 @@ class BatchSettings(Section):
                                        "replica reports more than this many requests waiting (vLLM's "
                                        "num_requests_waiting and its kin, scraped)")
     max_file_bytes: int = Field(100 << 20, ge=1024, description="the largest file upload, in bytes")
+    max_lines: int = Field(50_000, ge=1, description="the most requests (non-empty lines) in one batch's input "
+                           "file, as OpenAI's; a file with more is refused (400 too_many_lines) and nothing is "
+                           "stored. A line is at most server.max_body_bytes long, as a request body is")
+    max_attempts: int = Field(3, ge=1, description="a batch request whose start fails with an unexpected error "
+                              "(not a 4xx, not a full queue) is tried this many times, then fails as its line")
     poll_s: float = Field(0.5, gt=0, description="seconds between looks for new batch work when none woke the "
                           "runner")
     drain_s: float = Field(10.0, ge=0, description="at shutdown, how long in-flight batch requests may finish")
@@ -103,6 +108,10 @@ class ServerSettings(Section):
     public: list[str] = Field(default_factory=lambda: ["/health"], description="with keys configured, these paths "
                               "answer without one; /metrics, /docs and /openapi.json need any valid key unless "
                               "listed (a Prometheus scrape can send one as a bearer token)")
+    metrics_per_tenant_public: bool = Field(False, description="with keys configured, /metrics shows the families "
+                                            "labelled by tenant or key (tokenomy_tenant_*, "
+                                            "tokenomy_budget_used_ratio) to every key that may read it; off: "
+                                            "to admin keys only")
     workers: int = Field(1, ge=1, le=256, description="API processes on the port, each running the whole pipeline, "
                          "in front of one engine process per embedded model (docs/workers.md); more than 1 needs "
                          "limits.store on Redis when keys or tenants have limits or budgets")

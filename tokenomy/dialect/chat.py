@@ -18,8 +18,9 @@ from pydantic import (
     model_validator,
 )
 
+from tokenomy.dialect.json_input import check_json
 from tokenomy.errors import APIError
-from tokenomy.generation import GenRequest
+from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, GenRequest
 
 MAX_CHOICES = 16       # n and best_of at most: each choice is a sequence of its own on the engine
 
@@ -69,7 +70,7 @@ class ChatMessage(_ChatBody):
 
 class _Sampling(_ChatBody):
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     n: int = Field(1, ge=1, le=MAX_CHOICES)
@@ -137,8 +138,8 @@ class PredictedOutput(_ChatBody):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
@@ -248,7 +249,9 @@ def body_error(errors: list[Any]) -> APIError:
 
 def gen_request(endpoint: str, body: dict[str, Any], priority: str = "interactive") -> GenRequest:
     """The internal request for a body sent to `endpoint` (a key of BODIES), not streamed; an APIError 400 when it
-    does not validate."""
+    does not validate, or holds what no body read over HTTP may (json_input.check_json: a stored batch line from
+    before that check, say)."""
+    check_json(body, "The body")
     try:
         req = BODIES[endpoint].model_validate({**body, "stream": False})
     except ValidationError as e:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from tokenomy.errors import APIError
-from tokenomy.generation import GenRequest
+from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, GenRequest
 
 # Accepted and ignored: what a model served here cannot honour (extended thinking, server-side context editing,
 # effort, tiers, containers and skills, MCP servers run by the API, geography).
@@ -206,7 +206,7 @@ class CountTokensRequest(_MessagesBody):
     """What `/v1/messages/count_tokens` takes: the prompt of a Messages request, without its sampling."""
 
     model: str = Field(min_length=1)
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
     system: Annotated[list[TextBlock], BeforeValidator(_text_blocks)] = Field(default_factory=list)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
@@ -218,6 +218,7 @@ class CountTokensRequest(_MessagesBody):
         if self.messages[-1].role == "assistant":
             raise ValueError("the last message is the assistant's (a prefill), which the models tokenomy serves "
                              "cannot continue: end with a user message")
+        used: set[str] = set()          # the tool_use ids of the turns so far: a result answers one of them
         for i, m in enumerate(self.messages):
             for j, block in enumerate(m.content):
                 parts = block.content if isinstance(block, ToolResultBlock) else [block]
@@ -225,6 +226,12 @@ class CountTokensRequest(_MessagesBody):
                 if media is not None:
                     raise ValueError(f"messages.{i}.content.{j}: {media.type} blocks are not supported: the model "
                                      f"'{self.model}' reads text only")
+                if isinstance(block, ToolUseBlock):
+                    used.add(block.id)
+                elif isinstance(block, ToolResultBlock) and block.tool_use_id not in used:
+                    raise ValueError(f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                                     f"blocks: {block.tool_use_id}. Each `tool_result` block must have a "
+                                     "corresponding `tool_use` block in an earlier assistant message.")
         if self.tool_choice is not None and self.tool_choice.type in ("any", "tool") and not self.tools:
             raise ValueError(f"tool_choice of type '{self.tool_choice.type}' needs tools")
         if self.tool_choice is not None and self.tool_choice.type == "tool" and self.tools and \
@@ -261,7 +268,7 @@ class CountTokensRequest(_MessagesBody):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1, le=MAX_OUTPUT_TOKENS)
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)

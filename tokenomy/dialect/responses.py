@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenomy.errors import APIError
-from tokenomy.generation import GenRequest
+from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, GenRequest
 
 IGNORED_TOOLS = frozenset({
     "web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
@@ -51,7 +51,7 @@ class ResponsesRequest(_ResponsesBody):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     text: dict[str, Any] | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_OUTPUT_TOKENS)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
@@ -66,6 +66,13 @@ class ResponsesRequest(_ResponsesBody):
     # safety_identifier, top_logprobs, max_tool_calls, stream_options, prompt_cache_retention, text.verbosity
     conversation: Any = None                  # refused: the Conversations API is not served
     prompt: Any = None                        # refused: stored prompt templates are not served
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _items(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > MAX_MESSAGES:
+            raise ValueError(f"input has {len(v)} items; a request may have at most {MAX_MESSAGES}")
+        return v
 
     @field_validator("background")
     @classmethod

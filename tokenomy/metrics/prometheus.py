@@ -338,5 +338,19 @@ class Metrics:
             return OTHER
         return name if self.names is None or name in self.names else OTHER
 
-    def render(self) -> bytes:
-        return generate_latest(self.shared if self.shared is not None else self.registry)
+    def render(self, per_tenant: bool = True) -> bytes:
+        """The exposition; without `per_tenant`, less the families labelled by tenant or key (PER_TENANT), which
+        only an admin key sees (api/app.py metrics, docs/metrics.md)."""
+        text = generate_latest(self.shared if self.shared is not None else self.registry)
+        if per_tenant:
+            return text
+        return b"".join(line for line in text.splitlines(keepends=True) if not _per_tenant(line))
+
+
+# the families that name a tenant or a key in their labels: what one tenant spends is not another's to read
+PER_TENANT = (b"tokenomy_tenant_cost_usd", b"tokenomy_tenant_requests", b"tokenomy_budget_used_ratio")
+
+
+def _per_tenant(line: bytes) -> bool:
+    name = line.split(b" ", 3)[2] if line.startswith(b"# ") else line.split(b"{", 1)[0].split(b" ", 1)[0]
+    return name.startswith(PER_TENANT)

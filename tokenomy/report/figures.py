@@ -48,7 +48,18 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 def parse_time(text: str | float | None, now: float | None = None) -> float | None:
     """'' or None -> None; '30m', '24h', '7d', '2w' -> that long before now; 'now'; an ISO 8601 date or datetime
-    (naive means UTC); or UNIX seconds. Raises ValueError with the accepted forms."""
+    (naive means UTC); or UNIX seconds. Raises ValueError with the accepted forms, and for a time that is not
+    finite or falls outside the years 1 to 9999 (which no date can show)."""
+    t = _parse_time(text, now)
+    if t is not None and not (math.isfinite(t) and _FIRST <= t <= _LAST):
+        raise ValueError(f"{text!r} is not a time between the years 1 and 9999")
+    return t
+
+
+_FIRST, _LAST = -62135596800.0, 253402300799.0     # 0001-01-01 and 9999-12-31T23:59:59, UTC
+
+
+def _parse_time(text: str | float | None, now: float | None) -> float | None:
     if text is None:
         return None
     if isinstance(text, int | float) and not isinstance(text, bool):
