@@ -62,9 +62,15 @@ class ResponsesRequest(_ResponsesBody):
     parallel_tool_calls: bool | None = None
     background: bool | None = None
     prompt_cache_key: str | None = None       # no cache to key here: used as the session for replica affinity
-    # accepted and ignored (docs/api.md): reasoning, include, client_metadata, service_tier, truncation,
-    # safety_identifier, top_logprobs, max_tool_calls, stream_options, prompt_cache_retention, text.verbosity
-    conversation: Any = None                  # refused: the Conversations API is not served
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # echoed, otherwise ignored (docs/api.md): top_logprobs, safety_identifier, prompt_cache_retention,
+    # text.verbosity; accepted and ignored: reasoning, include, client_metadata, service_tier, truncation,
+    # max_tool_calls, stream_options
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    safety_identifier: str | None = None
+    prompt_cache_retention: str | None = None
+    conversation: str | dict[str, Any] | None = None   # a conversation's id (or {"id"}): api/conversations.py
     prompt: Any = None                        # refused: stored prompt templates are not served
 
     @field_validator("background")
@@ -98,9 +104,9 @@ class ResponsesRequest(_ResponsesBody):
         """The internal request: `instructions` as the system message, then `history` (the stored conversation of
         `previous_response_id`, so the prompt's prefix renders as the last turn's did), then this input. APIError
         400 for what cannot be served."""
-        if self.conversation is not None:
-            raise _bad("conversation is not supported; continue a conversation with previous_response_id",
-                       "conversation", "unsupported_parameter")
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise _bad("conversation and previous_response_id cannot both be given; continue either a conversation "
+                       "or a response", "conversation", "mutually_exclusive")
         if self.prompt is not None:
             raise _bad("prompt templates are not supported; send the text as instructions and input", "prompt",
                        "unsupported_parameter")
@@ -110,7 +116,9 @@ class ResponsesRequest(_ResponsesBody):
             raise _bad("input must hold at least one message or item", "input")
         tools = self.chat_tools()
         params: dict[str, Any] = {k: v for k, v in (("max_tokens", self.max_output_tokens),
-                                                     ("temperature", self.temperature), ("top_p", self.top_p))
+                                                     ("temperature", self.temperature), ("top_p", self.top_p),
+                                                     ("presence_penalty", self.presence_penalty),
+                                                     ("frequency_penalty", self.frequency_penalty))
                                   if v is not None}
         if self.parallel_tool_calls is not None:
             params["parallel_tool_calls"] = self.parallel_tool_calls
