@@ -369,3 +369,46 @@ def test_a_fallback_to_an_openai_upstream_answers_in_responses_shape():
         [item] = [o for o in call.output if o.type == "function_call"]
         assert item.name == "get_weather" and json.loads(item.arguments) == {"city": "Paris"}
         assert stub.stub.bodies[-1]["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_compact_returns_items_a_later_input_takes_and_bills_its_tokens(keyed):
+    """Issue 49: POST /v1/responses/compact through the SDK's client.responses.compact: every user message, then
+    one compaction item holding the summary; a later input takes them; the summary's tokens are on a ledger row."""
+    from openai.types.responses import CompactedResponse, ResponseInputMessageItem
+
+    from tests.dialect.test_responses_wire import whole
+
+    a = client_for(keyed)
+    first = a.responses.create(model=MODEL, input="My name is Ada and I like green.", max_output_tokens=16,
+                               temperature=0)
+    raw = a.responses.with_raw_response.compact(model=MODEL, previous_response_id=first.id,
+                                                input=[{"role": "user", "content": "And I live in Paris."}],
+                                                extra_body={"max_output_tokens": 24})   # a short summary: quick
+    c = raw.parse()
+    assert c.object == "response.compaction" and c.usage.output_tokens > 0 and c.usage.input_tokens > 0
+    kinds = [item.type for item in c.output]
+    assert kinds == ["message", "message", "compaction"]
+    body = json.loads(raw.text)
+    assert [m["content"][0]["text"] for m in body["output"][:2]] == ["My name is Ada and I like green.",
+                                                                   "And I live in Paris."]
+    assert body["output"][-1]["encrypted_content"]
+    whole(CompactedResponse, {**body, "output": body["output"][-1:]})
+    for m in body["output"][:2]:
+        whole(ResponseInputMessageItem, m)
+    row = row_of(keyed, c.id)
+    assert row is not None and row.completion_tokens == c.usage.output_tokens
+    assert row.prompt_tokens == c.usage.input_tokens
+    later = a.responses.create(model=MODEL, input=[*body["output"], {"role": "user", "content": "Where do I live?"}],
+                               max_output_tokens=16, temperature=0)
+    assert_response_end(later, 16)
+    assert later.usage.input_tokens > c.usage.output_tokens      # the summary is part of the prompt
+
+
+def test_compact_refuses_a_missing_model_and_an_unknown_previous_response(keyed):
+    with httpx.Client(base_url=keyed.base_url, headers={"authorization": "Bearer sk-resp-a"}, timeout=60) as http:
+        r = http.post("/responses/compact", json={"input": "hello"})
+        assert r.status_code == 400 and r.json()["error"]["message"] and "type" in r.json()["error"]
+        r = http.post("/responses/compact", json={"model": MODEL, "previous_response_id": "resp_nope"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "previous_response_not_found"
+        r = http.post("/responses/compact", json={"model": MODEL, "input": []})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input"

@@ -138,3 +138,13 @@ def test_the_answer_and_the_input_as_stored():
     assert items == [{"role": "user", "content": [{"type": "input_text", "text": "x"}], "type": "message",
                       "status": "completed", "id": "msg_1"},
                      {"type": "function_call_output", "call_id": "c", "output": "o", "id": "fco_9"}]
+
+
+def test_a_compaction_item_is_its_summary_as_a_system_message():
+    from tokenomy.context.compaction import SUMMARY_HEADER
+
+    msgs = body(input=[{"type": "compaction", "encrypted_content": "Ada lives in Paris."},
+                       {"role": "user", "content": "Where?"}]).input_messages()
+    assert msgs == [{"role": "system", "content": f"{SUMMARY_HEADER} Ada lives in Paris."},
+                    {"role": "user", "content": "Where?"}]
+    assert refused(input=[{"type": "compaction"}]).param == "input[0].encrypted_content"

@@ -47,7 +47,7 @@ class ResponsesAPI:
     owner_of: Callable[[Request], tuple[str, str]]
 
 
-def _api(request: Request) -> ResponsesAPI:
+def responses_api(request: Request) -> ResponsesAPI:
     api: ResponsesAPI = request.app.state.responses
     return api
 
@@ -57,12 +57,12 @@ def _not_found(response_id: str) -> APIError:
 
 
 async def create_response(request: Request) -> Response:
-    api, gateway = _api(request), request.app.state.gateway
+    api, gateway = responses_api(request), request.app.state.gateway
     body = await api.parse(request, ResponsesRequest, API)
     assert isinstance(body, ResponsesRequest)
     key_id, tenant = api.owner_of(request)
     try:
-        history = await _history(api, body, tenant)
+        history = await history_of(api, body, tenant)
         gen = body.gen_request(history)
     except APIError as e:
         gateway.refused(API, e, serve.headers_of(request))
@@ -97,7 +97,7 @@ async def create_response(request: Request) -> Response:
     return serve.stream_response(ctx, events.chunks, end)
 
 
-async def _history(api: ResponsesAPI, body: ResponsesRequest, tenant: str) -> list[dict[str, Any]]:
+async def history_of(api: ResponsesAPI, body: ResponsesRequest, tenant: str) -> list[dict[str, Any]]:
     """The stored conversation `previous_response_id` continues ([] without one); 404 for an id this tenant has
     not stored, 400 when nothing can be stored (no ledger)."""
     if body.previous_response_id is None:
@@ -122,7 +122,7 @@ async def _put(store: ResponseStore, stored: StoredResponse) -> None:
 
 
 async def _owned(request: Request, response_id: str) -> tuple[ResponseStore, StoredResponse]:
-    api = _api(request)
+    api = responses_api(request)
     assert api.store is not None
     _, tenant = api.owner_of(request)
     found = await asyncio.to_thread(api.store.get, response_id, tenant)

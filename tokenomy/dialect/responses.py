@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tokenomy.context.compaction import SUMMARY_HEADER
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest
 
@@ -150,13 +151,16 @@ class ResponsesRequest(_ResponsesBody):
             elif kind == "function_call_output":
                 out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                             "content": _output(item.get("output"), where)})
+            elif kind == "compaction":      # POST /v1/responses/compact's summary (dialect/responses_compact.py)
+                out.append({"role": "system",
+                            "content": f"{SUMMARY_HEADER} {_string(item, 'encrypted_content', where)}"})
             elif kind == "reasoning":
                 continue                    # a model's own reasoning: nothing the served model can read
             elif kind is None:
                 raise _bad(f"{where} needs a type (message, function_call, function_call_output) or a role", where)
             else:
                 raise _bad(f"{where} is of type {kind!r}, which is not supported; input items may be message, "
-                           "function_call, function_call_output or reasoning", f"{where}.type")
+                           "function_call, function_call_output, compaction or reasoning", f"{where}.type")
         return out
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
