@@ -17,6 +17,7 @@ from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
 from tokenomy.hardware.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.ledger import pricing
+from tokenomy.ledger.conversations_store import ConversationStore
 from tokenomy.ledger.ledger import Ledger
 from tokenomy.ledger.pricing import PriceLike
 from tokenomy.ledger.responses_store import ResponseStore
@@ -169,6 +170,7 @@ class Gateway:
 
         self.batches, self.batch_runner = self._batch(config)
         self.responses = self._responses()
+        self.conversations = self._conversations()
         if wait:
             self.wait_ready()
 
@@ -204,6 +206,13 @@ class Gateway:
         if self.ledger is None:
             return None
         return ResponseStore(self.ledger.engine, self.ledger.prompt_retention_s)
+
+    def _conversations(self) -> ConversationStore | None:
+        """The Conversations API's conversations (in the ledger's database, kept as long as its stored bodies);
+        None without a ledger."""
+        if self.ledger is None:
+            return None
+        return ConversationStore(self.ledger.engine, self.ledger.prompt_retention_s)
 
     def _embedders(self, config: Config) -> dict[str, Any]:
         """The embedding models by name: every OpenAI-compatible upstream (its /embeddings), then the packaged

@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from tokenomy.api import openapi
+from tokenomy.api import conversations, openapi
 from tokenomy.api import run as serve
 from tokenomy.api.error_bodies import error_response
 from tokenomy.dialect.responses import ResponsesRequest, assistant_message, input_items
@@ -62,7 +62,8 @@ async def create_response(request: Request) -> Response:
     assert isinstance(body, ResponsesRequest)
     key_id, tenant = api.owner_of(request)
     try:
-        history = await history_of(api, body, tenant)
+        history = await history_of(api, body, tenant) + await conversations.conversation_history(request, body,
+                                                                                                  tenant)
         gen = body.gen_request(history)
     except APIError as e:
         gateway.refused(API, e, serve.headers_of(request))
@@ -75,23 +76,28 @@ async def create_response(request: Request) -> Response:
     except APIError as e:
         return error_response(e)
 
+    items = input_items(body, new_id)
+
     def stored(obj: dict[str, Any], text: str, calls: list[dict[str, Any]] | None) -> StoredResponse:
         return StoredResponse(id=obj["id"], ts=time.time(), tenant=tenant, key_id=key_id or None,
                               request_id=ctx.request_id,
                               conversation=history + body.input_messages() + [assistant_message(text, calls)],
-                              input_items=input_items(body, new_id), response=obj)
+                              input_items=items, response=obj)
 
     if not body.stream:
         obj = final_body(ctx, body, store is not None)
         if store is not None:
             assert ctx.result is not None
             await _put(store, stored(obj, ctx.result.text, ctx.result.tool_calls))
+        await conversations.extend(request, body, tenant, items, obj)
         return JSONResponse(obj, headers=serve.tokenomy_headers(ctx, with_cost=True))
     events = ResponseEvents(ctx, body, store is not None)
 
     async def end() -> list[bytes]:
+        obj = events.body()
         if store is not None:
-            await _put(store, stored(events.body(), events.text, events.tool_calls))
+            await _put(store, stored(obj, events.text, events.tool_calls))
+        await conversations.extend(request, body, tenant, items, obj)
         return events.end()
 
     return serve.stream_response(ctx, events.chunks, end)

@@ -258,6 +258,12 @@ def input_items(body: ResponsesRequest, new_id: Any) -> list[dict[str, Any]]:
     `new_id(prefix)` makes an id for an item the client sent without one."""
     raw = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
         else body.input
+    return items_with_ids(raw, new_id)
+
+
+def items_with_ids(raw: list[dict[str, Any]], new_id: Any) -> list[dict[str, Any]]:
+    """Input items as they are listed: a type on each, a message's string content as a text part, an id on
+    each (`new_id(prefix)` for one sent without); reasoning items left out."""
     out = []
     for item in raw:
         kind = item.get("type", "message")
