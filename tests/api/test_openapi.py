@@ -22,6 +22,16 @@ def test_the_openapi_document_declares_bodies_and_openai_errors(server):
     assert {"400", "401", "404", "413", "429", "503"} <= set(chat["responses"])
     assert "422" not in chat["responses"] and "messages" in doc["components"]["schemas"]["ChatCompletionRequest"][
         "properties"]
+    refs: set[str] = set()
+    stack = [doc]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            refs |= {x["$ref"].rsplit("/", 1)[-1]} if isinstance(x.get("$ref"), str) else set()
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    assert refs - set(doc["components"]["schemas"]) == set()      # every body a route names is in the document
 
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_status():

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.routing import APIRoute
 
+from tokenomy.api import openapi
 from tokenomy.dialect.conversations import (
     ConversationCreate,
     ConversationUpdate,
@@ -190,12 +191,15 @@ async def extend(request: Request, body: ResponsesRequest, tenant: str, input_it
 
 
 ROUTES = [
-    APIRoute("/v1/conversations", create_conversation, methods=["POST"]),
+    APIRoute("/v1/conversations", create_conversation, methods=["POST"],
+             openapi_extra=openapi.documented(ConversationCreate)),
     APIRoute("/v1/conversations/{conversation_id}", get_conversation, methods=["GET"]),
-    APIRoute("/v1/conversations/{conversation_id}", update_conversation, methods=["POST"]),
+    APIRoute("/v1/conversations/{conversation_id}", update_conversation, methods=["POST"],
+             openapi_extra=openapi.documented(ConversationUpdate)),
     APIRoute("/v1/conversations/{conversation_id}", delete_conversation, methods=["DELETE"]),
     APIRoute("/v1/conversations/{conversation_id}/items", list_items, methods=["GET"]),
-    APIRoute("/v1/conversations/{conversation_id}/items", create_items, methods=["POST"]),
+    APIRoute("/v1/conversations/{conversation_id}/items", create_items, methods=["POST"],
+             openapi_extra=openapi.documented(ItemsCreate)),
     APIRoute("/v1/conversations/{conversation_id}/items/{item_id}", get_item, methods=["GET"]),
     APIRoute("/v1/conversations/{conversation_id}/items/{item_id}", delete_item, methods=["DELETE"]),
 ]
