@@ -7,7 +7,9 @@ A response runs through the same pipeline as a chat completion (dialect/response
 streams it. With a store (the gateway keeps a ledger), an answer is stored unless `store: false`, and a later
 request continues it by `previous_response_id`: its stored conversation goes before the new input, so the prompt
 renders the same prefix as the turn before and the engine's prefix cache serves it. A stored response is its
-tenant's: any other tenant gets a 404, as for an id that never existed. The app holds a ResponsesAPI as
+tenant's: any other tenant gets a 404, as for an id that never existed. A request that names a `conversation`
+reads its items first and adds its input and output to it (api/conversations.py); `POST /v1/responses/compact`
+is api/compact.py. The app holds a ResponsesAPI as
 `app.state.responses`; POST is always served, the other routes (ROUTES_STORED) only with a store.
 """
 
