@@ -28,6 +28,7 @@ from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest, Usage
 from tokenomy.hardware.energy import EnergyAccount, EnergyMeter, detect
 from tokenomy.ledger import pricing
+from tokenomy.ledger.conversations_store import ConversationStore
 from tokenomy.ledger.ledger import Ledger
 from tokenomy.ledger.pricing import PriceLike
 from tokenomy.ledger.responses_store import ResponseStore
@@ -130,6 +131,7 @@ class Running:
     batches: BatchStore | None
     batch_runner: BatchRunner | None
     responses: ResponseStore | None
+    conversations: ConversationStore | None
 
 
 @dataclass(frozen=True)
@@ -238,9 +240,11 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
     generate = Generate(registry, {m.name: m.schema_policy for m in config.models if m.backend != "embedded"}, metrics)
     batches, runner = _batch(config, gateway, ledger)
     responses = ResponseStore(ledger.engine, ledger.prompt_retention_s) if ledger is not None else None
+    conversations = ConversationStore(ledger.engine, ledger.prompt_retention_s) if ledger is not None else None
     return Running(metrics, registry, fits, packaged, config.prices(), ledger, energy_meter, energy, shared, budgets,
                    windows, exact, semantic, _embedders(config, registry, packaged), _tracer(config, gateway),
-                   _otel_metrics(config, metrics), cache, reserve, generate, batches, runner, responses)
+                   _otel_metrics(config, metrics), cache, reserve, generate, batches, runner, responses,
+                   conversations)
 
 
 def model_names(config: Config, packaged: list[str]) -> set[str]:
@@ -476,6 +480,10 @@ class Gateway:
     @property
     def responses(self) -> ResponseStore | None:
         return self.parts.running.responses
+
+    @property
+    def conversations(self) -> ConversationStore | None:
+        return self.parts.running.conversations
 
     def wait_ready(self) -> None:
         """Wait for every embedded engine to pass its start-up self-check (EngineStartError for one that failed)."""

@@ -27,6 +27,16 @@ def test_the_openapi_document_declares_bodies_and_openai_errors(server):
     assert ollama["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/OllamaErrorResponse")
     assert {"/api/generate", "/api/embed", "/api/embeddings", "/api/show", "/api/tags", "/api/ps", "/api/pull",
             "/api/delete", "/api/version"} <= set(doc["paths"])
+    refs: set[str] = set()
+    stack = [doc]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            refs |= {x["$ref"].rsplit("/", 1)[-1]} if isinstance(x.get("$ref"), str) else set()
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    assert refs - set(doc["components"]["schemas"]) == set()      # every body a route names is in the document
 
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_status():

@@ -157,3 +157,29 @@ def test_max_array_items_bounds_unbounded_lists() -> None:
     finally:
         b.engine.stop()
         free.engine.stop()
+
+
+def test_a_fresh_engine_answers_a_short_structured_request_as_it_does_with_room_to_spare() -> None:
+    """Issue 49: the first grammar of a process was timed with the tokenizer's one-time tables, judged too slow to
+    re-plan, and wound down from its first token whenever max_tokens was modest. Each engine here is a fresh
+    process; the modest budget is the roomy answer's length over the shipped wrap-up share, so the answer fits
+    before any wrap-up is due whatever the model writes."""
+    from tokenomy.models.catalog import SMALL_MODEL_STRUCTURED
+
+    share = SMALL_MODEL_STRUCTURED["wrap_up"]
+    schema = {"type": "object", "properties": {"status": {"type": "string"}, "value": {"type": "integer"}},
+              "required": ["status", "value"]}
+    prompt = "status=ok and value=42"
+    roomy_backend = structured_backend(**SMALL_MODEL_STRUCTURED)
+    try:
+        roomy, reason, used = asyncio.run(finish(roomy_backend, schema_request(schema, prompt, 300)))
+    finally:
+        roomy_backend.engine.stop()
+    assert reason == "stop" and used < 300 * share
+    modest_tokens = int(used / share) + 2
+    fresh = structured_backend(**SMALL_MODEL_STRUCTURED)
+    try:
+        modest, reason, _ = asyncio.run(finish(fresh, schema_request(schema, prompt, modest_tokens)))
+    finally:
+        fresh.engine.stop()
+    assert reason == "stop" and modest == roomy

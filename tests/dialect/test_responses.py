@@ -111,7 +111,7 @@ def test_text_formats_become_response_formats():
     assert refused(text={"format": {"type": "yaml"}}).param == "text.format.type"
 
 
-def test_fields_codex_sends_are_accepted_and_background_conversation_and_prompt_refused():
+def test_fields_codex_sends_are_accepted_and_background_and_prompt_refused():
     codex = body(store=False, stream=True, include=["reasoning.encrypted_content"], prompt_cache_key="sess-1",
                  reasoning={"effort": "medium", "summary": "auto"}, client_metadata={"x": "y"},
                  service_tier="auto", truncation="auto")
@@ -119,7 +119,7 @@ def test_fields_codex_sends_are_accepted_and_background_conversation_and_prompt_
     assert body().wants_store(True) and not body().wants_store(False)      # default true, never without a store
     with pytest.raises(ValidationError, match="background"):
         body(background=True)
-    assert refused(conversation="conv_1").param == "conversation"
+    assert refused(conversation="conv_1", previous_response_id="resp_1").param == "conversation"
     assert refused(prompt={"id": "pmpt_1"}).param == "prompt"
     with pytest.raises(ValidationError):
         body(metadata={str(i): "v" for i in range(17)})
@@ -138,3 +138,13 @@ def test_the_answer_and_the_input_as_stored():
     assert items == [{"role": "user", "content": [{"type": "input_text", "text": "x"}], "type": "message",
                       "status": "completed", "id": "msg_1"},
                      {"type": "function_call_output", "call_id": "c", "output": "o", "id": "fco_9"}]
+
+
+def test_a_compaction_item_is_its_summary_as_a_system_message():
+    from tokenomy.context.compaction import SUMMARY_HEADER
+
+    msgs = body(input=[{"type": "compaction", "encrypted_content": "Ada lives in Paris."},
+                       {"role": "user", "content": "Where?"}]).input_messages()
+    assert msgs == [{"role": "system", "content": f"{SUMMARY_HEADER} Ada lives in Paris."},
+                    {"role": "user", "content": "Where?"}]
+    assert refused(input=[{"type": "compaction"}]).param == "input[0].encrypted_content"

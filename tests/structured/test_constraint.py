@@ -1,4 +1,5 @@
 import json
+import types
 
 import numpy as np
 import pytest
@@ -369,3 +370,58 @@ def test_a_grammar_too_slow_to_replan_is_strict_from_its_soft_limit_and_ends_in_
     c.plan_wrap_up(budget, 0.9)
     n = _adversary(c, tokenizer, budget)
     assert c.is_complete() and n <= budget and not c.strict and c.strict_past_soft_limit
+
+
+def test_the_first_grammar_walk_is_timed_without_the_tokenizers_one_time_tables(tokenizer, monkeypatch):
+    """Issue 49: the first walk of a process also built the per-token tables and was judged too slow to re-plan.
+    The clock here advances only while a table is built: the walk's own time must not include it."""
+    from tokenomy.structured import constraint
+    from tokenomy.structured.grammar import GrammarCompiler
+
+    clock = [0.0]
+    real = constraint.wrap_up_ranks
+
+    def slow_table(tables):
+        if tables.wrap_up_ranks is None:
+            clock[0] += 10.0   # a one-time cost far above REPLAN_MAX_WALK_S
+        return real(tables)
+
+    monkeypatch.setattr(constraint, "wrap_up_ranks", slow_table)
+    monkeypatch.setattr(constraint, "time", types.SimpleNamespace(thread_time=lambda: clock[0]))
+    fresh = GrammarCompiler(tokenizer, timeout_s=10.0)   # its own tables, not yet built
+    try:
+        grammar = fresh.compile(json_schema_format({"type": "object", "properties": {
+            "status": {"type": "string"}, "value": {"type": "integer"}}, "required": ["status", "value"],
+            "additionalProperties": False, "x-fresh": True}))
+        c = Constraint(grammar)
+        soft = c.plan_wrap_up(48, 0.6)
+    finally:
+        fresh.close()
+    assert clock[0] == 10.0                               # the tables were built, once
+    assert soft == int(0.6 * 48) and c.max_tokens == 48   # re-planned like any quick grammar, not wound down early
+    assert not c.strict_past_soft_limit
+
+
+def test_a_limit_planned_from_an_empty_answer_waits_until_wrap_up_is_needed(compiler, tokenizer, replan_any):
+    """The plan reserves the walk from an empty answer; by the time the answer reaches that limit most of it is
+    written, so the limit moves on and the mask stays the grammar's; it narrows once the walk from here no longer
+    fits."""
+    from tokenomy.structured.constraint import closing_length
+
+    grammar = compiler.compile(json_schema_format({"type": "object", "properties": {
+        "status": {"type": "string"}, "value": {"type": "integer"}}, "required": ["status", "value"],
+        "additionalProperties": False}))
+    need = closing_length(grammar)
+    written = tokenizer.tokenize_str('{"status": "ok", "value": 4')
+    budget = need + len(written)
+    c = Constraint(grammar)
+    assert c.plan_wrap_up(budget, 0.9) == len(written) < int(0.9 * budget)
+    c.advance(written)
+    plain = Constraint(grammar)
+    plain.advance(list(c.history))
+    assert (c.allowed() == plain.allowed()).all() and c.wrapups == 0 and c.soft_limit > len(c.history)
+    c.advance(tokenizer.tokenize_str("2"))
+    while len(c.history) < c.soft_limit:
+        c.advance(tokenizer.tokenize_str("2"))
+    c.allowed()
+    assert c.wrapups == 1   # the walk from here no longer fits with its margin: wrap-up is due

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, embeddings, messages, openapi, responses
+from tokenomy.api import batches, compact, conversations, dashboard, embeddings, messages, openapi, responses
 from tokenomy.api import run as serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import parse_recorded
@@ -152,8 +152,9 @@ def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
-    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES,
+    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES, *compact.ROUTES,
               *(responses.ROUTES_STORED if gateway.responses is not None else ()),
+              *(conversations.ROUTES if gateway.conversations is not None else ()),
               *(dashboard.ROUTES if gateway.ledger is not None else ()),
               *(batches.ROUTES if gateway.batches is not None else ())]
     app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
@@ -161,6 +162,9 @@ def create_app(gateway: Gateway) -> FastAPI:
     app.state.gateway = gateway
     app.state.responses = responses.ResponsesAPI(
         gateway.responses, lambda request, model, api: parse_recorded(_gateway(request), request, model, api), _owner)
+    app.state.conversations = conversations.ConversationsAPI(
+        gateway.conversations, lambda request, model, api: parse_recorded(_gateway(request), request, model, api),
+        _owner)
     if gateway.ledger is not None:
         app.state.dashboard = Dashboard(gateway.ledger, gateway.metrics, guard=_admin, feedback_guard=_own_request,
                                         authenticate=_authenticate)

@@ -11,9 +11,11 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from tokenomy.dialect.chat import ChatCompletionRequest, CompletionRequest
+from tokenomy.dialect.conversations import ConversationCreate, ConversationUpdate, ItemsCreate
 from tokenomy.dialect.embeddings import EmbeddingRequest
 from tokenomy.dialect.messages import CountTokensRequest, MessagesRequest
 from tokenomy.dialect.responses import ResponsesRequest
+from tokenomy.dialect.responses_compact import CompactRequest
 
 REF = "#/components/schemas/{model}"
 
@@ -101,7 +103,7 @@ def install(app: FastAPI) -> None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest, MessagesRequest,
-                          CountTokensRequest):
+                          CountTokensRequest, CompactRequest, ConversationCreate, ConversationUpdate, ItemsCreate):
                 js = model.model_json_schema(ref_template=REF)
                 schemas.update(js.pop("$defs", {}))
                 schemas[model.__name__] = js

@@ -7,7 +7,9 @@ A response runs through the same pipeline as a chat completion (dialect/response
 streams it. With a store (the gateway keeps a ledger), an answer is stored unless `store: false`, and a later
 request continues it by `previous_response_id`: its stored conversation goes before the new input, so the prompt
 renders the same prefix as the turn before and the engine's prefix cache serves it. A stored response is its
-tenant's: any other tenant gets a 404, as for an id that never existed. The app holds a ResponsesAPI as
+tenant's: any other tenant gets a 404, as for an id that never existed. A request that names a `conversation`
+reads its items first and adds its input and output to it (api/conversations.py); `POST /v1/responses/compact`
+is api/compact.py. The app holds a ResponsesAPI as
 `app.state.responses`; POST is always served, the other routes (ROUTES_STORED) only with a store.
 """
 
@@ -24,7 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
-from tokenomy.api import openapi
+from tokenomy.api import conversations, openapi
 from tokenomy.api import run as serve
 from tokenomy.api.error_bodies import error_response
 from tokenomy.dialect.responses import ResponsesRequest, assistant_message, input_items
@@ -47,7 +49,7 @@ class ResponsesAPI:
     owner_of: Callable[[Request], tuple[str, str]]
 
 
-def _api(request: Request) -> ResponsesAPI:
+def responses_api(request: Request) -> ResponsesAPI:
     api: ResponsesAPI = request.app.state.responses
     return api
 
@@ -57,12 +59,13 @@ def _not_found(response_id: str) -> APIError:
 
 
 async def create_response(request: Request) -> Response:
-    api, gateway = _api(request), request.app.state.gateway
+    api, gateway = responses_api(request), request.app.state.gateway
     body = await api.parse(request, ResponsesRequest, API)
     assert isinstance(body, ResponsesRequest)
     key_id, tenant = api.owner_of(request)
     try:
-        history = await _history(api, body, tenant)
+        history = await history_of(api, body, tenant) + await conversations.conversation_history(request, body,
+                                                                                                  tenant)
         gen = body.gen_request(history)
     except APIError as e:
         gateway.refused(API, e, serve.headers_of(request))
@@ -75,29 +78,34 @@ async def create_response(request: Request) -> Response:
     except APIError as e:
         return error_response(e)
 
+    items = input_items(body, new_id)
+
     def stored(obj: dict[str, Any], text: str, calls: list[dict[str, Any]] | None) -> StoredResponse:
         return StoredResponse(id=obj["id"], ts=time.time(), tenant=tenant, key_id=key_id or None,
                               request_id=ctx.request_id,
                               conversation=history + body.input_messages() + [assistant_message(text, calls)],
-                              input_items=input_items(body, new_id), response=obj)
+                              input_items=items, response=obj)
 
     if not body.stream:
         obj = final_body(ctx, body, store is not None)
         if store is not None:
             assert ctx.result is not None
             await _put(store, stored(obj, ctx.result.text, ctx.result.tool_calls))
+        await conversations.extend(request, body, tenant, items, obj)
         return JSONResponse(obj, headers=serve.tokenomy_headers(ctx, with_cost=True))
     events = ResponseEvents(ctx, body, store is not None)
 
     async def end() -> list[bytes]:
+        obj = events.body()
         if store is not None:
-            await _put(store, stored(events.body(), events.text, events.tool_calls))
+            await _put(store, stored(obj, events.text, events.tool_calls))
+        await conversations.extend(request, body, tenant, items, obj)
         return events.end()
 
     return serve.stream_response(ctx, events.chunks, end)
 
 
-async def _history(api: ResponsesAPI, body: ResponsesRequest, tenant: str) -> list[dict[str, Any]]:
+async def history_of(api: ResponsesAPI, body: ResponsesRequest, tenant: str) -> list[dict[str, Any]]:
     """The stored conversation `previous_response_id` continues ([] without one); 404 for an id this tenant has
     not stored, 400 when nothing can be stored (no ledger)."""
     if body.previous_response_id is None:
@@ -122,7 +130,7 @@ async def _put(store: ResponseStore, stored: StoredResponse) -> None:
 
 
 async def _owned(request: Request, response_id: str) -> tuple[ResponseStore, StoredResponse]:
-    api = _api(request)
+    api = responses_api(request)
     assert api.store is not None
     _, tenant = api.owner_of(request)
     found = await asyncio.to_thread(api.store.get, response_id, tenant)

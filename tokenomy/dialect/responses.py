@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tokenomy.context.compaction import SUMMARY_HEADER
 from tokenomy.errors import APIError
 from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, GenRequest
 
@@ -62,9 +63,15 @@ class ResponsesRequest(_ResponsesBody):
     parallel_tool_calls: bool | None = None
     background: bool | None = None
     prompt_cache_key: str | None = None       # no cache to key here: used as the session for replica affinity
-    # accepted and ignored (docs/api.md): reasoning, include, client_metadata, service_tier, truncation,
-    # safety_identifier, top_logprobs, max_tool_calls, stream_options, prompt_cache_retention, text.verbosity
-    conversation: Any = None                  # refused: the Conversations API is not served
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # echoed, otherwise ignored (docs/api.md): top_logprobs, safety_identifier, prompt_cache_retention,
+    # text.verbosity; accepted and ignored: reasoning, include, client_metadata, service_tier, truncation,
+    # max_tool_calls, stream_options
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    safety_identifier: str | None = None
+    prompt_cache_retention: str | None = None
+    conversation: str | dict[str, Any] | None = None   # a conversation's id (or {"id"}): api/conversations.py
     prompt: Any = None                        # refused: stored prompt templates are not served
 
     @field_validator("input", mode="before")
@@ -105,9 +112,9 @@ class ResponsesRequest(_ResponsesBody):
         """The internal request: `instructions` as the system message, then `history` (the stored conversation of
         `previous_response_id`, so the prompt's prefix renders as the last turn's did), then this input. APIError
         400 for what cannot be served."""
-        if self.conversation is not None:
-            raise _bad("conversation is not supported; continue a conversation with previous_response_id",
-                       "conversation", "unsupported_parameter")
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise _bad("conversation and previous_response_id cannot both be given; continue either a conversation "
+                       "or a response", "conversation", "mutually_exclusive")
         if self.prompt is not None:
             raise _bad("prompt templates are not supported; send the text as instructions and input", "prompt",
                        "unsupported_parameter")
@@ -117,7 +124,9 @@ class ResponsesRequest(_ResponsesBody):
             raise _bad("input must hold at least one message or item", "input")
         tools = self.chat_tools()
         params: dict[str, Any] = {k: v for k, v in (("max_tokens", self.max_output_tokens),
-                                                     ("temperature", self.temperature), ("top_p", self.top_p))
+                                                     ("temperature", self.temperature), ("top_p", self.top_p),
+                                                     ("presence_penalty", self.presence_penalty),
+                                                     ("frequency_penalty", self.frequency_penalty))
                                   if v is not None}
         if self.parallel_tool_calls is not None:
             params["parallel_tool_calls"] = self.parallel_tool_calls
@@ -149,13 +158,16 @@ class ResponsesRequest(_ResponsesBody):
             elif kind == "function_call_output":
                 out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                             "content": _output(item.get("output"), where)})
+            elif kind == "compaction":      # POST /v1/responses/compact's summary (dialect/responses_compact.py)
+                out.append({"role": "system",
+                            "content": f"{SUMMARY_HEADER} {_string(item, 'encrypted_content', where)}"})
             elif kind == "reasoning":
                 continue                    # a model's own reasoning: nothing the served model can read
             elif kind is None:
                 raise _bad(f"{where} needs a type (message, function_call, function_call_output) or a role", where)
             else:
                 raise _bad(f"{where} is of type {kind!r}, which is not supported; input items may be message, "
-                           "function_call, function_call_output or reasoning", f"{where}.type")
+                           "function_call, function_call_output, compaction or reasoning", f"{where}.type")
         return out
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
@@ -253,6 +265,12 @@ def input_items(body: ResponsesRequest, new_id: Any) -> list[dict[str, Any]]:
     `new_id(prefix)` makes an id for an item the client sent without one."""
     raw = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
         else body.input
+    return items_with_ids(raw, new_id)
+
+
+def items_with_ids(raw: list[dict[str, Any]], new_id: Any) -> list[dict[str, Any]]:
+    """Input items as they are listed: a type on each, a message's string content as a text part, an id on
+    each (`new_id(prefix)` for one sent without); reasoning items left out."""
     out = []
     for item in raw:
         kind = item.get("type", "message")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from typing import Any
 
 from tokenomy.dialect.responses import ResponsesRequest
@@ -32,7 +33,8 @@ def response_id(ctx: RequestContext) -> str:
 def usage_body(u: Usage | None) -> dict[str, Any]:
     u = u or Usage()
     return {"input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0,
+                                     "cache_write_tokens_details": None},
             "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt_tokens + u.completion_tokens}
 
@@ -47,7 +49,7 @@ def status_of(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
 
 
 def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "phase": None,
             "content": [text_part(text)] if status != "in_progress" else []}
 
 
@@ -58,7 +60,16 @@ def text_part(text: str) -> dict[str, Any]:
 def call_item(item_id: str, call: dict[str, Any], status: str) -> dict[str, Any]:
     fn = call.get("function") or {}
     return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": fn.get("name", ""),
-            "arguments": fn.get("arguments", ""), "status": status}
+            "arguments": fn.get("arguments", ""), "status": status, "namespace": None, "caller": None,
+            "async": None}
+
+
+def function_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response echoes it: every field OpenAI's reference gives one, `strict` true
+    unless the request said false (a grammar writes every call, so its arguments always match the schema)."""
+    return {"type": "function", "name": tool.get("name"), "description": tool.get("description"),
+            "parameters": tool.get("parameters"), "strict": tool.get("strict") is not False,
+            "allowed_callers": None, "async": None, "defer_loading": None, "output_schema": None}
 
 
 def output_items(text: str, tool_calls: list[dict[str, Any]] | None, status: str) -> list[dict[str, Any]]:
@@ -70,24 +81,41 @@ def output_items(text: str, tool_calls: list[dict[str, Any]] | None, status: str
 def response_body(ctx: RequestContext, body: ResponsesRequest, stored: bool, status: str,
                   output: list[dict[str, Any]], usage: Usage | None = None,
                   incomplete: dict[str, str] | None = None, error: dict[str, str] | None = None) -> dict[str, Any]:
-    """The response object; the request's settings echoed as OpenAI echoes them (function tools only: the
-    others were not offered to the model)."""
-    tools = [t for t in body.tools or [] if t.get("type") == "function"]
-    text = {"format": (body.text or {}).get("format") or {"type": "text"}}
+    """The response object with every field of OpenAI's reference and the Open Responses specification; the
+    request's settings echoed as OpenAI echoes them (function tools only: the others were not offered to the
+    model), null for what tokenomy has no value of (a hosted feature it does not run)."""
+    text = {"format": (body.text or {}).get("format") or {"type": "text"},
+            "verbosity": (body.text or {}).get("verbosity") or "medium"}
     return {
-        "id": response_id(ctx), "object": "response", "created_at": ctx.created, "status": status,
+        "id": response_id(ctx), "object": "response", "created_at": ctx.created,
+        "completed_at": int(time.time()) if status == "completed" else None, "status": status,
         "background": False, "error": error, "incomplete_details": incomplete,
         "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "max_tool_calls": None,
         "model": ctx.model or body.model, "output": output,
         "parallel_tool_calls": body.parallel_tool_calls is not False,
-        "previous_response_id": body.previous_response_id, "reasoning": {"effort": None, "summary": None},
+        "previous_response_id": body.previous_response_id, "conversation": conversation_ref(body),
+        "reasoning": {"effort": None, "summary": None, "context": None, "generate_summary": None, "mode": None},
         "service_tier": "default", "store": stored,
         "temperature": 1.0 if body.temperature is None else body.temperature, "text": text,
-        "tool_choice": body.tool_choice or "auto", "tools": tools,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": [function_tool(t) for t in body.tools or [] if t.get("type") == "function"],
         "top_p": 1.0 if body.top_p is None else body.top_p, "truncation": "disabled",
+        "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
+        "top_logprobs": body.top_logprobs or 0,
         "usage": usage_body(usage) if status != "in_progress" else None, "user": body.user,
-        "metadata": body.metadata or {},
+        "metadata": body.metadata or {}, "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key, "prompt_cache_retention": body.prompt_cache_retention,
+        "prompt": None, "prompt_cache_options": None, "prompt_cache_diagnostics": None, "access_programs": None,
+        "image": None, "input_transformations": None, "moderation": None, "tool_usage": None,
     }
+
+
+def conversation_ref(body: ResponsesRequest) -> dict[str, str] | None:
+    """`conversation` as the response names it: {"id"} of the conversation the request named, else null."""
+    conv = body.conversation
+    if conv is None:
+        return None
+    return {"id": conv if isinstance(conv, str) else str(conv.get("id"))}
 
 
 def final_body(ctx: RequestContext, body: ResponsesRequest, stored: bool) -> dict[str, Any]:
@@ -96,6 +124,13 @@ def final_body(ctx: RequestContext, body: ResponsesRequest, stored: bool) -> dic
     assert r is not None
     status, incomplete = status_of(r.finish_reason)
     return response_body(ctx, body, stored, status, output_items(r.text, r.tool_calls, status), r.usage, incomplete)
+
+
+def failure(delta: Delta) -> dict[str, Any]:
+    """A failed response's `error`: code server_error (the reference's codes name OpenAI's own failures), the
+    cause's own code as its `type`."""
+    return {"code": "server_error", "message": delta.error, "param": None,
+            "type": delta.error_code or "server_error", "misalignment": None}
 
 
 class ResponseEvents:
@@ -145,8 +180,7 @@ class ResponseEvents:
                     self._event("response.in_progress", response=start)]
         if delta.error:
             self.finish = "error"
-            out.append(self._event("response.failed", response=self.body(
-                "failed", {"code": delta.error_code or "server_error", "message": delta.error})))
+            out.append(self._event("response.failed", response=self.body("failed", failure(delta))))
             return out
         if delta.text:
             out += self._text(delta.text)

@@ -1,5 +1,6 @@
 """The ledger's tables and their migrations (SQLAlchemy Core, SQLite and PostgreSQL), and those of the other
-stores in the ledger's database: stored prompts, stored responses, and the Batch API's files, batches and items.
+stores in the ledger's database: stored prompts, stored responses, conversations and their items, and the Batch
+API's files, batches and items.
 
 `schema_version` holds one integer: how many steps of MIGRATIONS have run. A step only adds (tables, columns,
 indexes); nothing is ever dropped, so an older ledger keeps its rows through every upgrade. To change the
@@ -165,6 +166,21 @@ def _batch_item_columns() -> list[sa.Column]:
             sa.Column("result", sa.Text), sa.Column("lease_owner", sa.String(64)), sa.Column("lease_until", DOUBLE)]
 
 
+def _conversation_columns() -> list[sa.Column]:
+    """The Conversations API's conversations (ledger/conversations_store.py): the tenant that made one, when, when
+    it last changed (its retention runs from then), its metadata (JSON)."""
+    return [sa.Column("id", sa.String(64), primary_key=True), sa.Column("tenant", sa.String(128), nullable=False),
+            sa.Column("created_at", sa.Integer, nullable=False), sa.Column("ts", DOUBLE, nullable=False),
+            sa.Column("metadata", sa.Text, nullable=False)]
+
+
+def _conversation_item_columns() -> list[sa.Column]:
+    """A conversation's items in order: its position, the item's id and the item as the API lists it (JSON)."""
+    return [sa.Column("conversation_id", sa.String(64), primary_key=True),
+            sa.Column("position", sa.Integer, primary_key=True), sa.Column("id", sa.String(64), nullable=False),
+            sa.Column("item", sa.Text, nullable=False)]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
                   *_v6_columns(), *_v7_columns(), *_v8_columns(), *_v10_columns(), *_v11_columns())
@@ -173,6 +189,8 @@ responses = sa.Table("stored_responses", metadata, *_response_columns())
 batch_files = sa.Table("batch_files", metadata, *_batch_file_columns())
 batches = sa.Table("batches", metadata, *_batch_columns())
 batch_items = sa.Table("batch_items", metadata, *_batch_item_columns())
+conversations = sa.Table("conversations", metadata, *_conversation_columns())
+conversation_items = sa.Table("conversation_items", metadata, *_conversation_item_columns())
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
 
@@ -264,9 +282,18 @@ def _m12_batch_tables(conn: Connection) -> None:
                 index.create(conn)
 
 
+def _m13_conversations(conn: Connection) -> None:
+    """The Conversations API's tables (self-contained: they reference no other table)."""
+    table = sa.Table("conversations", sa.MetaData(), *_conversation_columns())
+    table.create(conn)
+    sa.Index("ix_conversations_ts", table.c.ts).create(conn)
+    sa.Table("conversation_items", sa.MetaData(), *_conversation_item_columns()).create(conn)
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
                                                   _m5_replica, _m6_batch, _m7_inside, _m8_api, _m9_responses,
-                                                  _m10_cache_write, _m11_trace, _m12_batch_tables]
+                                                  _m10_cache_write, _m11_trace, _m12_batch_tables,
+                                                  _m13_conversations]
 BATCH_TABLES_VERSION = MIGRATIONS.index(_m12_batch_tables) + 1   # the schema version that has the batch tables
 
 

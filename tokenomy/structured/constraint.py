@@ -37,7 +37,9 @@ this only removes tokens from its mask: every answer still conforms.
 
 ``plan_wrap_up(max_tokens, share)`` sets the soft limit to ``min(share * max_tokens, max_tokens - L)``, with L
 the length of the wrap-up walk from an empty answer (``closing_length``): a schema whose smallest answer is
-long (many required keys) starts winding down early enough to finish, a small one keeps ``share``. After that
+long (many required keys) starts winding down early enough to finish, a small one keeps ``share``. When the
+answer reaches a limit set by L, the walk is taken again from where the answer is, and wrap-up waits until that
+walk no longer fits (``_defer``): it never starts before it is needed. After that
 call the limit is also re-planned every ``REPLAN_EVERY`` tokens from the answer's current state (``_replan``),
 and the first token may not open an object or array whose shortest completion cannot fit in ``max_tokens``
 when the grammar offers something else there (``root_open_bans``: a root with no ``type`` takes a number as
@@ -46,6 +48,7 @@ well as an object with hundreds of required keys).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -94,8 +97,8 @@ def wrap_up_ranks(tables: TokenTables) -> np.ndarray:
 REPLAN_EVERY = 32  # tokens between re-plans of the soft limit (each costs one walk to the end)
 REPLAN_MARGIN = 1.25  # the model's own way to the end is longer than the walk's
 # Re-plans run inside mask computation, on the engine's thread, where they stall every sequence in the batch:
-# only grammars whose walk from an empty answer took at most this long are re-planned (most take a few ms;
-# the slowest dev grammar takes about 0.5 s).
+# only grammars whose walk from an empty answer took at most this much CPU time are re-planned (most take a few
+# ms; the slowest dev grammar takes about 0.5 s). The walk is timed without the tokenizer's one-time tables.
 REPLAN_MAX_WALK_S = 0.02
 CLOSING_ENTRIES = 512
 CLOSING_CAP = 4096  # longest wrap-up walk taken to name a schema's minimum (a longer one is "more than" this)
@@ -110,18 +113,32 @@ def closing_length(grammar: CompiledGrammar, limit: int = CLOSING_CAP) -> int:
     return limit if n is None else min(n, limit)
 
 
+def build_tables(tables: TokenTables) -> None:
+    """Compute every per-token table a walk reads (one pass over the vocabulary each, once per tokenizer), so
+    that no walk pays for them and no grammar's timing counts them."""
+    wrap_up_ranks(tables)
+    tables.build()
+
+
 @cached(LRUCache(CLOSING_ENTRIES), key=lambda grammar: grammar.key)
 def _closing_walk(grammar: CompiledGrammar) -> tuple[int | None, float, str | None]:
     """(closing length, or None past CLOSING_CAP or when the walk failed; seconds the walk took; the grammar's
-    error when it failed), cached per grammar."""
-    started = time.perf_counter()
+    error when it failed), cached per grammar.
+
+    The seconds are what one re-plan (a longest-token walk) of this grammar costs and nothing else: the
+    tokenizer's tables are built before the clock starts (the first grammar of a process would otherwise carry
+    their one-time cost and be judged too slow to re-plan for the life of the process), and the clock is this
+    thread's CPU time, so a walk that waited for the GIL or a busy core is not judged by the wait."""
+    build_tables(grammar.tables)
     try:   # long tokens write required text in few steps; short ones close `{` at once: the fewer wins
-        n = _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP, strict=True)
-        seconds = time.perf_counter() - started   # what one re-plan (a longest-token walk) costs
+        walk = Constraint(grammar, break_loops=False, soft_limit=0)
+        started = time.thread_time()
+        n = _walk_to_end(walk, CLOSING_CAP, strict=True)
+        seconds = time.thread_time() - started
         n = min(n, _walk_to_end(Constraint(grammar, break_loops=False, soft_limit=0), CLOSING_CAP,
                                 strict=True, longest=False))
     except ConstraintError as e:   # the grammar failed on its own shortest answer: nothing can satisfy it
-        return None, time.perf_counter() - started, str(e)
+        return None, 0.0, str(e)
     return (None if n >= CLOSING_CAP else n), seconds, None
 
 
@@ -330,6 +347,8 @@ class Constraint:
         self.strict = False  # past the soft limit with no room to spare: follow the walk to the end exactly
         self.strict_past_soft_limit = False  # set by plan_wrap_up for a grammar too slow to re-plan
         self._next_replan = REPLAN_EVERY
+        self._share_limit = 0   # share * max_tokens, set by plan_wrap_up
+        self._deferrable = False  # the soft limit is the walk's from an earlier state: checked again when reached
         self._last_need: int | None = None   # the walk to the end at the last check past the soft limit
         self.wrapups = 0  # masks narrowed by the wrap-up rule
         self.steered = 0  # of those, steps steered toward the end of a string that could not end yet
@@ -356,8 +375,10 @@ class Constraint:
         replans = walk_s <= REPLAN_MAX_WALK_S  # see REPLAN_MAX_WALK_S
         if not replans:  # nothing will catch a detour later: leave the margin a re-plan would have kept
             need = min(max_tokens, int(need * REPLAN_MARGIN) + REPLAN_EVERY)
-        self.soft_limit = max(0, min(int(share * max_tokens), max_tokens - need))
+        self._share_limit = int(share * max_tokens)
+        self.soft_limit = max(0, min(self._share_limit, max_tokens - need))
         self.max_tokens = max_tokens if replans else None
+        self._deferrable = replans and self.soft_limit < self._share_limit
         self.strict_past_soft_limit = not replans   # no walk will tell when to turn strict: be strict at once
         self.root_bans = root_open_bans(self.grammar, max_tokens)
         return self.soft_limit
@@ -379,7 +400,11 @@ class Constraint:
         or has grown since the last check (a detour), switch to ``strict``, where the mask keeps only the walk's
         own token, so the answer ends in time."""
         n = len(self.history)
-        if self.max_tokens is None or self.soft_limit is None or self.strict or n < self._next_replan:
+        if self.max_tokens is None or self.soft_limit is None or self.strict:
+            return
+        if self._deferrable and n >= self.soft_limit:
+            self._defer(n)
+        if n < self._next_replan:
             return
         left = self.max_tokens - n
         if n < self.soft_limit:
@@ -397,6 +422,20 @@ class Constraint:
         if need + REPLAN_EVERY // 4 >= left or (self._last_need is not None and need > self._last_need):
             self.strict = True
         self._last_need = need
+
+    def _defer(self, n: int) -> None:
+        """At a soft limit set by the walk from an earlier state (the plan's, from an empty answer): wrap-up is
+        due only once the walk from here, times REPLAN_MARGIN, no longer fits in what is left; until then the
+        limit moves to where it would be due if the answer made no progress (never past the share's limit).
+        So an answer that is nearly written when the plan's limit comes is left to end on its own."""
+        assert self.max_tokens is not None
+        due = self.max_tokens - math.ceil(self.closing_need(self.max_tokens - n) * REPLAN_MARGIN)
+        if due <= n:
+            self._deferrable = False
+            return
+        self.soft_limit = min(self._share_limit, due)
+        self._deferrable = self.soft_limit == due < self._share_limit
+        self._next_replan = min(n + REPLAN_EVERY, self.soft_limit)
 
     def bitmask(self) -> np.ndarray:
         """Packed mask for the next token: int32 words, bit ``t % 32`` of word ``t // 32`` set iff allowed."""

@@ -33,6 +33,11 @@ class TokenTables:
         self.tokenizer = tokenizer
         self.wrap_up_ranks: np.ndarray | None = None  # filled by constraint.wrap_up_ranks
 
+    def build(self) -> None:
+        """Compute every table of this class now instead of on first use."""
+        for name in ("first_bytes", "lengths", "byte_tokens"):
+            getattr(self, name)
+
     @cached_property
     def first_bytes(self) -> np.ndarray:
         """First byte of every token's text, as int16 (-1 for tokens with no bytes)."""
