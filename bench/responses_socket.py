@@ -5,9 +5,11 @@ loop's length does not depend on the model's words), and the next turn feeds the
 `previous_response_id`. Over the socket (`client.beta.responses.connect()`, `store: false`: the chain lives in
 the socket's memory) and over HTTP (`client.responses.create(stream=True)`, `store: true`, which HTTP
 continuation needs: each turn reads the stored conversation back from the ledger's database). Both stream every
-event and use greedy decoding, so both loops generate the same tokens. Rounds alternate which goes first; the
-response caches are off. Printed: per loop, its wall time (median over rounds) and the median turn, the prompt
-and cached tokens it was billed (work counted, machine-independent), and the ratio socket / HTTP.
+event and use greedy decoding. Each loop's first question carries its own tag, so that one loop never finds the
+other's conversation in the prefix cache (only the shared tools and system text). Rounds alternate which goes
+first; the response caches are off. Printed: per loop, its wall time (median over rounds, and each round's) and
+the median turn, the prompt and cached tokens it was billed (medians over rounds: work counted,
+machine-independent), and the ratio socket / HTTP of the median loop times.
 
 It starts `tokenomy serve` on a free port with the packaged default model, unless `--base-url` names a running
 one (whose response caches should be off).
@@ -39,6 +41,12 @@ LOOKUP: Any = {"type": "function", "name": "lookup", "description": "Look a word
                                                                                         "maxLength": 12}},
                                               "required": ["word"], "additionalProperties": False}}
 ASK = "Look up the words of this sentence one by one: the quick brown fox jumps over the lazy dog."
+
+
+def ask(tag: str) -> str:
+    """The first turn's question, tagged per loop: the two loops would otherwise send the same prompts, and the
+    second would find the first's whole conversation in the prefix cache. The tools and system text stay shared."""
+    return f"[{tag}] {ASK}"
 ENDS = ("response.completed", "response.incomplete", "response.failed", "error")
 
 
@@ -54,12 +62,12 @@ def next_input(response: Any, turn: int) -> list[dict[str, Any]]:
             for c in calls]
 
 
-def socket_loop(client: openai.OpenAI, turns: int, max_tokens: int) -> tuple[list[float], int, int]:
+def socket_loop(client: openai.OpenAI, turns: int, max_tokens: int, tag: str) -> tuple[list[float], int, int]:
     """(seconds per turn, prompt tokens, cached tokens) of one loop over one socket."""
     times, prompt, cached = [], 0, 0
     with client.beta.responses.connect() as conn:
         previous: str | None = None
-        data: Any = ASK
+        data: Any = ask(tag)
         for turn in range(turns):
             t0 = time.perf_counter()
             extra = {"previous_response_id": previous} if previous else {}
@@ -77,11 +85,11 @@ def socket_loop(client: openai.OpenAI, turns: int, max_tokens: int) -> tuple[lis
     return times, prompt, cached
 
 
-def http_loop(client: openai.OpenAI, turns: int, max_tokens: int) -> tuple[list[float], int, int]:
+def http_loop(client: openai.OpenAI, turns: int, max_tokens: int, tag: str) -> tuple[list[float], int, int]:
     """The same loop over HTTP, streamed, continued by previous_response_id from the store."""
     times, prompt, cached = [], 0, 0
     previous: str | None = None
-    data: Any = ASK
+    data: Any = ask(tag)
     for turn in range(turns):
         t0 = time.perf_counter()
         extra = {"previous_response_id": previous} if previous else {}
@@ -125,19 +133,23 @@ def main() -> None:
         client = openai.OpenAI(base_url=base, api_key=os.environ.get("OPENAI_API_KEY", "unused"), max_retries=0,
                                timeout=600)
         loops = {"socket": socket_loop, "http": http_loop}
-        socket_loop(client, 2, args.max_tokens)          # warm up: the model, the grammar, the tools' prefix
+        socket_loop(client, 2, args.max_tokens, "warm-up")   # the model, the grammar, the tools' prefix
         results: dict[str, list[tuple[list[float], int, int]]] = {name: [] for name in loops}
         for r in range(args.rounds):
             order = list(loops) if r % 2 == 0 else list(loops)[::-1]
             for name in order:
-                results[name].append(loops[name](client, args.turns, args.max_tokens))
+                results[name].append(loops[name](client, args.turns, args.max_tokens, f"{name} {r}"))
         print(f"{args.turns}-turn tool loop, max_output_tokens {args.max_tokens}, {args.rounds} rounds, {base}")
-        print(f"{'':8} {'loop s (median)':>16} {'turn ms (median)':>17} {'prompt tok':>11} {'cached tok':>11}")
+        print(f"{'':8} {'loop s (median)':>16} {'turn ms (median)':>17} {'prompt tok':>11} {'cached tok':>11}"
+              "   loop s per round")
         medians = {}
         for name, runs in results.items():
             medians[name] = statistics.median(sum(t) for t, _, _ in runs)
             turn = statistics.median(x for t, _, _ in runs for x in t) * 1000
-            print(f"{name:8} {medians[name]:16.3f} {turn:17.1f} {runs[0][1]:11d} {runs[0][2]:11d}")
+            prompt = int(statistics.median(p for _, p, _ in runs))
+            cached = int(statistics.median(c for _, _, c in runs))
+            each = " ".join(f"{sum(t):.1f}" for t, _, _ in runs)
+            print(f"{name:8} {medians[name]:16.3f} {turn:17.1f} {prompt:11d} {cached:11d}   {each}")
         print(f"socket / http: {medians['socket'] / medians['http']:.3f}")
     finally:
         if proc is not None:

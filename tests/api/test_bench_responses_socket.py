@@ -1,5 +1,5 @@
 """bench/responses_socket.py works as its docstring says: the same tool loop over the socket and over HTTP, both
-billed the same prompt tokens (greedy, the same calls), and the ratio printed."""
+billed, each continuing its own prefix, and the ratio printed."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ def test_the_tool_loop_runs_over_both_and_prints_the_ratio(server, monkeypatch, 
     bench.main()
     out = capsys.readouterr().out
     rows = {m[1]: (float(m[2]), int(m[4]), int(m[5]))
-            for m in re.finditer(r"^(socket|http)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)$", out, re.M)}
+            for m in re.finditer(r"^(socket|http)\s+([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+[\d.]+$", out, re.M)}
     assert set(rows) == {"socket", "http"}, out
-    assert rows["socket"][1] == rows["http"][1] > 0          # the same prompts, turn for turn
-    assert all(cached > 0 for _, _, cached in rows.values())  # the second turn continues the first's prefix
+    assert all(0 < cached < prompt for _, prompt, cached in rows.values())  # each turn past the first continues
     assert re.search(r"^socket / http: [\d.]+$", out, re.M)
