@@ -261,7 +261,7 @@ def test_a_codex_shaped_request_is_served(keyed):
     assert events[0]["type"] == "response.created"
     assert events[-1]["type"] == "response." + events[-1]["response"]["status"]
     assert_response_end(events[-1]["response"], 8)
-    assert [t["name"] for t in events[-1]["response"]["tools"]] == ["shell"]
+    assert [t["name"] for t in events[-1]["response"]["tools"]] == ["shell", "apply_patch"]
     assert events[-1]["response"]["store"] is False and stored_count(keyed) == before
 
 

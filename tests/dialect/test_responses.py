@@ -70,16 +70,17 @@ def test_bad_items_are_a_400_naming_the_item():
     assert refused(input=[{"type": "reasoning", "summary": []}]).param == "input"   # nothing left to answer
 
 
-def test_function_tools_are_honoured_codex_tools_ignored_hosted_tools_refused():
+def test_function_and_custom_tools_are_honoured_codex_tools_ignored_hosted_tools_refused():
     codex = [WEATHER, {"type": "web_search", "external_web_access": False}, {"type": "local_shell"},
              {"type": "custom", "name": "apply_patch", "description": "d",
               "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}]
     g = body(tools=codex, tool_choice="auto", parallel_tool_calls=False).gen_request()
     assert g.tools == [{"type": "function", "function": {
         "name": "get_weather", "description": "Weather for a city", "parameters": WEATHER["parameters"],
-        "strict": True}}]
+        "strict": True}}, {"type": "custom", "custom": {"name": "apply_patch", "description": "d", "format": {
+            "type": "grammar", "grammar": {"syntax": "lark", "definition": "start: /.+/"}}}}]
     assert g.tool_choice == "auto" and g.params["parallel_tool_calls"] is False
-    only_ignored = body(tools=codex[1:], tool_choice="auto").gen_request()
+    only_ignored = body(tools=codex[1:3], tool_choice="auto").gen_request()
     assert only_ignored.tools is None and only_ignored.tool_choice is None
     for kind in ("file_search", "code_interpreter", "mcp", "image_generation", "computer_use_preview", "teleport"):
         e = refused(tools=[WEATHER, {"type": kind}])

@@ -18,7 +18,17 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, compact, conversations, dashboard, embeddings, messages, openapi, responses
+from tokenomy.api import (
+    batches,
+    compact,
+    conversations,
+    dashboard,
+    embeddings,
+    messages,
+    openapi,
+    responses,
+    responses_socket,
+)
 from tokenomy.api import run as serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import parse_recorded
@@ -153,6 +163,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
     routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES, *compact.ROUTES,
+              *responses_socket.ROUTES,
               *(responses.ROUTES_STORED if gateway.responses is not None else ()),
               *(conversations.ROUTES if gateway.conversations is not None else ()),
               *(dashboard.ROUTES if gateway.ledger is not None else ()),

@@ -301,12 +301,14 @@ def prediction_text(params: dict[str, Any]) -> str | None:
 
 
 def _tool_calls(fmt: Any) -> Any:
-    """A ToolCallStream for one choice when the answer may call tools, else None."""
+    """A ToolCallStream for one choice when the answer may call tools (a CallStream when it may call custom
+    tools), else None."""
     if fmt is None or not fmt.may_call:
         return None
     from tokenomy.structured import ToolCallStream
+    from tokenomy.structured.custom_tools import CallStream
 
-    return ToolCallStream()
+    return CallStream() if fmt.customs else ToolCallStream()
 
 
 def _piece(i: int, ev: TokenEvent, calls: Any, logprobs: list[dict[str, Any]]) -> Delta | None:

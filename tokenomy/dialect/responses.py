@@ -6,10 +6,11 @@ api="responses"); what cannot be served is a 400 naming the item or the field (d
 
 Tools, by type:
 - `function`: honoured (a grammar makes the call, as for chat tools).
+- `custom`: honoured, its input free text or constrained by its Lark or regex grammar (responses_custom.py).
 - ignored, not shown to the model: `web_search` (and its preview and dated names), which Codex sends by default
   and without which the model answers from what it knows, as it may under tool_choice auto; and the tools a
   client runs itself whose call items the served model cannot write: `local_shell`, `shell`, `apply_patch`,
-  `custom`, `namespace`, `tool_search`.
+  `namespace`, `tool_search`.
 - refused (400): hosted tools the caller would rely on and tokenomy cannot run (`file_search`,
   `code_interpreter`, `image_generation`, `mcp`, the computer-use tools) and any type it does not know.
 """
@@ -22,12 +23,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tokenomy.context.compaction import SUMMARY_HEADER
+from tokenomy.dialect.responses_custom import chat_custom_tool, custom_call, tool_name
 from tokenomy.errors import APIError
 from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, GenRequest
 
 IGNORED_TOOLS = frozenset({
     "web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
-    "local_shell", "shell", "apply_patch", "custom", "namespace", "tool_search"})
+    "local_shell", "shell", "apply_patch", "namespace", "tool_search"})
 REFUSED_TOOLS = frozenset({
     "file_search", "code_interpreter", "image_generation", "mcp", "computer", "computer_use",
     "computer_use_preview"})
@@ -146,16 +148,17 @@ class ResponsesRequest(_ResponsesBody):
             kind = item.get("type", "message" if "role" in item else None)
             if kind == "message":
                 out.append(_message(item, where))
-            elif kind == "function_call":
+            elif kind in ("function_call", "custom_tool_call"):
                 call = {"id": _string(item, "call_id", where), "type": "function",
                         "function": {"name": _string(item, "name", where),
-                                     "arguments": _string(item, "arguments", where, empty=True)}}
+                                     "arguments": _string(item, "arguments", where, empty=True)}
+                        } if kind == "function_call" else custom_call(item, where)
                 last = out[-1] if out else None
                 if last is not None and last["role"] == "assistant" and "tool_call_id" not in last:
                     last.setdefault("tool_calls", []).append(call)
                 else:
                     out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-            elif kind == "function_call_output":
+            elif kind in ("function_call_output", "custom_tool_call_output"):
                 out.append({"role": "tool", "tool_call_id": _string(item, "call_id", where),
                             "content": _output(item.get("output"), where)})
             elif kind == "compaction":      # POST /v1/responses/compact's summary (dialect/responses_compact.py)
@@ -164,10 +167,12 @@ class ResponsesRequest(_ResponsesBody):
             elif kind == "reasoning":
                 continue                    # a model's own reasoning: nothing the served model can read
             elif kind is None:
-                raise _bad(f"{where} needs a type (message, function_call, function_call_output) or a role", where)
+                raise _bad(f"{where} needs a type (message, function_call, function_call_output, custom_tool_call, "
+                           "custom_tool_call_output) or a role", where)
             else:
                 raise _bad(f"{where} is of type {kind!r}, which is not supported; input items may be message, "
-                           "function_call, function_call_output, compaction or reasoning", f"{where}.type")
+                           "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
+                           "compaction or reasoning", f"{where}.type")
         return out
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
@@ -186,13 +191,15 @@ class ResponsesRequest(_ResponsesBody):
                 if tool.get("strict") is not None:
                     fn["strict"] = tool["strict"]
                 out.append({"type": "function", "function": fn})
+            elif kind == "custom":
+                out.append(chat_custom_tool(tool, where))
             elif kind in IGNORED_TOOLS:
                 continue
             elif kind in REFUSED_TOOLS:
                 raise _bad(f"{where}: tools of type {kind!r} are not supported (tokenomy cannot run OpenAI's hosted "
-                           "tools); use function tools", f"{where}.type", "unsupported_tool")
+                           "tools); use function or custom tools", f"{where}.type", "unsupported_tool")
             else:
-                raise _bad(f"{where}: unknown tool type {kind!r}; use function tools", f"{where}.type",
+                raise _bad(f"{where}: unknown tool type {kind!r}; use function or custom tools", f"{where}.type",
                            "unsupported_tool")
         return out or None
 
@@ -207,21 +214,28 @@ class ResponsesRequest(_ResponsesBody):
         kind = choice.get("type")
         if kind == "function":
             name = choice.get("name")
-            if not isinstance(name, str) or not any(t["function"]["name"] == name for t in tools or []):
+            if not isinstance(name, str) or not any(t.get("function", {}).get("name") == name for t in tools or []):
                 raise _bad(f"tool_choice names function {name!r}, which is not among the function tools",
                            "tool_choice")
             return tools, {"type": "function", "function": {"name": name}}
+        if kind == "custom":
+            name = choice.get("name")
+            if not isinstance(name, str) or not any(t.get("custom", {}).get("name") == name for t in tools or []):
+                raise _bad(f"tool_choice names custom tool {name!r}, which is not among the custom tools",
+                           "tool_choice")
+            return tools, {"type": "custom", "custom": {"name": name}}
         if kind == "allowed_tools":
             mode = choice.get("mode", "auto")
             listed = choice.get("tools")
             if mode not in ("auto", "required") or not isinstance(listed, list):
                 raise _bad("tool_choice allowed_tools needs mode auto or required and a tools list", "tool_choice")
-            names = {t.get("name") for t in listed if isinstance(t, dict) and t.get("type") == "function"}
-            kept = [t for t in tools or [] if t["function"]["name"] in names]
+            names = {t.get("name") for t in listed if isinstance(t, dict) and t.get("type") in ("function", "custom")}
+            kept = [t for t in tools or [] if tool_name(t) in names]
             if not kept and mode == "required":
                 raise _bad("tool_choice allowed_tools lists no function tool of the request", "tool_choice")
             return kept or None, mode if kept else None
-        raise _bad(f"tool_choice of type {kind!r} is not supported; use auto, none, required or a function",
+        raise _bad(f"tool_choice of type {kind!r} is not supported; use auto, none, required, a function or a "
+                   "custom tool",
                    "tool_choice")
 
     def response_format(self) -> dict[str, Any] | None:
@@ -254,8 +268,9 @@ def assistant_message(text: str, tool_calls: list[dict[str, Any]] | None) -> dic
     """An answer as the internal assistant message the next turn's conversation carries."""
     m: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
-        m["tool_calls"] = [{"id": c["id"], "type": "function",
-                            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+        m["tool_calls"] = [{"id": c["id"], "type": "custom", "custom": dict(c["custom"])} if c.get("type") == "custom"
+                           else {"id": c["id"], "type": "function",
+                                 "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
                            for c in tool_calls]
     return m
 
@@ -283,7 +298,8 @@ def items_with_ids(raw: list[dict[str, Any]], new_id: Any) -> list[dict[str, Any
             if isinstance(content, str):
                 d["content"] = [{"type": part, "text": content}]
             d.setdefault("status", "completed")
-        prefix = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}.get(kind, "item_")
+        prefix = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_",
+                  "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_"}.get(kind, "item_")
         d.setdefault("id", new_id(prefix))
         out.append(d)
     return out

@@ -3,7 +3,8 @@ result (`response_body`) or its deltas (`ResponseEvents`).
 
 A stream is: response.created, response.in_progress, then per output item response.output_item.added, for a
 message response.content_part.added, response.output_text.delta ... response.output_text.done and
-response.content_part.done, for a function call response.function_call_arguments.delta ... .done, then
+response.content_part.done, for a function call response.function_call_arguments.delta ... .done, for a custom
+tool's call response.custom_tool_call_input.delta ... .done, then
 response.output_item.done; and last response.completed, response.incomplete (the answer hit max_output_tokens) or
 response.failed (an error after the stream began). Every event has `type` and a `sequence_number` counting from 0,
 and rides an SSE `event:` line of the same name.
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 from tokenomy.dialect.responses import ResponsesRequest
+from tokenomy.dialect.responses_custom import custom_call_item
 from tokenomy.generation import Delta, Usage
 from tokenomy.pipeline.request import RequestContext
 
@@ -75,14 +77,15 @@ def function_tool(tool: dict[str, Any]) -> dict[str, Any]:
 def output_items(text: str, tool_calls: list[dict[str, Any]] | None, status: str) -> list[dict[str, Any]]:
     """A whole answer's output: a message when there is text (or nothing else), then one item per call."""
     items = [message_item(new_id("msg_"), text, status)] if text or not tool_calls else []
-    return items + [call_item(new_id("fc_"), c, "completed") for c in tool_calls or []]
+    return items + [custom_call_item(new_id("ctc_"), c) if c.get("type") == "custom"
+                    else call_item(new_id("fc_"), c, "completed") for c in tool_calls or []]
 
 
 def response_body(ctx: RequestContext, body: ResponsesRequest, stored: bool, status: str,
                   output: list[dict[str, Any]], usage: Usage | None = None,
                   incomplete: dict[str, str] | None = None, error: dict[str, str] | None = None) -> dict[str, Any]:
     """The response object with every field of OpenAI's reference and the Open Responses specification; the
-    request's settings echoed as OpenAI echoes them (function tools only: the others were not offered to the
+    request's settings echoed as OpenAI echoes them (function and custom tools only: the others were not offered to the
     model), null for what tokenomy has no value of (a hosted feature it does not run)."""
     text = {"format": (body.text or {}).get("format") or {"type": "text"},
             "verbosity": (body.text or {}).get("verbosity") or "medium"}
@@ -98,7 +101,8 @@ def response_body(ctx: RequestContext, body: ResponsesRequest, stored: bool, sta
         "service_tier": "default", "store": stored,
         "temperature": 1.0 if body.temperature is None else body.temperature, "text": text,
         "tool_choice": body.tool_choice or "auto",
-        "tools": [function_tool(t) for t in body.tools or [] if t.get("type") == "function"],
+        "tools": [function_tool(t) if t.get("type") == "function" else t
+                  for t in body.tools or [] if t.get("type") in ("function", "custom")],
         "top_p": 1.0 if body.top_p is None else body.top_p, "truncation": "disabled",
         "presence_penalty": body.presence_penalty or 0.0, "frequency_penalty": body.frequency_penalty or 0.0,
         "top_logprobs": body.top_logprobs or 0,
@@ -218,6 +222,8 @@ class ResponseEvents:
                                   content_index=0, delta=text, logprobs=[])]
 
     def _call(self, tc: dict[str, Any]) -> list[bytes]:
+        if tc.get("type") == "custom" or "custom" in tc:
+            return self._custom_call(tc)
         out: list[bytes] = []
         fn = tc.get("function") or {}
         index = tc.get("index", len(self.calls))
@@ -239,6 +245,28 @@ class ResponseEvents:
                                    output_index=at, delta=fragment))
         return out
 
+    def _custom_call(self, tc: dict[str, Any]) -> list[bytes]:
+        """A custom tool's call: its item, then response.custom_tool_call_input.delta per input fragment."""
+        out: list[bytes] = []
+        index = tc.get("index", len(self.calls))
+        if index not in self.calls:
+            out += self._close()
+            call = {"id": tc.get("id") or new_id("call_"), "type": "custom",
+                    "custom": {"name": (tc.get("custom") or {}).get("name", ""), "input": ""}}
+            item = custom_call_item(new_id("ctc_"), call)
+            self.items.append(item)
+            self.open = len(self.items) - 1
+            self.calls[index] = (self.open, call)
+            out.append(self._event("response.output_item.added", output_index=self.open, item=dict(item)))
+        at, call = self.calls[index]
+        fragment = (tc.get("custom") or {}).get("input") or ""
+        if fragment:
+            self.items[at]["input"] += fragment
+            call["custom"]["input"] += fragment
+            out.append(self._event("response.custom_tool_call_input.delta", item_id=self.items[at]["id"],
+                                   output_index=at, delta=fragment))
+        return out
+
     def _close(self) -> list[bytes]:
         """Finish the item being written: its done events, with the item as it ends."""
         if self.open is None:
@@ -254,6 +282,10 @@ class ResponseEvents:
                     self._event("response.content_part.done", item_id=item["id"], output_index=at,
                                 content_index=0, part=text_part(text)),
                     self._event("response.output_item.done", output_index=at, item=item)]
+        if item["type"] == "custom_tool_call":
+            return [self._event("response.custom_tool_call_input.done", item_id=item["id"], output_index=at,
+                                input=item["input"]),
+                    self._event("response.output_item.done", output_index=at, item=dict(item))]
         item["status"] = "completed"
         return [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
                             arguments=item["arguments"]),

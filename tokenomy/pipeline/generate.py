@@ -282,14 +282,21 @@ async def _collect(stream: AsyncIterator[Delta]) -> Result:
 
 
 def merge_tool_calls(deltas: list[dict]) -> list[dict]:
-    """Streamed tool_call deltas (OpenAI shape: index, then id/type/name once, then arguments fragments) ->
-    whole calls."""
+    """Streamed tool_call deltas (OpenAI shape: index, then id/type/name once, then arguments fragments, or a
+    custom call's input fragments) -> whole calls."""
     calls: dict[int, dict] = {}
     for d in deltas:
+        if d.get("type") == "custom" or (d.get("custom") and d.get("index", 0) not in calls):
+            calls[d.get("index", 0)] = {"id": None, "type": "custom", "custom": {"name": "", "input": ""}}
         c = calls.setdefault(d.get("index", 0), {"id": None, "type": "function",
                                                  "function": {"name": "", "arguments": ""}})
         if d.get("id"):
             c["id"] = d["id"]
+        if c["type"] == "custom":       # a custom tool's call (structured/custom_tools.py): name, then input
+            part = d.get("custom") or {}
+            c["custom"]["name"] = part.get("name") or c["custom"]["name"]
+            c["custom"]["input"] += part.get("input") or ""
+            continue
         fn = d.get("function") or {}
         if fn.get("name"):
             c["function"]["name"] = fn["name"]

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import llguidance
 from cachetools import LRUCache, cached
 
+from tokenomy.structured.custom_tools import CUSTOM_OPEN, custom_rules, custom_tools, with_grammars
 from tokenomy.structured.normalize import normalize, rebase_refs
 from tokenomy.structured.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_tool_calls, tools_prompt
 
@@ -82,6 +83,7 @@ class OutputFormat:
     grammar: str
     schema: dict[str, Any] | None = None
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    customs: dict[str, dict[str, Any]] = field(default_factory=dict)   # callable custom tools: name -> format
     may_answer: bool = True  # a non-call answer is allowed
     may_call: bool = False  # a tool call is allowed
     name: str | None = None  # response_format.json_schema.name
@@ -150,25 +152,36 @@ def _output_format(key: str, response_format: Any, tools: Any, tool_choice: Any,
         return OutputFormat(kind=kind, grammar=grammar, schema=schema, name=name, strict=strict,
                             relaxed=tuple(sorted(relaxed)))
 
-    callable_ = {choice: functions[choice]} if choice not in ("auto", "required") else functions
-    calls = _calls_schema(callable_, bounds, relaxed,
-                          single=not parallel_tool_calls or choice not in ("auto", "required"))
-    rules = [f'calls: "{TOOL_CALL_OPEN}" call_list "{TOOL_CALL_CLOSE}"',
-             f"call_list: %json {_json_text(calls, bounds, relaxed)}"]
+    customs = _customs(tools)
+    if choice in customs:
+        callable_, customs = {}, {choice: customs[choice]}
+    elif choice not in ("auto", "required"):
+        callable_, customs = {choice: functions[choice]}, {}
+    else:
+        callable_ = functions
+    alternatives, rules, grammars = custom_rules(customs)
+    if callable_:
+        calls = _calls_schema(callable_, bounds, relaxed,
+                              single=not parallel_tool_calls or choice not in ("auto", "required"))
+        alternatives.insert(0, "calls")
+        rules += [f'calls: "{TOOL_CALL_OPEN}" call_list "{TOOL_CALL_CLOSE}"',
+                  f"call_list: %json {_json_text(calls, bounds, relaxed)}"]
+    call = " | ".join(alternatives)
     schema = name = None
     strict = False
     if choice != "auto":
-        start = "start: calls"
+        start = f"start: {call}"
     elif answer is None:
         # Free text that does not open a call: once "<tool_call>" is written, the call grammar takes over.
-        start = "start: TEXT | calls"
-        rules.append(f"TEXT: /(?s:.*)/ & ~/\\s*{re.escape(TOOL_CALL_OPEN)}(?s:.*)/")
+        start = f"start: TEXT | {call}"
+        rules.append(f"TEXT: /(?s:.*)/ & ~/\\s*{re.escape(TOOL_CALL_OPEN)}(?s:.*)/"
+                     + (f" & ~/\\s*{re.escape(CUSTOM_OPEN)}(?s:.*)/" if customs else ""))
     else:
         _, schema, name, strict = answer
-        start = "start: answer | calls"
+        start = f"start: answer | {call}"
         rules.append(f"answer: %json {_json_text(schema, bounds, relaxed)}")
-    return OutputFormat(kind="tools", grammar=_lark("\n".join([start, *rules])), schema=schema,
-                        tools={n: f["parameters"] for n, f in callable_.items()},
+    return OutputFormat(kind="tools", grammar=with_grammars(_lark("\n".join([start, *rules])), grammars),
+                        schema=schema, tools={n: f["parameters"] for n, f in callable_.items()}, customs=customs,
                         may_answer=choice == "auto", may_call=True, name=name, strict=strict,
                         relaxed=tuple(sorted(relaxed)))
 
@@ -210,15 +223,16 @@ def _answer_schema(response_format: Any) -> tuple[str, dict[str, Any], str | Non
 
 
 def _tool_choice(tool_choice: Any, tools: Any) -> tuple[str, dict[str, dict[str, Any]]]:
-    """(``none`` | ``auto`` | ``required`` | a function name, {name: {"parameters": schema}})."""
+    """(``none`` | ``auto`` | ``required`` | a function or custom tool's name, {name: {"parameters": schema}})."""
     functions = _functions(tools)
+    customs = _customs(tools)
     if tool_choice is None:
-        return ("auto" if functions else "none"), functions
+        return ("auto" if functions or customs else "none"), functions
     if isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
             raise SchemaError(f"tool_choice must be none, auto, required or a function, not {tool_choice!r}",
                               "tool_choice")
-        if tool_choice != "none" and not functions:
+        if tool_choice != "none" and not functions and not customs:
             raise SchemaError(f"tool_choice {tool_choice!r} needs a non-empty tools list", "tool_choice")
         return tool_choice, functions
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
@@ -226,7 +240,20 @@ def _tool_choice(tool_choice: Any, tools: Any) -> tuple[str, dict[str, dict[str,
         if name not in functions:
             raise SchemaError(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
         return name, functions
-    raise SchemaError("tool_choice must be a string or {type: function, function: {name}}", "tool_choice")
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "custom":
+        name = (tool_choice.get("custom") or {}).get("name")
+        if name not in customs:
+            raise SchemaError(f"tool_choice names custom tool {name!r}, which is not in tools", "tool_choice")
+        return name, functions
+    raise SchemaError("tool_choice must be a string, {type: function, function: {name}} or {type: custom, "
+                      "custom: {name}}", "tool_choice")
+
+
+def _customs(tools: Any) -> dict[str, dict[str, Any]]:
+    try:
+        return custom_tools(tools)
+    except ValueError as e:
+        raise SchemaError(str(e), "tools") from None
 
 
 def _functions(tools: Any) -> dict[str, dict[str, Any]]:
@@ -236,8 +263,11 @@ def _functions(tools: Any) -> dict[str, dict[str, Any]]:
         raise SchemaError("tools must be a list", "tools")
     functions: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and tool.get("type") == "custom":
+            continue                    # custom_tools.py
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise SchemaError(f"tools[{i}] must be {{type: function, function: {{...}}}}", "tools")
+            raise SchemaError(f"tools[{i}] must be {{type: function, function: {{...}}}} or {{type: custom, "
+                              "custom: {...}}", "tools")
         fn = tool.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not _FUNCTION_NAME.match(name):

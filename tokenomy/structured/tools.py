@@ -15,6 +15,8 @@ from typing import Any
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+CUSTOM_OPEN = '<custom_tool_call name="'     # a custom tool's call (custom_tools.py)
+CUSTOM_CLOSE = "</custom_tool_call>"
 
 # A call object's opening up to where its arguments value begins (whitespace tolerated for upstream text).
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
@@ -59,16 +61,35 @@ def parse_tool_calls(text: str) -> list[dict[str, Any]]:
 
 
 def tools_prompt(tools: list[dict[str, Any]]) -> str:
-    """System-prompt text describing the tools and the call convention the grammar enforces."""
-    specs = []
+    """System-prompt text describing the tools and the call conventions the grammar enforces: function tools'
+    ``<tool_call>`` JSON, custom tools' ``<custom_tool_call name="...">`` free text."""
+    functions = [t for t in tools if isinstance(t, dict) and t.get("type", "function") == "function"]
+    customs = [t for t in tools if isinstance(t, dict) and t.get("type") == "custom"]
+    parts = []
+    if functions:
+        specs = [{k: t["function"][k] for k in ("name", "description", "parameters") if k in t["function"]}
+                 for t in functions if isinstance(t.get("function"), dict)]
+        parts.append(
+            "You can call these functions:\n" + "\n".join(json.dumps(s, ensure_ascii=False) for s in specs)
+            + f"\nTo call functions, answer only with {TOOL_CALL_OPEN}[{{\"name\": <function name>, "
+            f"\"arguments\": <arguments object>}}]{TOOL_CALL_CLOSE}.")
+    if customs:
+        parts.append(custom_prompt(customs))
+    return "\n".join(parts) + " Otherwise answer normally."
+
+
+def custom_prompt(tools: list[dict[str, Any]]) -> str:
+    """System-prompt text describing the custom tools and how a call to one is written."""
+    lines = []
     for tool in tools:
-        fn = tool.get("function", {}) if isinstance(tool, dict) else {}
-        specs.append({k: fn[k] for k in ("name", "description", "parameters") if k in fn})
-    return (
-        "You can call these functions:\n" + "\n".join(json.dumps(s, ensure_ascii=False) for s in specs)
-        + f"\nTo call functions, answer only with {TOOL_CALL_OPEN}[{{\"name\": <function name>, "
-        f"\"arguments\": <arguments object>}}]{TOOL_CALL_CLOSE}. Otherwise answer normally."
-    )
+        spec = tool.get("custom") or {}
+        fmt = spec.get("format") or {}
+        grammar = fmt.get("grammar") or fmt
+        shape = (f" Its input follows this {grammar.get('syntax')} grammar: {grammar.get('definition')}"
+                 if fmt.get("type") == "grammar" else "")
+        lines.append(f"- {spec.get('name')}: {spec.get('description') or ''}{shape}")
+    return ("You can call these tools, whose input is free text:\n" + "\n".join(lines)
+            + f'\nTo call one, answer only with {CUSTOM_OPEN}<tool name>"><input>{CUSTOM_CLOSE}.')
 
 
 class ToolCallStream:

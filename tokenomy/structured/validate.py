@@ -61,6 +61,8 @@ def validate_tool_calls(tool_calls: list[dict[str, Any]], tools: dict[str, dict[
     that function's parameters schema. ``tools`` maps name -> parameters (``OutputFormat.tools``)."""
     errors = []
     for i, call in enumerate(tool_calls):
+        if call.get("type") == "custom":        # free-form input, which only its grammar constrains
+            continue
         fn = call.get("function", {})
         name = fn.get("name")
         if name not in tools:
