@@ -1,8 +1,8 @@
 """The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back.
 
 Each endpoint is a module-level function that finds the Gateway as `app.state.gateway`; create_app assembles the
-routes (ROUTES, the Responses API's, the Anthropic Messages routes, the embeddings', and the dashboard's and the
-Files and Batches' when the gateway has them), the error handlers and the lifespan."""
+routes (ROUTES, the Responses API's, the Anthropic Messages routes, the embeddings', Ollama's, and the dashboard's
+and the Files and Batches' when the gateway has them), the error handlers and the lifespan."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, embeddings, messages, openapi, responses
+from tokenomy.api import batches, dashboard, embeddings, messages, ollama, openapi, responses
 from tokenomy.api import run as serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import parse_recorded
@@ -147,7 +147,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
-    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES,
+    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES, *ollama.ROUTES,
               *(responses.ROUTES_STORED if gateway.responses is not None else ()),
               *(dashboard.ROUTES if gateway.ledger is not None else ()),
               *(batches.ROUTES if gateway.batches is not None else ())]
