@@ -15,8 +15,8 @@ import yaml
 
 from tests.conftest import NO_CACHE, live_server
 from tests.helpers import services
-from tests.helpers.upstream_stub import Stub
 from tests.helpers.ledger_urls import pg_schema_url
+from tests.helpers.upstream_stub import Stub
 from tests.pipeline.test_gateway_upstream import StubServer
 from tests.pipeline.test_reserve import reserved
 
