@@ -208,3 +208,24 @@ def test_keys_as_a_bearer_token():
         with pytest.raises(ollama.ResponseError) as e:
             keyed.pull("hf.co/acme/x:Q4_K_M", stream=False)
         assert e.value.status_code == 403          # pulling takes an admin key
+
+
+# ---- LangChain -----------------------------------------------------------------------------------------------
+def test_langchain_chat_ollama_invoke_and_stream(server):
+    from langchain_ollama import ChatOllama
+
+    llm = ChatOllama(model=MODEL, base_url=server.root, temperature=0, num_predict=12)
+    full = llm.invoke("Name three colors.")
+    assert full.response_metadata["done"] is True and full.response_metadata["model"] == MODEL
+    assert full.usage_metadata["output_tokens"] >= 1 and full.usage_metadata["input_tokens"] >= 1
+    chunks = list(llm.stream("Name three colors."))
+    assert len(chunks) >= 2 and "".join(c.content for c in chunks) == full.content
+
+
+def test_langchain_ollama_embeddings(server):
+    from langchain_ollama import OllamaEmbeddings
+
+    emb = OllamaEmbeddings(model=EMBEDDER, base_url=server.root)
+    docs = emb.embed_documents(["a cat", "a dog"])
+    assert len(docs) == 2 and len(docs[0]) == 384
+    assert emb.embed_query("a cat") == pytest.approx(docs[0], abs=1e-5)
