@@ -80,11 +80,16 @@ def test_stream_is_the_default_on_the_wire(server):
     assert lines[-1]["eval_count"] == len(lines) - 1 or lines[-1]["eval_count"] >= 1
 
 
-def test_nothing_to_generate_answers_that_the_model_is_loaded(client):
+def test_nothing_to_generate_answers_that_the_model_is_loaded_and_keep_alive_is_recorded(client, server):
     r = client.generate(model=MODEL, keep_alive="10m")
     assert r.done and r.done_reason == "load" and r.response == ""
-    c = client.chat(model=MODEL, messages=[], keep_alive=-1, stream=False)
-    assert c.done and c.done_reason == "load"
+    kept = server.app.state.ollama_lifecycle.keep_alive
+    assert kept[MODEL][0] == 600.0
+    c = client.chat(model=MODEL + ":latest", messages=[], keep_alive=-1, stream=False)
+    assert c.done and c.done_reason == "load" and kept[MODEL][0] == -1.0
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="no-such-model")
+    assert e.value.status_code == 404
 
 
 def test_format_json_schema_is_enforced(client):
@@ -163,7 +168,7 @@ def test_root_version_and_probes(server):
 def test_errors_are_ollamas_shape_with_the_right_status(client, server):
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="no-such-model", messages=HELLO, stream=False)
-    assert e.value.status_code == 404 and "not found" in e.value.error
+    assert e.value.status_code == 404 and MODEL in e.value.error        # the pipeline's: what exists instead
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model=MODEL, prompt="def f(", suffix="return 1", stream=False)
     assert e.value.status_code == 400 and "insert" in e.value.error

@@ -84,14 +84,22 @@ def listed(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else name + LATEST
 
 
-def resolve(gateway: Gateway, name: str) -> str:
-    """The served name an Ollama client's `name` means (itself, or without `:latest`); 404 otherwise."""
+def served_name(gateway: Gateway, name: str) -> str:
+    """The served name an Ollama client's `name` means: itself, or itself without `:latest`; an unknown name as
+    it is (the pipeline's route stage refuses it with its 404 and a ledger row)."""
     names = gateway.model_names()
-    if name in names:
-        return name
-    if name.endswith(LATEST) and name.removesuffix(LATEST) in names:
+    if name not in names and name.endswith(LATEST) and name.removesuffix(LATEST) in names:
         return name.removesuffix(LATEST)
-    raise APIError(404, f'model "{name}" not found, try pulling it first', param="model", code="model_not_found")
+    return name
+
+
+def resolve(gateway: Gateway, name: str) -> str:
+    """served_name, or a 404 for a name no model has (for the endpoints that do not run the pipeline)."""
+    served = served_name(gateway, name)
+    if served not in gateway.model_names():
+        raise APIError(404, f'model "{name}" not found, try pulling it first', param="model",
+                       code="model_not_found")
+    return served
 
 
 def _gguf_path(gateway: Gateway, name: str) -> str | None:
@@ -214,6 +222,19 @@ def _lifecycle(request: Request) -> Lifecycle:
     return lifecycle
 
 
+def _allowed(request: Request, gateway: Gateway, model: str) -> str:
+    """The served name of `model` (a 404 for none), which the request's key may use (a 403 otherwise)."""
+    name = resolve(gateway, model)
+    if name not in gateway.models_for(_authorization(request)):
+        raise APIError(403, f"This key may not use the model '{model}'.", param="model", code="model_not_allowed")
+    return name
+
+
+def _keep_alive(request: Request, gateway: Gateway, name: str, seconds: float | None) -> None:
+    if name in gateway.model_names():
+        _lifecycle(request).record(name, seconds)
+
+
 # ---- the endpoints -----------------------------------------------------------------------------------------------
 async def running(request: Request) -> Response:
     return PlainTextResponse(RUNNING)
@@ -234,9 +255,7 @@ async def show(request: Request) -> JSONResponse:
     gateway = _gateway(request)
     body = await _parse(gateway, request, ShowRequest)
     assert isinstance(body, ShowRequest)
-    name = resolve(gateway, body.model)
-    if name not in gateway.models_for(_authorization(request)):
-        raise APIError(403, f"This key may not use the model '{body.model}'.", code="model_not_allowed")
+    name = _allowed(request, gateway, body.model)
     try:
         return JSONResponse(await asyncio.to_thread(_show, gateway, name, body.verbose))
     except GGUFError as e:
@@ -266,11 +285,10 @@ async def chat(request: Request) -> Response:
     gateway = _gateway(request)
     body = await parse_recorded(gateway, request, ChatRequest, "ollama.chat")
     assert isinstance(body, ChatRequest)
-    name = resolve(gateway, body.model)
-    _lifecycle(request).record(name, body.keep_alive_s)
-    if body.images:
-        raise APIError(400, f'model "{body.model}" does not support images: it reads text only', param="images")
+    name = served_name(gateway, body.model)
+    _keep_alive(request, gateway, name, body.keep_alive_s)
     if not body.messages:
+        _allowed(request, gateway, body.model)
         return JSONResponse(loaded_body(body.model, chat=True))
     return await _generate(request, gateway, body.gen_request(name), body.model, body.stream, chat=True)
 
@@ -279,18 +297,17 @@ async def generate(request: Request) -> Response:
     gateway = _gateway(request)
     body = await parse_recorded(gateway, request, GenerateRequest, "ollama.generate")
     assert isinstance(body, GenerateRequest)
-    name = resolve(gateway, body.model)
-    _lifecycle(request).record(name, body.keep_alive_s)
-    if body.images:
-        raise APIError(400, f'model "{body.model}" does not support images: it reads text only', param="images")
+    name = served_name(gateway, body.model)
+    _keep_alive(request, gateway, name, body.keep_alive_s)
     fim = None
     if body.suffix:
-        path = _gguf_path(gateway, name)
+        path = _gguf_path(gateway, resolve(gateway, name))
         fim = (await asyncio.to_thread(read_metadata, path)).fim if path is not None else None
         if fim is None:
             raise APIError(400, f'model "{body.model}" does not support insert: its GGUF has no fill-in-the-middle '
                            "tokens", param="suffix")
     if not body.prompt and not body.suffix:
+        _allowed(request, gateway, body.model)
         return JSONResponse(loaded_body(body.model, chat=False))
     return await _generate(request, gateway, body.gen_request(name, fim), body.model, body.stream, chat=False)
 
@@ -311,7 +328,7 @@ async def embed(request: Request) -> JSONResponse:
     gateway = _gateway(request)
     body = await parse_recorded(gateway, request, EmbedRequest, "ollama.embed")
     assert isinstance(body, EmbedRequest)
-    name = resolve(gateway, body.model)
+    name = served_name(gateway, body.model)
     try:
         ctx = await serve.run(request, gateway, body.gen_request(name), stream=False)
     except serve.ClientLeft:
@@ -327,7 +344,7 @@ async def embeddings(request: Request) -> JSONResponse:
     gateway = _gateway(request)
     body = await parse_recorded(gateway, request, EmbeddingsRequest, "ollama.embeddings")
     assert isinstance(body, EmbeddingsRequest)
-    name = resolve(gateway, body.model)
+    name = served_name(gateway, body.model)
     try:
         ctx = await serve.run(request, gateway, body.gen_request(name), stream=False)
     except serve.ClientLeft:

@@ -28,6 +28,7 @@ from tokenomy.generation import GenRequest
 LATEST = ":latest"
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|m|s|ms|us|µs|ns))+$")
 _PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
+NO_IMAGES = "images are not supported: the models tokenomy serves read text only"
 _UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
@@ -165,9 +166,11 @@ class ChatRequest(_Generating):
                 raise ValueError(f"tools[{i}].function.parameters must be a JSON schema object")
         return v
 
-    @property
-    def images(self) -> bool:
-        return any(m.images for m in self.messages)
+    @model_validator(mode="after")
+    def _text_only(self) -> ChatRequest:
+        if any(m.images for m in self.messages):
+            raise ValueError(NO_IMAGES)
+        return self
 
     def internal_messages(self) -> list[dict[str, Any]]:
         """The conversation as OpenAI-chat messages: an assistant's calls get ids (their own, else call_N), and a
@@ -222,6 +225,8 @@ class GenerateRequest(_Generating):
         if self.template:
             raise ValueError("template (a Go template) is not supported: the model's own chat template from its "
                              "GGUF is used; send raw: true with the prompt already formatted instead")
+        if self.images:
+            raise ValueError(NO_IMAGES)
         if self.context:
             raise ValueError("context (the token ids of an earlier answer) is not supported: send the "
                              "conversation to /api/chat instead")
