@@ -63,6 +63,7 @@ NDJSON = "application/x-ndjson"
 RUNNING = "Ollama is running"
 FOREVER = "2318-01-01T00:00:00Z"        # a model that does not expire, as Ollama shows keep_alive < 0
 HUB_HOSTS = ("hf.co/", "huggingface.co/")
+PROGRESS_S = 0.5        # a pull's status line for the file downloading, this often
 
 
 @dataclass
@@ -367,7 +368,9 @@ def hub_ref(name: str) -> str | None:
 
 async def pull(request: Request) -> Response:
     """Download a hub model into the hub cache as `tokenomy pull` does, with Ollama's status lines: the manifest
-    (the repo's files, which file the name means), each file (its size when done), success. A name the gateway
+    (the repo's files, which file the name means), each file (the bytes written so far every PROGRESS_S, of the
+    size the hub declares; its size when done), success. A client that leaves stops the lines, not the download
+    (a thread that finishes into the cache, where the next pull finds it). A name the gateway
     serves already is a success at once. Serving a pulled model takes a config entry and a restart until the
     fleet loads models on demand."""
     gateway = _gateway(request)
@@ -395,9 +398,15 @@ async def pull(request: Request) -> Response:
         yield {"status": "pulling manifest"}
         for part in parts:
             assert ref is not None
-            path = await asyncio.to_thread(hub.download, ref, part)
-            size = Path(path).stat().st_size
-            yield {"status": f"pulling {Path(part).name}", "digest": part, "total": size, "completed": size}
+            status = f"pulling {Path(part).name}"
+            total = await asyncio.to_thread(hub.file_size, ref, part) or 0
+            download = asyncio.ensure_future(asyncio.to_thread(hub.download, ref, part))
+            while not (await asyncio.wait({download}, timeout=PROGRESS_S))[0]:
+                written = hub.partial_bytes(ref)
+                yield {"status": status, "digest": part, "total": total,
+                       "completed": min(written, total) if total else written}
+            size = Path(download.result()).stat().st_size
+            yield {"status": status, "digest": part, "total": size, "completed": size}
         if parts:
             yield {"status": "verifying sha256 digest"}
             yield {"status": "writing manifest"}
