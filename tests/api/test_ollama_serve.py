@@ -82,3 +82,19 @@ def test_pull_downloads_a_hub_model_with_ollamas_status_lines(served, hub_home):
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("llama3.2")
     assert e.value.status_code == 404 and "hf.co/" in e.value.error
+
+
+def test_delete_removes_a_pulled_model_from_the_hub_cache_and_never_a_served_one(served, hub_home):
+    client = ollama.Client(host=f"http://127.0.0.1:{served[0]}", timeout=300)
+    assert client.pull(f"hf.co/{REPO}:Q4_1").status == "success"
+    blob = next(Path(hub_home).rglob(GGUF)).resolve()       # the snapshot's link -> blobs/ETAG
+    assert blob.exists() and blob.name != GGUF
+    assert client.delete(f"hf.co/{REPO}:Q4_1").status == "success"
+    assert not list(Path(hub_home).rglob(GGUF)) and not blob.exists()
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete(f"hf.co/{REPO}:Q4_1")
+    assert e.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete(MODEL)
+    assert e.value.status_code == 400 and "served" in e.value.error
+    assert MODEL + ":latest" in {m.model for m in client.list().models}

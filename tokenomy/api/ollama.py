@@ -432,12 +432,27 @@ async def pull(request: Request) -> Response:
 
 
 async def delete(request: Request) -> Response:
+    """Delete a pulled hub model from the hub cache; a model the gateway serves (by its name, or a hub name whose
+    file it serves) is refused with a 400: its file stays until it is no longer served."""
     gateway = _gateway(request)
     body = await _parse(gateway, request, DeleteRequest, admin=True)
     assert isinstance(body, DeleteRequest)
-    name = resolve(gateway, body.model)
-    raise APIError(400, f'model "{name}" is served by this gateway: remove it from the config (or the serve '
-                   "command) and restart tokenomy; its file stays where it is", param="model")
+    if served_name(gateway, body.model) in gateway.model_names():
+        raise APIError(400, f'model "{body.model}" is served by this gateway: remove it from the config (or the '
+                       "serve command) and restart tokenomy; its file stays where it is", param="model")
+    ref_text = hub_ref(body.model)
+    try:
+        paths = await asyncio.to_thread(hub.cached_paths, hub.parse(ref_text)) if ref_text is not None else []
+    except hub.HubError as e:
+        raise APIError(400, str(e), param="model") from None
+    served = {os.path.realpath(b.path) for b in gateway.registry.backends.values() if isinstance(b, EmbeddedBackend)}
+    if any(os.path.realpath(p) in served for p in paths):
+        raise APIError(400, f'model "{body.model}" is served by this gateway: remove it from the config and '
+                       "restart tokenomy first", param="model")
+    if not paths:
+        raise APIError(404, f'model "{body.model}" not found', param="model", code="model_not_found")
+    await asyncio.to_thread(hub.remove, hub.parse(ref_text or ""))
+    return Response(status_code=200)
 
 
 async def not_served(request: Request) -> Response:
