@@ -74,6 +74,7 @@ def test_tool_calls_get_ids_and_each_tool_turn_answers_its_call():
     ({"model": "m", "prompt": "p", "template": "{{ .Prompt }}"}, "template"),
     ({"model": "m", "prompt": "p", "context": [1, 2]}, "context"),
     ({"model": "m", "prompt": "p", "format": "yaml"}, "format"),
+    ({"model": "m", "prompt": "p", "format": "json", "raw": True}, "format"),
     ({"model": "m", "prompt": "p", "keep_alive": "soon"}, "keep_alive"),
     ({"prompt": "p"}, "model")])
 def test_what_is_refused_is_a_400_that_names_it(body, field):

@@ -62,6 +62,7 @@ VERSION = "0.12.6"
 NDJSON = "application/x-ndjson"
 RUNNING = "Ollama is running"
 FOREVER = "2318-01-01T00:00:00Z"        # a model that does not expire, as Ollama shows keep_alive < 0
+EPOCH = "1970-01-01T00:00:00Z"          # modified_at of a model without a file (an upstream, the ONNX embedder)
 HUB_HOSTS = ("hf.co/", "huggingface.co/")
 PROGRESS_S = 0.5        # a pull's status line for the file downloading, this often
 
@@ -146,7 +147,7 @@ def _details(path: str | None, embedding: bool = False) -> dict[str, Any]:
 def _entry(gateway: Gateway, name: str) -> dict[str, Any]:
     """One model of /api/tags (and the common part of /api/ps)."""
     path = _gguf_path(gateway, name)
-    facts = _file_facts(path) if path is not None else {"size": 0, "digest": "", "modified_at": FOREVER}
+    facts = _file_facts(path) if path is not None else {"size": 0, "digest": "", "modified_at": EPOCH}
     return {"name": listed(name), "model": listed(name), **facts,
             "details": _details(path, name in gateway.packaged_embedders)}
 
@@ -216,10 +217,7 @@ def _gateway(request: Request) -> Gateway:
 
 
 def _lifecycle(request: Request) -> Lifecycle:
-    state = request.app.state
-    if not hasattr(state, "ollama_lifecycle"):
-        state.ollama_lifecycle = Lifecycle()
-    lifecycle: Lifecycle = state.ollama_lifecycle
+    lifecycle: Lifecycle = request.app.state.ollama_lifecycle
     return lifecycle
 
 

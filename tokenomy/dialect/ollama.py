@@ -227,6 +227,9 @@ class GenerateRequest(_Generating):
                              "GGUF is used; send raw: true with the prompt already formatted instead")
         if self.images:
             raise ValueError(NO_IMAGES)
+        if (self.raw or self.suffix) and self.response_format() is not None:
+            raise ValueError("format is decoded under the chat template's turn: it cannot be combined with raw or "
+                             "suffix")
         if self.context:
             raise ValueError("context (the token ids of an earlier answer) is not supported: send the "
                              "conversation to /api/chat instead")
