@@ -63,6 +63,8 @@ def serve(
     workers: int | None = typer.Option(None, min=1, max=256, help="API processes on the port, in front of one "
                                        "engine process per embedded model (default 1, or the config's "
                                        "server.workers; docs/workers.md)."),
+    ollama_port: int | None = typer.Option(None, min=1, max=65535, help="Serve on this port too (11434: "
+                                           "Ollama's, where Ollama clients look by default; docs/ollama.md)."),
 ) -> None:
     """Start the OpenAI-compatible server on the models named (default: the packaged smollm2-135m-instruct, or
     the models in --config)."""
@@ -74,7 +76,8 @@ def serve(
     from tokenomy.server.workers import WorkerStartError
 
     try:
-        run(host=host, port=port, config_path=config, models=models or [], workers=workers)
+        run(host=host, port=port, config_path=config, models=models or [], workers=workers,
+            ollama_port=ollama_port)
     except (ConfigError, HubError, DoesNotFit, FileNotFoundError, EngineStartError,
             WorkerStartError) as e:   # a bad file or model, a download that
         typer.echo(f"tokenomy: {e}", err=True)      # failed, a model too big, a key's variable unset

@@ -626,7 +626,8 @@ class Gateway:
     def refused(self, api: str, error: APIError, headers: dict[str, str]) -> None:
         """Record a request to `api` refused before the pipeline (a body that could not be read or parsed): a
         ledger row with its status, no model, and the key and tenant when the key is valid."""
-        kind = {"completions": "completion", "embeddings": "embedding"}.get(api, "chat")
+        kind = {"completions": "completion", "embeddings": "embedding", "ollama.embed": "embedding",
+                "ollama.embeddings": "embedding"}.get(api, "chat")
         ctx = RequestContext(gen=GenRequest(model="", kind=kind, api=api), error=error, status=error.status,
                              headers=headers)
         parts = self.parts

@@ -37,9 +37,10 @@ BUDGET_TOKENS = 100     # a short question and 8 tokens of answer hold about 45:
 
 
 class Served:
-    def __init__(self, proc: subprocess.Popen, port: int, log: Path) -> None:
+    def __init__(self, proc: subprocess.Popen, port: int, log: Path, ollama_port: int) -> None:
         self.proc, self.port, self.log = proc, port, log
         self.root = f"http://127.0.0.1:{port}"
+        self.ollama_root = f"http://127.0.0.1:{ollama_port}"      # server.ollama_port: the same APIs
 
     def tree(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
@@ -62,7 +63,7 @@ def served(redis_url: str) -> Iterator[Served]:
                  {"key": BUDGET_KEY, "name": "budget", "tenant": f"t-{uuid.uuid4().hex[:8]}",
                   "budget": {"tokens_per_day": BUDGET_TOKENS}},
                  {"key": OPEN_KEY, "name": "open"}],
-        "server": {"workers": 2, "public": ["/health", "/metrics"]},
+        "server": {"workers": 2, "public": ["/health", "/metrics"], "ollama_port": free_port()},
     }
     path = home / "tokenomy.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -71,7 +72,7 @@ def served(redis_url: str) -> Iterator[Served]:
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "-c", str(path)],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TOKENOMY_HOME": str(home)})
-    s = Served(proc, port, log)
+    s = Served(proc, port, log, config["server"]["ollama_port"])
 
     def up() -> bool:
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -143,6 +144,19 @@ def test_both_workers_answer_from_the_shared_engines(served: Served) -> None:
             assert choice["finish_reason"] == "length" and usage["completion_tokens"] == 8, r.text
         assert c.get("/health").json()["worker"]["pid"] == pid     # the same connection: that worker answered
         c.close()
+
+
+def test_the_ollama_port_reaches_every_worker(served: Served) -> None:
+    pids: set[int] = set()
+
+    def one_more() -> bool:
+        with httpx.Client(base_url=served.ollama_root, timeout=30) as c:
+            pids.add(c.get("/health").json()["worker"]["pid"])
+            assert c.get("/api/version").status_code == 200
+        return len(pids) == 2
+
+    wait_until(one_more, timeout=120, interval=0, what="a connection on the Ollama port to each worker")
+    assert pids == {p.pid for p in served.workers()}
 
 
 def test_a_rate_limit_holds_across_workers(served: Served) -> None:

@@ -1,8 +1,8 @@
 """The HTTP surface: translate OpenAI requests into a RequestContext, run the gateway, translate back.
 
 Each endpoint is a module-level function that finds the Gateway as `app.state.gateway`; create_app assembles the
-routes (ROUTES, the Responses API's, the Anthropic Messages routes, the embeddings', and the dashboard's and the
-Files and Batches' when the gateway has them), the error handlers and the lifespan."""
+routes (ROUTES, the Responses API's, the Anthropic Messages routes, the embeddings', Ollama's, and the dashboard's
+and the Files and Batches' when the gateway has them), the error handlers and the lifespan."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from tokenomy.api import (
     dashboard,
     embeddings,
     messages,
+    ollama,
     openapi,
     responses,
     responses_socket,
@@ -162,7 +163,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
-    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES, *compact.ROUTES,
+    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES, *compact.ROUTES, *ollama.ROUTES,
               *responses_socket.ROUTES,
               *(responses.ROUTES_STORED if gateway.responses is not None else ()),
               *(conversations.ROUTES if gateway.conversations is not None else ()),
@@ -171,6 +172,7 @@ def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
+    app.state.ollama_lifecycle = ollama.Lifecycle()
     app.state.responses = responses.ResponsesAPI(
         gateway.responses, lambda request, model, api: parse_recorded(_gateway(request), request, model, api), _owner)
     app.state.conversations = conversations.ConversationsAPI(

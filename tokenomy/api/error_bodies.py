@@ -1,6 +1,7 @@
 """Error bodies with the right status, in the shape of the dialect the client speaks: OpenAI's
 {"error": {"message", "type", "param", "code"}}, or Anthropic's {"type": "error", "error": {"type", "message"}}
-for anything under /v1/messages (and /v1/models asked with an `anthropic-version` header, as Anthropic's SDK asks).
+for anything under /v1/messages (and /v1/models asked with an `anthropic-version` header, as Anthropic's SDK asks),
+or Ollama's {"error": "..."} for `/` and anything under /api/.
 The handlers choose by the request's path, so validation errors, unknown paths and methods, 413s and 500s are
 shaped like the dialect's own errors."""
 
@@ -11,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.dialect import messages
+from tokenomy.dialect import messages, ollama
 from tokenomy.dialect.chat import body_error
 from tokenomy.dialect.messages_wire import error_body
 from tokenomy.errors import APIError
@@ -35,7 +36,14 @@ def anthropic_shaped(request: Request) -> bool:
     return path.startswith("/v1/models") and "anthropic-version" in request.headers
 
 
+def ollama_shaped(request: Request) -> bool:
+    path = request.url.path
+    return path == "/" or path.startswith("/api/")
+
+
 def _respond(request: Request, err: APIError) -> JSONResponse:
+    if ollama_shaped(request):
+        return JSONResponse(ollama.error_body(err), status_code=err.status, headers=err.headers)
     return messages_error_response(err) if anthropic_shaped(request) else error_response(err)
 
 
@@ -47,6 +55,8 @@ async def api_error_handler(request: Request, exc: Exception) -> JSONResponse:
 async def validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
+    if ollama_shaped(request):
+        return _respond(request, ollama.body_error(errors))
     return _respond(request, messages.body_error(errors) if anthropic_shaped(request) else body_error(errors))
 
 

@@ -1,6 +1,6 @@
 """The served OpenAPI document: the request bodies the handlers parse by hand (so FastAPI cannot see them) and
-the error body for every error status (OpenAI's; Anthropic's under /v1/messages), so schema-driven clients and
-fuzzers can use it."""
+the error body for every error status (OpenAI's; Anthropic's under /v1/messages; Ollama's under /api/), so
+schema-driven clients and fuzzers can use it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ from tokenomy.dialect.chat import ChatCompletionRequest, CompletionRequest
 from tokenomy.dialect.conversations import ConversationCreate, ConversationUpdate, ItemsCreate
 from tokenomy.dialect.embeddings import EmbeddingRequest
 from tokenomy.dialect.messages import CountTokensRequest, MessagesRequest
+from tokenomy.dialect.ollama import (
+    ChatRequest,
+    DeleteRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    PullRequest,
+    ShowRequest,
+)
 from tokenomy.dialect.responses import ResponsesRequest
 from tokenomy.dialect.responses_compact import CompactRequest
 
@@ -31,6 +40,7 @@ ANTHROPIC_ERROR_BODY = {
                                                          "properties": {"type": {"type": "string"},
                                                                         "message": {"type": "string"}}}},
 }
+OLLAMA_ERROR_BODY = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 ERRORS = {"400": "Bad input", "401": "Missing or wrong API key", "403": "Not allowed for this key",
           "404": "Unknown model", "405": "Wrong method", "413": "Body too large",
           "429": "Rate limit, budget or full queue (with Retry-After)", "503": "No backend could serve"}
@@ -81,8 +91,9 @@ def _errors(doc: dict[str, Any]) -> None:
     """Every operation answers errors in its dialect's body, never FastAPI's 422."""
     openai = {"application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}
     anthropic = {"application/json": {"schema": {"$ref": REF.format(model="AnthropicErrorResponse")}}}
+    ollama = {"application/json": {"schema": {"$ref": REF.format(model="OllamaErrorResponse")}}}
     for path, ops in doc.get("paths", {}).items():
-        error = anthropic if path.startswith("/v1/messages") else openai
+        error = anthropic if path.startswith("/v1/messages") else ollama if path.startswith("/api/") else openai
         for method, op in ops.items():
             for key, value in HAND_READ.get((path, method), {}).items():
                 op.setdefault(key, value)
@@ -103,12 +114,15 @@ def install(app: FastAPI) -> None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for model in (ChatCompletionRequest, CompletionRequest, ResponsesRequest, EmbeddingRequest, MessagesRequest,
-                          CountTokensRequest, CompactRequest, ConversationCreate, ConversationUpdate, ItemsCreate):
+                          CountTokensRequest, CompactRequest, ConversationCreate, ConversationUpdate, ItemsCreate,
+                          ChatRequest, GenerateRequest, EmbedRequest, EmbeddingsRequest, ShowRequest, PullRequest,
+                          DeleteRequest):
                 js = model.model_json_schema(ref_template=REF)
                 schemas.update(js.pop("$defs", {}))
                 schemas[model.__name__] = js
             schemas["ErrorResponse"] = ERROR_BODY
             schemas["AnthropicErrorResponse"] = ANTHROPIC_ERROR_BODY
+            schemas["OllamaErrorResponse"] = OLLAMA_ERROR_BODY
             _errors(doc)
             app.openapi_schema = doc
         return app.openapi_schema

@@ -1,8 +1,8 @@
 """Serving one generation over HTTP, for every dialect: run the pipeline while watching for the client leaving,
 then hand the finished RequestContext to the dialect to render, or stream its deltas through the dialect's writer.
 
-A dialect (OpenAI chat and completions in app.py, Messages, Responses) only maps its body to a GenRequest and its
-answer back; how a request is run, cancelled and streamed lives here once."""
+A dialect (OpenAI chat and completions in app.py, Messages, Responses, Ollama) only maps its body to a GenRequest
+and its answer back; how a request is run, cancelled and streamed lives here once."""
 
 from __future__ import annotations
 
@@ -85,9 +85,11 @@ def tokenomy_headers(ctx: RequestContext, with_cost: bool = False) -> dict[str, 
 
 
 def stream_response(ctx: RequestContext, chunks: Callable[[Delta], Iterable[bytes]],
-                    end: Callable[[], Iterable[bytes] | Awaitable[Iterable[bytes]]]) -> StreamingResponse:
-    """An SSE response of `ctx.deltas`, each rendered by `chunks`; `end` closes a stream that ran to its finish
-    (it may be a coroutine function, for a dialect that stores the answer before saying it is complete).
+                    end: Callable[[], Iterable[bytes] | Awaitable[Iterable[bytes]]],
+                    media_type: str = "text/event-stream") -> StreamingResponse:
+    """An SSE response (or NDJSON: `media_type`) of `ctx.deltas`, each rendered by `chunks`; `end` closes a stream
+    that ran to its finish (it may be a coroutine function, for a dialect that stores the answer before saying it is
+    complete).
     An error delta is rendered by `chunks` too and ends the stream without `end` (which would claim a clean
     finish). Closing the response (the client left) closes the deltas, which stops the generation."""
     assert ctx.deltas is not None
@@ -109,7 +111,7 @@ def stream_response(ctx: RequestContext, chunks: Callable[[Delta], Iterable[byte
         finally:
             await deltas.aclose()
 
-    return StreamingResponse(events(), media_type="text/event-stream",
+    return StreamingResponse(events(), media_type=media_type,
                              headers={**tokenomy_headers(ctx), "cache-control": "no-cache"})
 
 

@@ -104,6 +104,9 @@ class ServerSettings(Section):
 
     host: str = Field("127.0.0.1", description="address to bind; 0.0.0.0 for every interface")
     port: int = Field(8000, ge=1, le=65535, description="port to bind")
+    ollama_port: int | None = Field(None, ge=1, le=65535, description="a second port to serve on, with every API "
+                                    "on it, e.g. 11434, Ollama's, where Ollama clients look by default "
+                                    "(docs/ollama.md); `tokenomy serve --ollama-port`")
     max_body_bytes: int = Field(4 << 20, ge=1024, description="the largest request body, in bytes (413 above)")
     public: list[str] = Field(default_factory=lambda: ["/health"], description="with keys configured, these paths "
                               "answer without one; /metrics, /docs and /openapi.json need any valid key unless "

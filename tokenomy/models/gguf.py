@@ -191,3 +191,55 @@ def read_gguf(path: str | Path) -> ModelShape:
     except OSError:
         pass  # a read-only home only costs the next run the parse again
     return spec
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFMetadata:
+    """A file's key-value metadata as a client reads it (Ollama's /api/show `model_info`): every key with its
+    value, arrays longer than MAX_LISTED as None (the tokenizer's vocabulary and merges); the quantization its
+    `general.file_type` names (Q4_1, Q4_K_M ...), and the fill-in-the-middle tokens' texts (prefix, suffix,
+    middle) when the file names all three."""
+
+    values: dict[str, Any]
+    quantization: str | None
+    fim: tuple[str, str, str] | None
+
+
+MAX_LISTED = 64
+
+
+def read_metadata(path: str | Path) -> GGUFMetadata:
+    """The metadata of a .gguf file (a GGUFError when it is not one); parsed once per (path, mtime, size)."""
+    p = Path(path).expanduser().absolute()
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise GGUFError(f"cannot open {p}: {e.strerror}") from None
+    return _metadata(str(p), st.st_mtime, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _metadata(path: str, mtime: float, size: int) -> GGUFMetadata:
+    from gguf import GGUFReader, LlamaFileType
+
+    try:
+        fields = GGUFReader(path, "r").fields
+    except Exception as e:
+        raise GGUFError(f"{path} is not a readable GGUF file: {e}") from None
+    values: dict[str, Any] = {}
+    for key, f in fields.items():
+        if key.startswith("GGUF."):
+            continue
+        is_array = len(f.types) > 1
+        values[key] = None if is_array and len(f.data) > MAX_LISTED else f.contents()
+    file_type = values.get("general.file_type")
+    try:
+        quant = LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_") if file_type is not None else None
+    except ValueError:
+        quant = None
+    ids = [values.get(f"tokenizer.ggml.fim_{part}_token_id") for part in ("pre", "suf", "mid")]
+    tokens = fields.get("tokenizer.ggml.tokens")
+    fim = None
+    if tokens is not None and all(isinstance(i, int) and 0 <= i < len(tokens.data) for i in ids):
+        fim = (str(tokens.contents(ids[0])), str(tokens.contents(ids[1])), str(tokens.contents(ids[2])))
+    return GGUFMetadata(values, quant, fim)

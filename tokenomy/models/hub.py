@@ -214,6 +214,70 @@ def download(ref: HubRef, filename: str) -> str:
     return str(pointer)
 
 
+def file_size(ref: HubRef, filename: str) -> int | None:
+    """The bytes the hub declares for one file of the repo; None offline or when the hub cannot say."""
+    import httpx2
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        return get_hf_file_metadata(hf_hub_url(ref.repo, filename, revision=ref.revision)).size
+    except (httpx2.TransportError, OfflineModeIsEnabled, HfHubHTTPError):
+        return None
+
+
+def cached_paths(ref: HubRef) -> list[Path]:
+    """The snapshot paths in the hub cache of the one model `ref` names (every part; first part first); [] when
+    the cache holds none of it. A HubError when the cached files hold several models `ref` could mean."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    files = _cached_files(ref)
+    if not files:
+        return []
+    try:
+        parts = choose(ref, files)
+    except HubError:
+        if not any(f.endswith(".gguf") for f in files) or not models_in(files):
+            return []
+        raise
+    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=ref.repo, repo_type="model")
+    ref_file = folder / "refs" / ref.revision
+    commit = ref_file.read_text().strip() if ref_file.is_file() else ref.revision
+    return [folder / "snapshots" / commit / part for part in parts]
+
+
+def remove(ref: HubRef) -> list[Path]:
+    """Delete the model `ref` names from the hub cache: each part's snapshot link and the blob it points to (the
+    repo's other files stay). Returns the snapshot paths removed ([] when the cache held none)."""
+    removed = []
+    for link in cached_paths(ref):
+        blob = link.resolve()
+        link.unlink(missing_ok=True)
+        if blob != link:
+            blob.unlink(missing_ok=True)
+        removed.append(link)
+    return removed
+
+
+def partial_bytes(ref: HubRef) -> int:
+    """Bytes written so far to the repo's unfinished downloads in the hub cache (its `blobs/*.incomplete` files,
+    which download writes): the progress of a download running in another thread."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    blobs = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=ref.repo, repo_type="model") / "blobs"
+    total = 0
+    for part in blobs.glob("*.incomplete"):
+        try:
+            total += part.stat().st_size
+        except FileNotFoundError:        # finished (renamed) meanwhile
+            pass
+    return total
+
+
 @functools.lru_cache(maxsize=32)
 def resolve(ref_text: str) -> Path:
     """The local path of the model `ref_text` names (its first part when split), downloading what the cache lacks:

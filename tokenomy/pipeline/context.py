@@ -41,7 +41,7 @@ InputPrice = Callable[[str, bool], tuple[float, bool]]
 # model name -> its context window in tokens (None: not known, e.g. an upstream)
 Window = Callable[[str], int | None]
 SWITCH = ("on", "off")
-FIT_AUTO_APIS = frozenset({"messages", "responses"})    # fit: auto fits the requests of these APIs
+FIT_AUTO_APIS = frozenset({"messages", "responses", "ollama.chat"})    # fit: auto fits the requests of these APIs
 
 
 def _switch(ctx: RequestContext, name: str) -> str | None:

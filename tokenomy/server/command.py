@@ -31,12 +31,15 @@ def state_line(config: Config) -> str:
 
 
 def run(host: str | None = None, port: int | None = None, config_path: Path | None = None,
-        models: list[str] | None = None, workers: int | None = None) -> None:
+        models: list[str] | None = None, workers: int | None = None, ollama_port: int | None = None) -> None:
     """Serve the config's models and those named in `models` (config.with_models), in `workers` API processes
-    (default: the config's server.workers; more than one: server/workers.py)."""
+    (default: the config's server.workers; more than one: server/workers.py), on the port and, with `ollama_port`
+    (else the config's server.ollama_port), on that port too."""
     console = Console(stderr=True)
     process.configure_logging()
     config = load_config(config_path, models)
+    if ollama_port is not None:
+        config = config.model_copy(update={"server": config.server.model_copy(update={"ollama_port": ollama_port})})
     workers = workers or config.server.workers
     problem = config.workers_problem(workers)
     if problem:
@@ -77,9 +80,15 @@ def run(host: str | None = None, port: int | None = None, config_path: Path | No
 
         app = create_app(gateway)
         gateway.wait_ready()
-    console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1")
+    also = config.server.ollama_port
+    console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1"
+                  + (f" and on http://{host}:{also} (Ollama's API at /api)" if also else ""))
     console.print(state_line(config), markup=False, highlight=False)
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5,
-                **process.uvicorn_options())
+    from tokenomy.server.workers import listen
+
+    socks = [listen(host, p) for p in ([port, also] if also else [port])]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5,
+                                           **process.uvicorn_options()))
+    server.run(sockets=socks)

@@ -132,7 +132,7 @@ class Supervisor:
         self.engines: dict[str, Child] = {}
         self.addresses: dict[str, EngineAddress] = {}
         self.workers: list[Child] = []
-        self.sock: socket.socket | None = None
+        self.socks: list[socket.socket] = []      # the port's, and server.ollama_port's when set
 
     # ---- start ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -151,11 +151,13 @@ class Supervisor:
             self._launch_engine(child, address)
             self.engines[spec.name] = child
             self.addresses[spec.name] = EngineAddress(address, path, cfg, fits[spec.name])
-        self.sock = listen(self.host, self.port)
+        ports = [self.port] + ([self.config.server.ollama_port] if self.config.server.ollama_port else [])
+        self.socks = [listen(self.host, port) for port in ports]
+        fds = [sock.fileno() for sock in self.socks]
         for i in range(self.n):
             child = Child(f"API worker {i}", [WORKER_ENTRY], (self.config, self.config_path, self.models,
-                          self.addresses, self.sock.fileno(), i), self.env, WORKER_START_S,
-                          pass_fds=(self.sock.fileno(),), new_session=True)
+                          self.addresses, fds, i), self.env, WORKER_START_S,
+                          pass_fds=tuple(fds), new_session=True)
             try:
                 child.launch()
             except RuntimeError as e:
@@ -215,8 +217,8 @@ class Supervisor:
             t.join()
         for child in self.engines.values():
             child.stop(None)
-        if self.sock is not None:
-            self.sock.close()
+        for sock in self.socks:
+            sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def pids(self) -> dict[str, Any]:
@@ -263,7 +265,8 @@ def serve(config: Config, config_path: str | None, models: list[str], host: str,
 
 def worker_main(fd: int) -> None:
     """One API worker (Child runs it): build the Gateway on the supervisor's engines and serve the inherited
-    socket with uvicorn until SIGTERM, or until the supervisor's end of the pipe closes."""
+    sockets (the port's, and server.ollama_port's) with uvicorn until SIGTERM, or until the supervisor's end of the
+    pipe closes."""
     import uvicorn
 
     from tokenomy.api.app import create_app
@@ -272,13 +275,13 @@ def worker_main(fd: int) -> None:
 
     configure_logging()
     conn = Connection(fd)
-    config, config_path, models, engines, sock_fd, index = conn.recv()
+    config, config_path, models, engines, sock_fds, index = conn.recv()
     try:
         gateway = Gateway(config, config_path, models=models, engines=engines, worker=index)
     except Exception as e:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
-    sock = socket.socket(fileno=sock_fd)
+    socks = [socket.socket(fileno=fd) for fd in sock_fds]
 
     def watch() -> None:      # the supervisor went away: stop as SIGTERM would
         try:
@@ -292,4 +295,4 @@ def worker_main(fd: int) -> None:
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
     server = uvicorn.Server(uvicorn.Config(create_app(gateway), log_level="warning", timeout_graceful_shutdown=5,
                                            **uvicorn_options()))
-    server.run(sockets=[sock])
+    server.run(sockets=socks)
