@@ -62,6 +62,9 @@ def test_serves_in_a_child_process(engine) -> None:
     assert c.done.wait(60)
     assert c.last.finish_reason == "length" and c.last.completion_tokens == 8
     assert engine.pid != os.getpid() and engine.state == "ready"
+    # what it holds, as /health shows it: a short request leaves the streams at kv_start_cells (8 of 1,024)
+    health = engine.describe()
+    assert health["kv_cells"] == engine.n_ctx == 8 * 1024 and health["rss_bytes"] == engine.rss > 0
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
