@@ -95,5 +95,11 @@ def test_growing_the_streams_keeps_every_sequence_s_kv():
             assert np.argmax(a) == np.argmax(b) and np.max(np.abs(a - b)) < 1e-3
         assert not r.grow(700)                      # as large already: nothing to do
         assert r.grow(5000) and r.n_ctx_seq == 1024  # never past the window
+        r.remove(0, 200)
+        r.max_ctx_seq = 1 << 26                      # streams no memory holds: refused, the old context kept
+        with pytest.raises(RuntimeError, match="could not make KV streams"):
+            r.grow(1 << 26)
+        assert (r.n_ctx_seq, r.grown) == (1024, 2)
+        assert np.argmax(next_logits(r, 0, toks[200], 200)) == np.argmax(before[0])
     finally:
         r.close()

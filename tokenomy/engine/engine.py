@@ -264,7 +264,17 @@ class Engine:
             return
         t0 = time.perf_counter()
         before = runner.n_ctx_seq
-        if runner.grow(max(need, 2 * before)):
+        try:
+            grown = runner.grow(max(need, 2 * before))
+        except RuntimeError as e:     # no memory for larger streams: what needs them ends, the rest goes on
+            log.error("%s: %s", self.name, e)
+            self.scheduler.layout.n_ctx = runner.n_ctx
+            for seq in seqs:
+                if seq.num_kv_tokens + tuning.MAX_DRAFT + 1 > runner.n_ctx_seq:
+                    self._finish(seq, "error", error=f"the KV cache could not grow to hold this sequence: {e}",
+                                 error_code="kv_cache_full")
+            return
+        if grown:
             self.scheduler.layout.n_ctx = runner.n_ctx
             log.info("%s: KV streams grown from %d to %d cells (%d in all) for a sequence of %d tokens, in %.2f s",
                      self.name, before, runner.n_ctx_seq, runner.n_ctx, need, time.perf_counter() - t0)

@@ -104,8 +104,9 @@ class ModelRunner(Vocab):
         sequence's KV carried over through its sequence state (the KV tiers' save and restore): llama.cpp cannot
         grow a context in place. The old context is freed before the new one is made, so the peak is the new
         context plus the states (the cells in use). False, with nothing changed, when the streams are that large
-        already or a stream copy waits for the next decode (its state is not yet what its cells say); raises
-        RuntimeError when the new context cannot be made or a state does not go back in."""
+        already or a stream copy waits for the next decode (its state is not yet what its cells say); RuntimeError
+        when the new context cannot be made (the old size is made again, its KV restored) or a state does not go
+        back in."""
         cells = min(-(-cells // 256) * 256, self.max_ctx_seq)
         if self.cfg.kv_unified or cells <= self.n_ctx_seq or self._pending:
             return False
@@ -116,12 +117,19 @@ class ModelRunner(Vocab):
                 if got is None:
                     return False
                 states[slot] = got[0]
+        before, failed = self.n_ctx, False
         llama_cpp.llama_free(self.ctx)
         self.ctx = None
-        self._context(self.cfg.n_seqs * cells)
+        try:
+            self._context(self.cfg.n_seqs * cells)
+        except RuntimeError:
+            self._context(before)          # the old size again, its KV restored, before saying so
+            failed = True
         for slot, blob in states.items():
             if not self._set_state(slot, blob, len(blob)):
-                raise RuntimeError(f"growing the KV streams to {cells} cells: stream {slot}'s KV did not go back")
+                raise RuntimeError(f"growing the KV streams: stream {slot}'s KV did not go back")
+        if failed:
+            raise RuntimeError(f"llama.cpp could not make KV streams of {cells} cells (out of memory?)")
         self.grown += 1
         return True
 
