@@ -131,11 +131,13 @@ LAYOUTS = {   # tokenomy's KV layouts (docs/engine.md, "KV streams"); llama-serv
 
 
 def start_server(port: int, layout: str, tmp: str) -> subprocess.Popen:
+    """`tokenomy serve` with the layout's engine config; its log goes to $TMPDIR/engine_throughput_LAYOUT.log."""
     cfg = os.path.join(tmp, f"{layout}.yaml")
     with open(cfg, "w") as f:
         f.write(LAYOUTS[layout] + "ledger: null\n")
+    log = open(os.path.join(tempfile.gettempdir(), f"engine_throughput_{layout}.log"), "w")   # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "--config", cfg],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "TOKENOMY_HOME": tmp})   # no state from, or for, another run
     wait_up(f"http://127.0.0.1:{port}/health", [proc], 180)
     return proc
