@@ -8,7 +8,12 @@ concurrent request (`-np`) and continuous batching, its defaults otherwise. Also
 shared by 8 concurrent requests (prompt tokens each server computed), and one request over HTTP vs in-process.
 
     .venv/bin/python bench/engine_throughput.py [--json] [--levels 1,8,16] [--tokens 128] [--rounds 2]
-        [--layouts unified,streams]
+        [--layouts unified,streams] [--workload short|grounded] [--no-llama-server]
+
+`--workload grounded` sends the first user turn of each grounded prompt (../shared/data/grounded/dev.jsonl, 230 to
+1,551 tokens) instead of the short questions. The layouts `default` (the engine's defaults: KV streams that start
+at kv_start_cells and grow) and `full` (the same with every stream at the whole window from the start, as before
+issue 51) compare an engine's growing KV with the one allocated whole.
 """
 
 from __future__ import annotations
@@ -77,6 +82,17 @@ async def one_http(client: httpx.AsyncClient, url: str, messages: list[dict], to
     return ttft or float("nan"), time.perf_counter() - t0, n
 
 
+def grounded_messages() -> list[list[dict]]:
+    from tokenomy.tools.bench.workload import DEFAULT_GROUNDED, grounded
+
+    path = os.environ.get("TOKENOMY_SHARED_DATA")
+    opts = {"path": os.path.join(path, "grounded", "dev.jsonl") if path else os.path.join(ROOT, DEFAULT_GROUNDED)}
+    return [r.body["messages"] for r in grounded(opts, None)]   # type: ignore[arg-type]
+
+
+PROMPTS: list[list[dict]] = [[{"role": "user", "content": q}] for q in QUESTIONS]
+
+
 async def level_http(url: str, c: int, n_req: int, tokens: int, bias: dict) -> dict[str, float]:
     sem = asyncio.Semaphore(c)
     # a fresh connection per request, for both servers alike: llama-server (cpp-httplib) closes a kept-alive
@@ -85,8 +101,7 @@ async def level_http(url: str, c: int, n_req: int, tokens: int, bias: dict) -> d
                                                                  max_keepalive_connections=0)) as client:
         async def run(i: int) -> tuple[float, float, int]:
             async with sem:
-                msgs = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-                return await one_http(client, url, msgs, tokens, bias)
+                return await one_http(client, url, PROMPTS[i % len(PROMPTS)], tokens, bias)
         t0 = time.perf_counter()
         res = await asyncio.gather(*[run(i) for i in range(n_req)])
         wall = time.perf_counter() - t0
@@ -110,15 +125,19 @@ def start_llama_server(port: int, slots: int, threads: int) -> subprocess.Popen:
 LAYOUTS = {   # tokenomy's KV layouts (docs/engine.md, "KV streams"); llama-server gets 2,048 cells per slot
     "unified": "engine: {kv_unified: true}\n",
     "streams": "engine: {kv_unified: false, max_running: 16, max_retired: 16, n_ctx: 65536}\n",
+    "default": "engine: {}\n",
+    "full": "engine: {kv_start_cells: null}\n",
 }
 
 
 def start_server(port: int, layout: str, tmp: str) -> subprocess.Popen:
+    """`tokenomy serve` with the layout's engine config; its log goes to $TMPDIR/engine_throughput_LAYOUT.log."""
     cfg = os.path.join(tmp, f"{layout}.yaml")
     with open(cfg, "w") as f:
         f.write(LAYOUTS[layout] + "ledger: null\n")
+    log = open(os.path.join(tempfile.gettempdir(), f"engine_throughput_{layout}.log"), "w")   # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "--config", cfg],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "TOKENOMY_HOME": tmp})   # no state from, or for, another run
     wait_up(f"http://127.0.0.1:{port}/health", [proc], 180)
     return proc
@@ -186,18 +205,26 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--layouts", default="unified,streams", help="tokenomy KV layouts to run, each its own server")
+    ap.add_argument("--workload", choices=["short", "grounded"], default="short")
+    ap.add_argument("--no-llama-server", action="store_true", help="tokenomy's layouts only (ratios between them)")
+    ap.add_argument("--levels-only", action="store_true", help="skip the shared prefix and the latency measures")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.workload == "grounded":
+        PROMPTS[:] = grounded_messages()
     console = Console(stderr=True)
     levels = [int(x) for x in args.levels.split(",")]
     layouts = args.layouts.split(",")
     bias = eog_bias()
     urls = {f"tokenomy {lay}": f"http://127.0.0.1:{args.port + 2 + i}/v1" for i, lay in enumerate(layouts)}
-    urls["llama-server"] = f"http://127.0.0.1:{args.port + 1}/v1"
-    results: dict[str, Any] = {"levels": [], "tokens": args.tokens, "rounds": args.rounds, "layouts": LAYOUTS}
+    if not args.no_llama_server:
+        urls["llama-server"] = f"http://127.0.0.1:{args.port + 1}/v1"
+    baseline = "llama-server" if not args.no_llama_server else next(iter(urls))
+    results: dict[str, Any] = {"levels": [], "tokens": args.tokens, "rounds": args.rounds, "layouts": LAYOUTS,
+                               "workload": args.workload, "baseline": baseline}
     with Progress(console=console, transient=True) as progress, tempfile.TemporaryDirectory() as tmp:
         task = progress.add_task("starting llama-server (building it first if needed)", total=None)
-        procs = [start_llama_server(args.port + 1, max(levels), args.threads)]
+        procs = [] if args.no_llama_server else [start_llama_server(args.port + 1, max(levels), args.threads)]
         try:
             for i, lay in enumerate(layouts):
                 progress.update(task, description=f"starting tokenomy serve ({lay} KV)")
@@ -218,8 +245,14 @@ def main() -> None:
                     row[name] = {k: statistics.median(x[k] for x in rs) for k in ("tok_s", "ttft_p50", "ttft_p95")}
                     row[name]["rounds_tok_s"] = [x["tok_s"] for x in rs]
                 for name in names:
-                    row[name]["ratio"] = row[name]["tok_s"] / row["llama-server"]["tok_s"]
+                    row[name]["ratio"] = row[name]["tok_s"] / row[baseline]["tok_s"]
                 results["levels"].append(row)
+            if args.levels_only:
+                if args.json:
+                    print(json.dumps(results, indent=2))
+                else:
+                    print_levels(results, urls, args)
+                return
             progress.update(task, description="shared 1,000-token prefix, 8 concurrent requests")
             results["shared_prefix"] = {name: asyncio.run(shared_prefix(url)) for name, url in urls.items()}
             progress.update(task, description="single request over HTTP")
@@ -235,8 +268,18 @@ def main() -> None:
     if args.json:
         print(json.dumps(results, indent=2))
         return
+    out = print_levels(results, urls, args)
+    for name, p in results["shared_prefix"].items():
+        out.print(f"{name}: 8 requests behind one ~1,000-token system prompt: {p['prompt_tokens']} prompt tokens, "
+                  f"{p['computed']} computed, {p['wall_s']:.2f}s")
+    out.print(f"single request ({args.tokens} tokens, {names[0]}): HTTP {results['http_latency_s']:.2f}s, in-process "
+              f"{results['inproc_latency_s']:.2f}s, ratio {results['http_overhead_ratio']:.3f}")
+
+
+def print_levels(results: dict[str, Any], urls: dict[str, str], args: argparse.Namespace) -> Console:
     table = Table(title=f"Aggregate output tok/s, {args.tokens}-token answers, SmolLM2-135M, {args.threads} threads, "
-                        f"median of {args.rounds} alternating rounds; ratio to llama-server")
+                        f"median of {args.rounds} alternating rounds, {args.workload} prompts; ratio to "
+                        f"{results['baseline']}")
     table.add_column("concurrency", justify="right")
     for name in urls:
         table.add_column(f"{name} tok/s (ratio)", justify="right")
@@ -249,11 +292,7 @@ def main() -> None:
         table.add_row(*cells)
     out = Console()
     out.print(table)
-    for name, p in results["shared_prefix"].items():
-        out.print(f"{name}: 8 requests behind one ~1,000-token system prompt: {p['prompt_tokens']} prompt tokens, "
-                  f"{p['computed']} computed, {p['wall_s']:.2f}s")
-    out.print(f"single request ({args.tokens} tokens, {names[0]}): HTTP {results['http_latency_s']:.2f}s, in-process "
-              f"{results['inproc_latency_s']:.2f}s, ratio {results['http_overhead_ratio']:.3f}")
+    return out
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ def test_serves_in_a_child_process(engine) -> None:
     assert c.done.wait(60)
     assert c.last.finish_reason == "length" and c.last.completion_tokens == 8
     assert engine.pid != os.getpid() and engine.state == "ready"
+    # what it holds, as /health shows it: a short request leaves the streams at kv_start_cells (8 of 1,024)
+    health = engine.describe()
+    assert health["kv_cells"] == engine.n_ctx == 8 * 1024 and health["rss_bytes"] == engine.rss > 0
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
@@ -113,9 +116,11 @@ def test_a_hung_engine_is_killed_by_the_watchdog(engine, monkeypatch) -> None:
 
 
 def test_an_engine_that_cannot_start_fails_at_start_with_the_cause() -> None:
-    # 16M KV cells of SmolLM2 need hundreds of GB: llama.cpp cannot create the context in the engine process
+    # 16M KV cells of SmolLM2 need hundreds of GB: llama.cpp cannot create the context in the engine process (all
+    # of it at start: streams that start small would only fail to grow)
     with pytest.raises(EngineStartError) as info:
-        EngineClient(str(resolve_gguf("smollm2-135m-instruct")), EngineConfig(n_ctx=1 << 24, max_model_len=2048))
+        EngineClient(str(resolve_gguf("smollm2-135m-instruct")),
+                     EngineConfig(n_ctx=1 << 24, max_model_len=2048, kv_start_cells=None))
     assert "start-up self-check" in str(info.value) and "could not create a context" in str(info.value)
 
 

@@ -12,6 +12,15 @@ def test_without_n_ctx_every_stream_holds_max_model_len():
     assert EngineConfig(n_ctx=4096, max_model_len=512).kv_cells == 4096
 
 
+def test_kv_streams_start_at_kv_start_cells_and_grow_to_the_window():
+    cfg = EngineConfig(max_model_len=8192)                    # 24 streams of 8,192 cells at most, 1,024 at start
+    assert (cfg.stream_cells, cfg.start_cells) == (8192, 24 * 1024)
+    assert EngineConfig(max_model_len=8192, kv_start_cells=1000).start_cells == 24 * 1024   # padded as llama.cpp pads
+    assert EngineConfig(max_model_len=512).start_cells == 24 * 512      # never more than a stream at its largest
+    assert EngineConfig(max_model_len=8192, kv_start_cells=None).start_cells == 24 * 8192   # the whole window at once
+    assert EngineConfig(n_ctx=4096, kv_unified=True).start_cells == 4096                   # the unified buffer: all
+
+
 def test_the_window_is_what_a_sequence_holds_unless_one_is_asked_for():
     assert EngineConfig().window(seq_cells=4096, n_ctx_train=8192) == 4096
     assert EngineConfig().window(seq_cells=16384, n_ctx_train=8192) == 8192

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from tests.helpers.noise import assert_same_up_to_noise
+from tests.helpers.wait import wait_until
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.engine import Engine
 from tokenomy.engine.sampling_params import SamplingParams
@@ -347,3 +348,37 @@ def test_the_choices_of_one_request_share_one_prefill(path, kv_unified):
         assert tight.stats.prompt_tokens == len(ids) + 1 and finals[2].cached_tokens == len(ids) - 1
     finally:
         tight.stop()
+
+
+def test_kv_streams_grow_to_serve_what_the_first_ones_cannot_hold(path):
+    """An engine whose 6 streams start at 256 cells (1,536 in all, a quarter of the 6 windows of 1,024) serves a
+    prompt longer than a stream, with the greedy answer of an engine that holds whole windows from the start, and
+    then 12 concurrent sequences of 40 to 590 tokens (far more than the first pool); its streams grow to twice their
+    cells or what a sequence needs, never past the window."""
+    small = EngineConfig(max_model_len=1024, kv_start_cells=256, max_running=4, max_retired=2, max_batch_tokens=256)
+    text = " ".join(ARTICLES * 3) + " Now answer only the last question."
+    engine = Engine(path, small).start()
+    full = Engine(path, small.model_copy(update={"kv_start_cells": None})).start()
+    try:
+        assert (engine.runner.n_ctx, full.runner.n_ctx) == (6 * 256, 6 * 1024)
+        assert engine.max_model_len == full.max_model_len == 1024     # the window is the grown streams'
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": text}])[:600]
+        grown, _ = greedy_ids(engine, ids, max_tokens=32)
+        assert len(ids) == 600 and (engine.runner.n_ctx_seq, engine.runner.grown) == (768, 1)   # 600 + a draft
+        assert grown == greedy_ids(full, ids, max_tokens=32)[0]
+        engine.stop()
+        engine = Engine(path, small).start()
+        lengths = [40 + 50 * i for i in range(12)]
+        events: list[list] = [[] for _ in lengths]
+        for n, got in zip(lengths, events, strict=True):
+            engine.submit(ids[:n], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True), got.append)
+        wait_until(lambda: all(e and e[-1].finish_reason for e in events), timeout=300,
+                   what="12 sequences to finish")
+        assert [e[-1].finish_reason for e in events] == ["length"] * 12
+        assert [sum(len(x.token_ids) for x in e) for e in events] == [24] * 12
+        assert sum(n + 24 for n in lengths) > small.start_cells
+        assert 256 < engine.runner.n_ctx_seq <= 1024 and engine.runner.n_ctx <= small.kv_cells
+        assert engine.runner.grown >= 1
+    finally:
+        engine.stop()
+        full.stop()

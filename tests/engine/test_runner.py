@@ -73,3 +73,33 @@ def test_a_state_over_the_byte_cap_is_copied_as_the_whole_stream(runner, monkeyp
     runner.copy_stream(0, 1)
     assert runner._pending == {0, 1}
     assert np.array_equal(next_logits(runner, 1, toks[40], 40), next_logits(runner, 0, toks[40], 40))
+
+
+def test_growing_the_streams_keeps_every_sequence_s_kv():
+    """The context made again with streams four times as large: each stream's KV goes over, and the next token's
+    logits are those of the context before."""
+    r = ModelRunner(str(resolve_gguf("smollm2-135m-instruct")),
+                    EngineConfig(max_model_len=1024, kv_start_cells=256, max_running=2, max_retired=0,
+                                 max_batch_tokens=256))
+    try:
+        assert (r.n_ctx_seq, r.max_ctx_seq) == (256, 1024)
+        toks = r.tokenize("The quick brown fox jumps over the lazy dog. " * 40)
+        fill(r, 0, toks[:200])
+        fill(r, 1, toks[50:150])
+        before = [next_logits(r, 0, toks[200], 200), next_logits(r, 1, toks[150], 100)]
+        r.remove(0, 200)
+        r.remove(1, 100)
+        assert r.grow(600) and (r.n_ctx_seq, r.n_ctx, r.grown) == (768, 2 * 768, 1)
+        after = [next_logits(r, 0, toks[200], 200), next_logits(r, 1, toks[150], 100)]
+        for b, a in zip(before, after, strict=True):
+            assert np.argmax(a) == np.argmax(b) and np.max(np.abs(a - b)) < 1e-3
+        assert not r.grow(700)                      # as large already: nothing to do
+        assert r.grow(5000) and r.n_ctx_seq == 1024  # never past the window
+        r.remove(0, 200)
+        r.max_ctx_seq = 1 << 26                      # streams no memory holds: refused, the old context kept
+        with pytest.raises(RuntimeError, match="could not make KV streams"):
+            r.grow(1 << 26)
+        assert (r.n_ctx_seq, r.grown) == (1024, 2)
+        assert np.argmax(next_logits(r, 0, toks[200], 200)) == np.argmax(before[0])
+    finally:
+        r.close()

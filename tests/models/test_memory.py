@@ -22,6 +22,7 @@ from tokenomy.models.memory import (
     DoesNotFit,
     _figures,
     available_memory,
+    engine_memory,
     kv_bytes,
     size,
 )
@@ -165,3 +166,38 @@ def test_without_nvml_or_with_some_layers_the_check_is_the_ram_one_and_says_so(
         assert "NVML cannot say how much VRAM is free: VRAM not checked" in caplog.text
         _, part = size(smollm2, cfg.model_copy(update={"n_gpu_layers": 10}), offload=True)
         assert not part.on_gpu and "10 of its 30 layers on the GPU: VRAM not checked" in caplog.text
+
+
+def test_the_estimate_counts_kv_at_the_cells_allocated_at_start_and_at_most(smollm2: str) -> None:
+    cfg = EngineConfig(max_model_len=8192)                 # 24 streams of 1,024 cells at start, of 8,192 at most
+    est = engine_memory(smollm2, cfg)
+    shape = read_gguf(smollm2)
+    assert est.weight_bytes == F.weight_bytes(shape, None).total
+    assert (est.start_cells, est.max_cells) == (24 * 1024, 24 * 8192)
+    assert (est.kv_start_bytes, est.kv_max_bytes) == (kv_bytes(shape, cfg, 24 * 1024), kv_bytes(shape, cfg, 24 * 8192))
+    assert est.kv_max_bytes == 8 * est.kv_start_bytes
+    assert est.at_most - est.at_start == est.kv_max_bytes - est.kv_start_bytes + (cfg.kv_tier_ram_mb << 20)
+    whole = engine_memory(smollm2, cfg.model_copy(update={"kv_start_cells": None}))
+    assert whole.kv_start_bytes == whole.kv_max_bytes == est.kv_max_bytes
+
+
+@pytest.mark.slow
+def test_an_engine_at_the_default_window_holds_what_the_estimate_says_at_start(smollm2: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine process `tokenomy serve` would start for the packaged model (its window from the GGUF) reports its
+    RSS once ready; it is within 1.5x of the estimate either way (weights and KV are exact arithmetic; what is not
+    is the runtime, a constant measured on one machine and build, and weight pages a CPU's repacking copies or
+    leaves untouched), and below what holding every stream's whole window from the start would take."""
+    from tokenomy.engine.client import EngineClient
+
+    monkeypatch.setenv(MEMORY_ENV, "64G")
+    cfg, fit = size(smollm2, EngineConfig(n_threads=1))
+    est = engine_memory(smollm2, cfg)
+    assert fit.window == 8192 and est.kv_start_bytes < est.kv_max_bytes
+    engine = EngineClient(smollm2, cfg, name="estimate")
+    try:
+        assert est.at_start / 1.5 <= engine.rss <= 1.5 * est.at_start
+        assert engine.rss < est.weight_bytes + est.kv_max_bytes
+        assert engine.n_ctx == est.start_cells
+    finally:
+        engine.stop()

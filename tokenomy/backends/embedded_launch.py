@@ -14,7 +14,7 @@ from tokenomy.config import AnthropicModelSpec, Config, EmbeddedModelSpec
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.launch import Launched, launch
 from tokenomy.models.catalog import resolve_gguf
-from tokenomy.models.memory import Fit, size
+from tokenomy.models.memory import Fit, engine_memory, size
 
 log = logging.getLogger("tokenomy")
 
@@ -35,8 +35,11 @@ def engine_settings(spec: EmbeddedModelSpec, config: Config, *, n_threads: int |
     in_ram = sum(f.need for f in fits.values() if not f.on_gpu)     # VRAM's free figure excludes its own
     cfg, fit = size(path, cfg, committed=in_ram, draft_path=cfg.draft_model)
     fits[spec.name] = fit
-    log.info("loading %s from %s: a %d-token window (%s), %.2f GiB of weights and KV", spec.name, path,
-             fit.window, fit.source, (fit.weight_bytes + fit.kv_bytes) / (1 << 30))
+    start = engine_memory(path, cfg, cfg.draft_model)
+    log.info("loading %s from %s: a %d-token window (%s), %.2f GiB of weights and KV (%.2f GiB at start: KV "
+             "streams of %d cells, grown as sequences need)", spec.name, path, fit.window, fit.source,
+             (fit.weight_bytes + fit.kv_bytes) / (1 << 30), (start.weight_bytes + start.kv_start_bytes) / (1 << 30),
+             start.start_cells // cfg.n_seqs if not cfg.kv_unified else start.start_cells)
     cores = os.cpu_count() or 1
     if cfg.n_threads in (0, cores) and cores > 1:
         log.warning("engine %s decodes on all %d cores: any other CPU work on this machine stalls every step "

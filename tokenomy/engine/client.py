@@ -123,6 +123,7 @@ class EngineClient:
         self.pid: int | None = None
         self.max_model_len = self.n_ctx = 0    # the engine process reports these when it is ready (_spawn)
         self.n_gpu_layers = 0                  # layers it asked llama.cpp to offload (-1: all; 0: a CPU build)
+        self.rss = 0                           # the engine process's resident bytes, at its last report
         self.running = 0
         self.used_cells = 0
         self.preemptions = 0
@@ -200,7 +201,7 @@ class EngineClient:
 
     def _ready(self, info: dict[str, Any], proc: subprocess.Popen | None, conn: Connection) -> None:
         self.max_model_len, self.n_ctx, self.pid = info["max_model_len"], info["n_ctx"], info["pid"]
-        self.n_gpu_layers = info["n_gpu_layers"]
+        self.n_gpu_layers, self.rss = info["n_gpu_layers"], info.get("rss", 0)
         self.running = self._waiting = self.used_cells = 0
         if info.get("report") is not None:   # an engine that ran before we came: its counters so far
             self._apply(info["report"])
@@ -395,6 +396,8 @@ class EngineClient:
         self.prefix_query_tokens = r.prefix_query_tokens
         self.spec = r.spec
         self.owns_steps = r.owner
+        if r.n_ctx:
+            self.n_ctx, self.rss = r.n_ctx, r.rss
         if r.tiers is not None:
             self.tier_stats = r.tiers
         if r.n_tokens:
@@ -426,4 +429,4 @@ class EngineClient:
 
     def describe(self) -> dict[str, Any]:
         return {"state": self.state, "restarts": self.restarts, "last_exit": self.last_exit, "pid": self.pid,
-                "n_gpu_layers": self.n_gpu_layers}
+                "n_gpu_layers": self.n_gpu_layers, "kv_cells": self.n_ctx, "rss_bytes": self.rss}

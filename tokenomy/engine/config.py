@@ -21,6 +21,13 @@ class EngineConfig(BaseModel):
                               "max_model_len is not set either, the model's trained context for each, cut to what "
                               "memory holds (docs/models.md; "
                               f"{DEFAULT_N_CTX} for an engine built without the server)")
+    kv_start_cells: int | None = Field(1024, ge=256, description="with kv_unified false, the KV cells each stream "
+                                       "starts with (rounded up to 256, at most max_model_len): the context is "
+                                       "made again with streams twice as large, up to max_model_len, each stream's "
+                                       "KV carried over, when a sequence needs more (engine/runner.py grow); an "
+                                       "idle engine then holds n_seqs x this, not n_seqs windows. None: every "
+                                       "stream holds the whole window from the start (docs/engine.md, \"KV that "
+                                       "grows\")")
     max_model_len: int | None = Field(None, ge=64, description="the longest sequence, prompt and answer, in tokens; "
                                       "granted, or the engine refuses to start and says why: it must fit a "
                                       "sequence's KV (a stream's n_ctx / n_seqs cells with kv_unified false, n_ctx "
@@ -120,6 +127,19 @@ class EngineConfig(BaseModel):
         if self.n_ctx is not None:
             return self.n_ctx
         return self.n_seqs * self.max_model_len if self.max_model_len is not None else DEFAULT_N_CTX
+
+    @property
+    def stream_cells(self) -> int:
+        """Cells of one KV stream at most (kv_unified false): kv_cells / n_seqs, padded to 256 as llama.cpp pads."""
+        return -(-self.kv_cells // self.n_seqs // 256) * 256
+
+    @property
+    def start_cells(self) -> int:
+        """KV cells asked of llama.cpp at start: n_seqs streams of kv_start_cells (padded to 256, at most a stream
+        at its largest, `stream_cells`) with KV streams and a kv_start_cells; else kv_cells."""
+        if self.kv_unified or self.kv_start_cells is None:
+            return self.kv_cells
+        return self.n_seqs * min(-(-self.kv_start_cells // 256) * 256, self.stream_cells)
 
     def window(self, seq_cells: int, n_ctx_train: int) -> int:
         """The engine's max_model_len, given the KV cells llama.cpp gave one sequence (a stream's, or the whole

@@ -69,6 +69,8 @@ class StepReport:
     prefix_query_tokens: int = 0
     spec: tuple[int, int, int] = (0, 0, 0)   # speculation since start: drafts, draft tokens, accepted tokens
     tiers: TierStats | None = None           # KV tiers since start
+    n_ctx: int = 0                           # KV cells allocated now (KV streams grow: engine.kv_start_cells)
+    rss: int = 0                             # this process's resident bytes (weights, KV written, runtime)
     owner: bool = True                       # whether this peer counts the step's engine-wide figures (the oldest
     #                                          of several peers does: each step is counted once between them)
 
@@ -159,6 +161,7 @@ class Core:
         st = self.engine.stats
         r.spec = (st.spec_drafts, st.spec_draft_tokens, st.spec_accepted_tokens)
         r.tiers = self.engine.tiers.stats
+        r.n_ctx, r.rss = self.engine.runner.n_ctx, resident_bytes()
         return r
 
     def _flush(self) -> None:
@@ -397,11 +400,20 @@ def surprisal(engine: Engine, ids: list[int], window: int) -> tuple[np.ndarray, 
     return out, time.perf_counter() - t0
 
 
+def resident_bytes() -> int:
+    """This process's resident memory in bytes (RSS: /proc/self/statm's second field; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def info(engine: Engine, core: Core | None = None) -> dict[str, Any]:
     """What a peer learns when it connects: the window, the KV cells, the pid, and (with `core`) the engine's
     counters so far (a gateway that joins a running engine counts from them, not from zero)."""
     out: dict[str, Any] = {"max_model_len": engine.max_model_len, "n_ctx": engine.runner.n_ctx, "pid": os.getpid(),
-                           "n_gpu_layers": engine.runner.gpu_layers}
+                           "n_gpu_layers": engine.runner.gpu_layers, "rss": resident_bytes()}
     if core is not None:
         out["report"] = core.snapshot()
     return out

@@ -51,7 +51,7 @@ class Engine:
         self.name = name
         self.runner = ModelRunner(model_path, cfg)
         try:
-            self.max_model_len = cfg.window(self.runner.n_ctx_seq, self.runner.n_ctx_train)
+            self.max_model_len = cfg.window(self.runner.max_ctx_seq, self.runner.n_ctx_train)
             if cfg.context_overflow == "shift" and not self.runner.can_shift:
                 raise RuntimeError("context_overflow shift: this model's KV cache cannot shift positions")
         except Exception:
@@ -224,6 +224,7 @@ class Engine:
     def step(self) -> None:
         """Schedule, draft, decode, commit, output."""
         self._reap_cancelled()
+        self._grow()
         if self.cfg.context_overflow == "shift":
             for seq in self.scheduler.running:
                 if seq.n_kv + seq.pending > self.max_model_len:    # the next step would write past the window
@@ -248,6 +249,35 @@ class Engine:
                     self._fork(seq, rows[:1])
                 self._process_output(seq, rows, drafts.get(seq, []))
                 row += chunk.logits
+
+    def _grow(self) -> None:
+        """With KV streams smaller than the window (engine.kv_start_cells), make them larger before a step that
+        needs it: a running sequence whose next step (a chunk of its prompt, or its token and a draft) could pass
+        its stream's cells, or a waiting one whose tokens would fill the stream, gets streams of twice the cells
+        (more if it needs them, at most the window's): the runner makes its context again (ModelRunner.grow)."""
+        runner = self.runner
+        if runner.n_ctx_seq >= runner.max_ctx_seq:
+            return
+        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        need = max((s.num_kv_tokens + tuning.MAX_DRAFT + 1 for s in seqs), default=0)
+        if need <= runner.n_ctx_seq:
+            return
+        t0 = time.perf_counter()
+        before = runner.n_ctx_seq
+        try:
+            grown = runner.grow(max(need, 2 * before))
+        except RuntimeError as e:     # no memory for larger streams: what needs them ends, the rest goes on
+            log.error("%s: %s", self.name, e)
+            self.scheduler.layout.n_ctx = runner.n_ctx
+            for seq in seqs:
+                if seq.num_kv_tokens + tuning.MAX_DRAFT + 1 > runner.n_ctx_seq:
+                    self._finish(seq, "error", error=f"the KV cache could not grow to hold this sequence: {e}",
+                                 error_code="kv_cache_full")
+            return
+        if grown:
+            self.scheduler.layout.n_ctx = runner.n_ctx
+            log.info("%s: KV streams grown from %d to %d cells (%d in all) for a sequence of %d tokens, in %.2f s",
+                     self.name, before, runner.n_ctx_seq, runner.n_ctx, need, time.perf_counter() - t0)
 
     def _decode(self, plan: list[tuple[Sequence, int]], chunks: list[Chunk]) -> Any:
         """One llama_decode over the step's chunks; its logits rows, or None when llama.cpp found no room."""

@@ -55,9 +55,29 @@ class ModelRunner(Vocab):
         self.gpu_layers = cfg.gpu_layers(gpu_offload())
         super().__init__(path, gpu_layers=self.gpu_layers, main_gpu=cfg.main_gpu)
         self.cfg = cfg
+        self.ctx = None
+        self._context(cfg.start_cells)
+        grows = cfg.start_cells < cfg.kv_cells
+        self.max_ctx_seq = max(cfg.stream_cells, self.n_ctx_seq) if grows else self.n_ctx_seq   # when grown fully
+        self._pending: set[int] = set()     # streams a copy_stream reads or writes at the next decode
+        self._scratch = bytearray()          # copy_stream's state buffer
+        self.grown = 0                       # times the context was made again with larger streams (grow)
+        n = cfg.max_batch_tokens
+        self._tok = np.zeros(n, dtype=np.int32)
+        self._pos = np.zeros(n, dtype=np.int32)
+        self._nseq = np.ones(n, dtype=np.int32)
+        self._seq = np.zeros(n, dtype=np.int32)
+        self._out = np.zeros(n, dtype=np.int8)
+        base = self._seq.ctypes.data
+        p_i32 = ctypes.POINTER(ctypes.c_int32)
+        self._seq_ptrs = (p_i32 * n)(*[ctypes.cast(base + 4 * i, p_i32) for i in range(n)])
+
+    def _context(self, n_ctx: int) -> None:
+        """Create the llama.cpp context with `n_ctx` KV cells (n_ctx / n_seqs a stream with KV streams)."""
+        cfg = self.cfg
         cparams = llama_cpp.llama_context_default_params()
         threads = cfg.n_threads or os.cpu_count() or 1
-        cparams.n_ctx = cfg.kv_cells
+        cparams.n_ctx = n_ctx
         cparams.n_batch = cfg.max_batch_tokens
         cparams.n_ubatch = cfg.max_batch_tokens
         cparams.n_seq_max = cfg.n_seqs
@@ -76,20 +96,42 @@ class ModelRunner(Vocab):
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context (out of memory?)")
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
-        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)   # cells one sequence can hold (its stream's)
+        self.n_ctx_seq = llama_cpp.llama_n_ctx_seq(self.ctx)   # cells one sequence can hold now (its stream's)
         self.mem = llama_cpp.llama_get_memory(self.ctx)
-        self._pending: set[int] = set()     # streams a copy_stream reads or writes at the next decode
-        self._scratch = bytearray()          # copy_stream's state buffer
 
-        n = cfg.max_batch_tokens
-        self._tok = np.zeros(n, dtype=np.int32)
-        self._pos = np.zeros(n, dtype=np.int32)
-        self._nseq = np.ones(n, dtype=np.int32)
-        self._seq = np.zeros(n, dtype=np.int32)
-        self._out = np.zeros(n, dtype=np.int8)
-        base = self._seq.ctypes.data
-        p_i32 = ctypes.POINTER(ctypes.c_int32)
-        self._seq_ptrs = (p_i32 * n)(*[ctypes.cast(base + 4 * i, p_i32) for i in range(n)])
+    def grow(self, cells: int) -> bool:
+        """Make the context again with KV streams of `cells` cells (padded to 256, at most max_ctx_seq), each
+        sequence's KV carried over through its sequence state (the KV tiers' save and restore): llama.cpp cannot
+        grow a context in place. The old context is freed before the new one is made, so the peak is the new
+        context plus the states (the cells in use). False, with nothing changed, when the streams are that large
+        already or a stream copy waits for the next decode (its state is not yet what its cells say); RuntimeError
+        when the new context cannot be made (the old size is made again, its KV restored) or a state does not go
+        back in."""
+        cells = min(-(-cells // 256) * 256, self.max_ctx_seq)
+        if self.cfg.kv_unified or cells <= self.n_ctx_seq or self._pending:
+            return False
+        states = {}
+        for slot in range(self.cfg.n_seqs):
+            if llama_cpp.llama_memory_seq_pos_max(self.mem, slot) >= 0:
+                got = self._get_state(slot)
+                if got is None:
+                    return False
+                states[slot] = got[0]
+        before, failed = self.n_ctx, False
+        llama_cpp.llama_free(self.ctx)
+        self.ctx = None
+        try:
+            self._context(self.cfg.n_seqs * cells)
+        except RuntimeError:
+            self._context(before)          # the old size again, its KV restored, before saying so
+            failed = True
+        for slot, blob in states.items():
+            if not self._set_state(slot, blob, len(blob)):
+                raise RuntimeError(f"growing the KV streams: stream {slot}'s KV did not go back")
+        if failed:
+            raise RuntimeError(f"llama.cpp could not make KV streams of {cells} cells (out of memory?)")
+        self.grown += 1
+        return True
 
     # ---- KV memory ------------------------------------------------------------------------------------
     def copy_prefix(self, src: int, dst: int, length: int) -> None:

@@ -36,6 +36,9 @@ MEMORY_ENV = "TOKENOMY_MEMORY_LIMIT"
 MIN_WINDOW = 512           # memory cutting a default window below this (or the trained context) is a refusal;
                            # kv_budget_mb never cuts it below
 STEP = 256                 # llama.cpp pads a stream's cells to 256
+RUNTIME_BYTES = 96 << 20   # an engine process beside its weights and KV: the interpreter, numpy, llama.cpp and the
+                           # engine's modules, touched compute buffers (measured: 86 MiB for SmolLM2-135M, 2-core
+                           # AMD EPYC, 2026-12-05: RSS at ready less weights and KV; docs/models.md)
 _KV_FORMAT = {"f16": "fp16", "q8_0": "q8", "q4_0": "q4"}     # EngineConfig.kv_type -> formulas.KV_BITS
 
 
@@ -119,6 +122,46 @@ def kv_bytes(shape: ModelShape, cfg: EngineConfig, cells: int) -> int:
     per = math.ceil(cells / streams / STEP) * STEP
     one = sum(F.kv_bytes_per_sequence(shape, _KV_FORMAT[t], per) for t in (k, v or k)) / 2
     return round(streams * one)
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """What an engine process for one model holds, in bytes: at start (weights + KV at the cells it allocates at
+    start + runtime) and at most (its KV streams grown to the window, and its KV tier's RAM full). Weights and KV
+    are the planner's arithmetic (formulas.py); the runtime is RUNTIME_BYTES. With all layers on a GPU the weights
+    and KV are in VRAM and the runtime and the tier in RAM."""
+
+    weight_bytes: int
+    kv_start_bytes: int
+    kv_max_bytes: int
+    runtime_bytes: int
+    tier_bytes: int
+    start_cells: int
+    max_cells: int
+
+    @property
+    def at_start(self) -> int:
+        return self.weight_bytes + self.kv_start_bytes + self.runtime_bytes
+
+    @property
+    def at_most(self) -> int:
+        return self.weight_bytes + self.kv_max_bytes + self.runtime_bytes + self.tier_bytes
+
+
+def engine_memory(path: str, cfg: EngineConfig, draft_path: str | None = None) -> EngineMemory:
+    """The memory of an engine process for the GGUF at `path` with `cfg` as it will load (the config `size`
+    returns: its window set): weights (and a draft model's) + KV at cfg.start_cells (KV streams start at
+    engine.kv_start_cells and grow) and at cfg.kv_cells (grown to the window; a draft model's context has that
+    many from the start) + RUNTIME_BYTES, and the KV tier's RAM (engine.kv_tier_ram_mb) at most. The engine
+    reports what it really holds (EngineClient.rss) to check it against."""
+    shape = read_gguf(path)
+    draft = read_gguf(draft_path) if draft_path else None
+    weights = F.weight_bytes(shape, None).total + (F.weight_bytes(draft, None).total if draft else 0)
+    draft_kv = kv_bytes(draft, cfg, cfg.kv_cells) if draft else 0
+    start = kv_bytes(shape, cfg, cfg.start_cells) + draft_kv
+    most = kv_bytes(shape, cfg, cfg.kv_cells) + draft_kv
+    return EngineMemory(weights, start, most, RUNTIME_BYTES, cfg.kv_tier_ram_mb << 20, cfg.start_cells,
+                        cfg.kv_cells)
 
 
 def _figures(fit: Fit, committed: int) -> str:
