@@ -75,8 +75,7 @@ def run(host: str | None = None, port: int | None = None, config_path: Path | No
         gateway = Gateway(config, str(config_path) if config_path else None, models=models, wait=False,
                           launched=launched)
 
-        app = create_app(gateway)
-        gateway.wait_ready()
+        app = create_app(gateway)      # ready now: the preloaded models finish loading in the background
     console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1")
     console.print(state_line(config), markup=False, highlight=False)
     import uvicorn
