@@ -22,6 +22,7 @@ from tokenomy.config import (
     RouteSpec,
     load_config,
 )
+from tokenomy.config.home import data_dir
 from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineAddress, EngineClient
 from tokenomy.engine.launch import Launched
@@ -232,7 +233,9 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
         if isinstance(spec, AnthropicModelSpec):
             spec.api_key()
     fits: dict[str, Fit] = {}
-    fleet = Fleet(config, default_placement(config), metrics) if engines is None else None
+    fleet = Fleet(config, default_placement(config), metrics,
+                  kv_dir=data_dir() / "fleet-kv" if config.fleet.keep_conversations else None) \
+        if engines is None else None
     for spec in config.models:
         backend = build_backend(spec, config, metrics=metrics, fits=fits, engines=engines, launched=launched,
                                 wait=False, fleet=fleet)

@@ -10,11 +10,13 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, live_server
 from tests.helpers.answers import assert_chat_end
 from tests.helpers.wait import wait_until
 from tokenomy.backends.embedded_launch import engine_settings
+from tokenomy.cli import app
 from tokenomy.config import Config, EmbeddedModelSpec
 
 # small windows and few sequences: each engine loads quickly and holds little
@@ -148,8 +150,13 @@ def test_admin_load_and_unload_end_the_engine_process() -> None:
         assert r.status_code == 200 and r.json()["state"] == "loaded"
         pid = dict(s.gateway.engines())["b"].pid
         assert psutil.pid_exists(pid)
-        r = httpx.post(f"{s.root}/admin/models/b/unload", timeout=60)
-        assert r.json() == {"model": "b", "outcome": "unloaded"}
+        shown = CliRunner().invoke(app, ["ps", "--base-url", s.base_url])      # `tokenomy ps` against it
+        assert shown.exit_code == 0, shown.output
+        rows = {line.split()[0]: line.split() for line in shown.output.splitlines()[1:-1]}
+        assert rows["a"][1] == "loaded" and rows["b"][1] == "loaded" and rows["b"][6] == "1"
+        unloaded = CliRunner().invoke(app, ["unload", "b", "--base-url", s.base_url])
+        assert unloaded.exit_code == 0 and unloaded.output.strip() == "b: unloaded", unloaded.output
+        assert ps(s.root)["b"]["state"] == "available"
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         assert httpx.post(f"{s.root}/admin/models/nope/load").status_code == 404
 
@@ -186,3 +193,29 @@ def test_an_engine_killed_during_its_load_fails_that_load_and_the_next_request_l
         r = chat(s.root, "b")
         assert r.status_code == 200, r.text
         assert ps(s.root)["b"]["loads"] == 1
+
+
+def test_a_conversation_survives_an_unload_and_reload_of_its_model() -> None:
+    """The next turn after the model was unloaded and loaded again reads its history from the KV saved at unload:
+    counted in the usage's cached tokens, not timed."""
+    cfg = {"models": models("a", "b", b={"engine": {**ENGINE, "kv_tier_ram_mb": 64}}), "cache": NO_CACHE}
+    history = [{"role": "system", "content": "You answer questions about the weather. " * 30},
+               {"role": "user", "content": "Is it going to rain today?"}]
+    with live_server(cfg) as s:
+        first = httpx.post(f"{s.base_url}/chat/completions", timeout=180, json={
+            "model": "b", "messages": history, "max_tokens": 8, "temperature": 0})
+        assert first.status_code == 200, first.text
+        answer = first.json()["choices"][0]["message"]["content"]
+        prompt = first.json()["usage"]["prompt_tokens"]
+        assert prompt > 200, prompt
+        assert httpx.post(f"{s.root}/admin/models/b/unload", timeout=60).json()["outcome"] == "unloaded"
+        assert ps(s.root)["b"]["state"] == "available"
+        turn = [*history, {"role": "assistant", "content": answer}, {"role": "user", "content": "And tomorrow?"}]
+        second = httpx.post(f"{s.base_url}/chat/completions", timeout=180, json={
+            "model": "b", "messages": turn, "max_tokens": 8, "temperature": 0})
+        assert second.status_code == 200, second.text
+        line = ps(s.root)["b"]
+        assert line["loads"] == 2 and line["adopted_prefixes"] >= 1
+        usage = second.json()["usage"]
+        # a cold prefill of this turn would compute every prompt token; the reloaded model reuses the first turn's
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.8 * prompt

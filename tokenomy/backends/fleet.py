@@ -21,11 +21,14 @@ count. Neither weighs what the reload costs, which is what an eviction spends.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import shutil
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tokenomy.backends.base import BackendError
@@ -83,6 +86,7 @@ class FleetModel:
         self.unload_when_idle: str | None = None   # an unload asked while a request ran: why
         self.recent: deque[float] = deque()     # arrival times within fleet.rate_window_s
         self.error: str | None = None           # why the last load failed
+        self.adopted_prefixes = 0               # saved prefixes its last load took back from the one before
         self._loading: asyncio.Future[EmbeddedBackend] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -128,7 +132,8 @@ class FleetModel:
                 if self.state == "loaded" and not self.active else 0.0,
                 "keep_alive_left_s": self.keep_alive_left(now), "pinned": self.spec.pin, "loads": self.loads,
                 "evictions": self.evictions, "load_s": self.load_s, "load_s_total": round(self.load_s_total, 3),
-                "requests_per_s": round(self.rate(now), 4), "last_error": self.error}
+                "requests_per_s": round(self.rate(now), 4), "adopted_prefixes": self.adopted_prefixes,
+                "last_error": self.error}
 
     # ---- the Backend protocol ------------------------------------------------------------------------------
     async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
@@ -173,12 +178,15 @@ class FleetModel:
 class Fleet:
     """The embedded models of one gateway, and the memory they are placed in."""
 
-    def __init__(self, config: Config, placement: Placement,
-                 metrics: Any = None) -> None:
+    def __init__(self, config: Config, placement: Placement, metrics: Any = None,
+                 kv_dir: Path | None = None) -> None:
+        """`kv_dir`: where unloaded models' saved prefixes wait for their next load (fleet.keep_conversations);
+        None: they are dropped with the engine."""
         s = config.fleet
         self.placement = placement
         self.keep_alive = keep_alive_seconds(s.keep_alive)
         self.overhead_bytes = s.engine_overhead_mb << 20
+        self.kv_dir = kv_dir
         self.max_waiting, self.load_wait_s, self.rate_window_s = s.max_waiting, s.load_wait_s, s.rate_window_s
         self.metrics = metrics                   # metrics.prometheus.Metrics, or None
         self.models: dict[str, FleetModel] = {}
@@ -240,6 +248,7 @@ class Fleet:
             backend.engine.stop()
             log.error("fleet: preloading %s failed: %s", m.name, e)
             raise
+        self._adopt_prefixes(m, m.backend)
         m.state = "loaded"
         self._loaded(m, time.perf_counter() - t0, "preload: true")
 
@@ -343,6 +352,7 @@ class Fleet:
                 m.state, m.error = "available", f"{type(e).__name__}: {e}"
                 log.error("fleet: loading %s failed after %.1f s: %s", m.name, time.perf_counter() - t0, e)
                 raise FleetFull(f"model {m.name!r} failed to load: {e}; retry shortly") from e
+            await asyncio.to_thread(self._adopt_prefixes, m, backend)
             m.backend, m.state, m.error = backend, "loaded", None
             self._loaded(m, time.perf_counter() - t0, why)
             return backend
@@ -428,6 +438,7 @@ class Fleet:
         m._loading = done        # a request arriving meanwhile waits for this, then loads it again
         try:
             if backend is not None:
+                await asyncio.to_thread(self._persist_prefixes, m, backend)
                 await backend.close()
         finally:
             m.state = "available"
@@ -440,6 +451,43 @@ class Fleet:
         log.info("fleet: unloaded %s (why: %s); %.2f of %.2f GiB held", m.name, why, self.held_bytes() / GIB,
                  self.placement.limit_bytes / GIB)
         return "unloaded"
+
+    # ---- a conversation survives a swap: the KV tier's saved prefixes wait on disk for the next load ------------
+    def _prefix_dir(self, m: FleetModel) -> Path | None:
+        if self.kv_dir is None or not m.cfg.kv_tier_ram_mb or not m.cfg.prefix_caching:
+            return None
+        return self.kv_dir / "".join(c if c.isalnum() or c in "-_." else "_" for c in m.name)
+
+    def _fingerprint(self, m: FleetModel) -> str:
+        """What saved KV depends on: the model's file and its engine's KV layout."""
+        return json.dumps({"path": m.path, "cfg": m.cfg.model_dump(mode="json")}, sort_keys=True)
+
+    def _persist_prefixes(self, m: FleetModel, backend: EmbeddedBackend) -> None:
+        where = self._prefix_dir(m)
+        if where is None or backend.engine.state != "ready":
+            return
+        try:
+            n = backend.engine.call("persist_tiers", str(where / "kv"), timeout=120)
+            (where / "fingerprint.json").write_text(self._fingerprint(m))
+            log.info("fleet: %s's %d saved prefixes written to %s for its next load", m.name, n, where)
+        except Exception as e:      # the conversations will be prefilled again; nothing a request needs
+            log.warning("fleet: %s's saved prefixes could not be written: %s", m.name, e)
+
+    def _adopt_prefixes(self, m: FleetModel, backend: EmbeddedBackend) -> None:
+        where = self._prefix_dir(m)
+        if where is None or not (where / "fingerprint.json").exists():
+            return
+        try:
+            if (where / "fingerprint.json").read_text() != self._fingerprint(m):
+                log.info("fleet: %s's saved prefixes are of another file or KV layout: dropped", m.name)
+                return
+            n = backend.engine.call("adopt_tiers", str(where / "kv"), timeout=120)
+            m.adopted_prefixes = n
+            log.info("fleet: %s took back %d saved prefixes from its last load", m.name, n)
+        except Exception as e:
+            log.warning("fleet: %s's saved prefixes could not be read: %s", m.name, e)
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
 
     async def close(self) -> None:
         for m in self.models.values():

@@ -60,6 +60,10 @@ class FleetSettings(Section):
                                "(a 503 with Retry-After after it)")
     rate_window_s: float = Field(600.0, gt=0, description="eviction cost = a model's load seconds measured at its "
                                  "last load x its requests per second over this many seconds")
+    keep_conversations: bool = Field(True, description="on unload, the prefixes a model's KV tier saved (its "
+                                     "recent conversations; engine.kv_tier_ram_mb > 0) are written to disk under "
+                                     "the data directory's fleet-kv/, and its next load takes them back, so a "
+                                     "conversation's next turn after a swap is not prefilled again")
     discover: bool = Field(False, description="also make available every GGUF in the Hugging Face hub cache and "
                            "in `models_dir`, each under its file's name")
     models_dir: str | None = Field(None, description="a folder of .gguf files made available with discover")
