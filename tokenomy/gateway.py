@@ -74,7 +74,8 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
     unset), DoesNotFit for a model memory cannot hold. Without `wait` an embedded engine is left starting: its
     backend's engine.wait_ready() finishes the start. With a `fleet` (and no supervisor's engine), an embedded model
     is the fleet's: loaded now when it preloads, else on its first request (backends/fleet.py)."""
-    if isinstance(spec, EmbeddedModelSpec) and fleet is not None and spec.name not in (engines or {}):
+    if isinstance(spec, EmbeddedModelSpec) and fleet is not None and spec.name not in (engines or {}) \
+            and spec.name not in token_routed(config):
         return fleet_member(spec, config, fleet, fits, launched)
     if isinstance(spec, EmbeddedModelSpec):
         remote = (engines or {}).get(spec.name)
@@ -102,6 +103,12 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
     from tokenomy.backends.openai import OpenAIBackend
 
     return OpenAIBackend(spec, metrics=metrics)
+
+
+def token_routed(config: Config) -> set[str]:
+    """The models of token routes: their router drives the engines step by step (router/token_routing.py), so they
+    are loaded at start and stay loaded, outside the fleet."""
+    return {m for r in config.routes.values() if "token" in r.strategies for m in r.models}
 
 
 def fleet_member(spec: EmbeddedModelSpec, config: Config, fleet: Fleet, fits: dict[str, Fit] | None,

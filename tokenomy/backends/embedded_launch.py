@@ -50,6 +50,8 @@ def preloads(config: Config, spec: EmbeddedModelSpec) -> bool:
     others load on their first request: backends/fleet.py)."""
     if spec.preload is not None:
         return spec.preload
+    if any(spec.name in r.models for r in config.routes.values() if "token" in r.strategies):
+        return True      # a token route drives its engines itself: loaded at start, outside the fleet
     return next((m for m in config.models if isinstance(m, EmbeddedModelSpec)), None) is spec
 
 
