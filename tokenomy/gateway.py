@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from tokenomy.backends.base import EmbeddingBackend
 from tokenomy.backends.deployments import Registry
 from tokenomy.backends.embedded import EmbeddedBackend
-from tokenomy.backends.embedded_launch import engine_settings
+from tokenomy.backends.embedded_launch import engine_settings, preloads
+from tokenomy.backends.fleet import Fleet, FleetModel, default_placement
 from tokenomy.config import (
     AnthropicModelSpec,
     Config,
@@ -21,6 +22,7 @@ from tokenomy.config import (
     RouteSpec,
     load_config,
 )
+from tokenomy.config.home import data_dir
 from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineAddress, EngineClient
 from tokenomy.engine.launch import Launched
@@ -38,7 +40,7 @@ from tokenomy.limits.rate_windows import RateWindows
 from tokenomy.limits.shared_counters import SharedCounters
 from tokenomy.metrics.prometheus import Metrics
 from tokenomy.models.catalog import PACKAGED_EMBEDDINGS
-from tokenomy.models.memory import Fit
+from tokenomy.models.memory import DoesNotFit, Fit
 from tokenomy.pipeline.admit import Admit
 from tokenomy.pipeline.cache import Cache
 from tokenomy.pipeline.chain import Pipeline
@@ -65,13 +67,17 @@ log = logging.getLogger("tokenomy")
 def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = None,
                   n_threads: int | None = None, fits: dict[str, Fit] | None = None,
                   engines: dict[str, EngineAddress] | None = None, launched: dict[str, Launched] | None = None,
-                  wait: bool = True) -> Any:
+                  wait: bool = True, fleet: Fleet | None = None) -> Any:
     """The backend for one configured model: the embedded engine (started here with engine_settings, or the one
     at ``engines[name]`` that a supervisor runs: server/workers.py, or the one launched for it before the gateway was
     built: ``launched[name]``, embedded_launch.py), the OpenAI-compatible upstream (a pool of them
     with `replicas`) or the Messages upstream. Raises ConfigError for what only shows at start (a key's variable
     unset), DoesNotFit for a model memory cannot hold. Without `wait` an embedded engine is left starting: its
-    backend's engine.wait_ready() finishes the start."""
+    backend's engine.wait_ready() finishes the start. With a `fleet` (and no supervisor's engine), an embedded model
+    is the fleet's: loaded now when it preloads, else on its first request (backends/fleet.py)."""
+    if isinstance(spec, EmbeddedModelSpec) and fleet is not None and spec.name not in (engines or {}) \
+            and spec.name not in token_routed(config):
+        return fleet_member(spec, config, fleet, fits, launched)
     if isinstance(spec, EmbeddedModelSpec):
         remote = (engines or {}).get(spec.name)
         if remote is not None:
@@ -100,6 +106,39 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
     return OpenAIBackend(spec, metrics=metrics)
 
 
+def token_routed(config: Config) -> set[str]:
+    """The models of token routes: their router drives the engines step by step (router/token_routing.py), so they
+    are loaded at start and stay loaded, outside the fleet."""
+    return {m for r in config.routes.values() if "token" in r.strategies for m in r.models}
+
+
+def fleet_member(spec: EmbeddedModelSpec, config: Config, fleet: Fleet, fits: dict[str, Fit] | None,
+                 launched: dict[str, Launched] | None) -> FleetModel | None:
+    """`spec` made available in `fleet`, sized alone (placement weighs it against the others when it loads); a
+    preloaded model's engine is started now (or taken over from `launched`) and finishes in Fleet.start or
+    Gateway.wait_ready. None for a discovered model memory cannot hold at all (logged)."""
+    early = (launched or {}).pop(spec.name, None)
+    if early is not None:
+        path, cfg, fit = early.path, early.cfg, early.fit
+    else:
+        sized: dict[str, Fit] = {}
+        try:
+            path, cfg = engine_settings(spec, config, fits=sized)
+        except DoesNotFit as e:
+            if not spec.discovered:
+                raise
+            log.warning("fleet: %s (found by fleet.discover) is left out: %s", spec.name, e)
+            return None
+        fit = sized[spec.name]
+    if fits is not None:
+        fits[spec.name] = fit
+    member = fleet.add(spec, path, cfg, fit, lambda: EmbeddedBackend(spec.name, path, cfg, structured=spec.structured))
+    if early is not None or preloads(config, spec):
+        fleet.preload(member, EmbeddedBackend(spec.name, path, cfg, structured=spec.structured, wait=False,
+                                              launched=early.launch if early is not None else None))
+    return member
+
+
 @dataclass(frozen=True)
 class Running:
     """What runs for a gateway's whole life, built once from the config it starts with and kept by every reload: the
@@ -111,6 +150,7 @@ class Running:
 
     metrics: Metrics
     registry: Registry
+    fleet: Fleet | None                    # the embedded models, loaded on demand (None under server.workers)
     fits: dict[str, Fit]                   # each embedded model's window and bytes, checked before it loads
     packaged_embedders: list[str]          # the packaged embedding models no configured name shadows
     prices: dict[str, PriceLike]
@@ -202,13 +242,19 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
         if isinstance(spec, AnthropicModelSpec):
             spec.api_key()
     fits: dict[str, Fit] = {}
+    fleet = Fleet(config, default_placement(config), metrics,
+                  kv_dir=data_dir() / "fleet-kv" if config.fleet.keep_conversations else None) \
+        if engines is None else None
     for spec in config.models:
-        registry.add(build_backend(spec, config, metrics=metrics, fits=fits, engines=engines, launched=launched,
-                                   wait=False))
-    metrics.watch_engines(lambda: engines_of(registry))
+        backend = build_backend(spec, config, metrics=metrics, fits=fits, engines=engines, launched=launched,
+                                wait=False, fleet=fleet)
+        if backend is not None:     # None: a discovered model that does not fit (fleet_member)
+            registry.add(backend)
+    metrics.watch_engines(lambda: engines_of(registry),
+                          {n: m.fit.window for n, m in fleet.models.items()} if fleet is not None else None)
     metrics.watch_pools(lambda: pools_of(registry))
-    for name, engine in engines_of(registry):
-        watch_engine(metrics, name, engine)
+    if fleet is not None:
+        metrics.watch_fleet(fleet.ps)
     led = config.ledger
     ledger = Ledger(led.url, prompt_retention_s=led.retention_days * 86400) if led else None
     e = config.energy
@@ -217,8 +263,15 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
     metrics.watch_hardware(energy_meter)
     if ledger is not None:
         metrics.watch_ledger(ledger)
-    for _, engine in engines_of(registry):
+
+    def watch(name: str, engine: EngineClient) -> None:    # each engine as it loads
+        watch_engine(metrics, name, engine)
         engine.stats.on_step_seqs.append(energy.on_step)
+
+    for name, engine in engines_of(registry):
+        watch(name, engine)
+    if fleet is not None:
+        fleet.on_loaded.append(watch)
     lim = config.limits
     shared = SharedCounters(lim.store, timeout_s=lim.timeout_s) if lim.store != "local" else None
     budgets = Budgets(**budget_limits(config, keyring), metrics=metrics, shared=shared,
@@ -241,10 +294,9 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
     batches, runner = _batch(config, gateway, ledger)
     responses = ResponseStore(ledger.engine, ledger.prompt_retention_s) if ledger is not None else None
     conversations = ConversationStore(ledger.engine, ledger.prompt_retention_s) if ledger is not None else None
-    return Running(metrics, registry, fits, packaged, config.prices(), ledger, energy_meter, energy, shared, budgets,
-                   windows, exact, semantic, _embedders(config, registry, packaged), _tracer(config, gateway),
-                   _otel_metrics(config, metrics), cache, reserve, generate, batches, runner, responses,
-                   conversations)
+    return Running(metrics, registry, fleet, fits, packaged, config.prices(), ledger, energy_meter, energy, shared,
+                   budgets, windows, exact, semantic, _embedders(config, registry, packaged), _tracer(config, gateway),
+                   _otel_metrics(config, metrics), cache, reserve, generate, batches, runner, responses, conversations)
 
 
 def model_names(config: Config, packaged: list[str]) -> set[str]:
@@ -260,7 +312,13 @@ def budget_limits(config: Config, keyring: Keyring) -> dict[str, Any]:
 
 
 def engines_of(registry: Registry) -> list[tuple[str, EngineClient]]:
-    return [(n, b.engine) for n, b in registry.backends.items() if isinstance(b, EmbeddedBackend)]
+    """The embedded engines running now (a fleet's loaded models, a supervisor's engines)."""
+    out: list[tuple[str, EngineClient]] = []
+    for n, b in registry.backends.items():
+        engine = b.engine if isinstance(b, (EmbeddedBackend, FleetModel)) else None
+        if engine is not None:
+            out.append((n, engine))
+    return out
 
 
 def pools_of(registry: Registry) -> list[Pool]:
@@ -486,7 +544,11 @@ class Gateway:
         return self.parts.running.conversations
 
     def wait_ready(self) -> None:
-        """Wait for every embedded engine to pass its start-up self-check (EngineStartError for one that failed)."""
+        """Wait for every embedded engine to pass its start-up self-check (EngineStartError for one that failed):
+        the preloaded models of the fleet, or a supervisor's engines."""
+        fleet = self.parts.running.fleet
+        if fleet is not None:
+            fleet.wait_preloads()
         for _, engine in self.engines():
             engine.wait_ready()
 
@@ -565,6 +627,9 @@ class Gateway:
         """A configured model's context window in tokens: an embedded engine's max_model_len; None for an upstream
         (its server enforces its own) or an engine not yet started."""
         backend = self.registry.backends.get(model)
+        if isinstance(backend, FleetModel):
+            engine = backend.engine
+            return engine.max_model_len if engine is not None else backend.fit.window
         if isinstance(backend, EmbeddedBackend):
             return backend.engine.max_model_len or None
         return None
@@ -575,7 +640,15 @@ class Gateway:
         fit, window = self.parts.running.fits.get(model), self.window(model)
         if fit is None or window is None:
             return {}
-        return {"context_window": window, "context_window_source": fit.source, "trained_context": fit.trained}
+        backend = self.registry.backends.get(model)
+        fleet = ({"state": backend.state, "memory_bytes": backend.memory_bytes} if isinstance(backend, FleetModel)
+                 else {})
+        return {"context_window": window, "context_window_source": fit.source, "trained_context": fit.trained,
+                **fleet}
+
+    @property
+    def fleet(self) -> Fleet | None:
+        return self.parts.running.fleet
 
     def count_tokens(self, model: str, ctx: RequestContext) -> TokenCount:
         return self.registry.get(model).count_tokens(ctx.gen)
@@ -640,7 +713,9 @@ class Gateway:
         parts.record.finish(ctx)
 
     def start(self) -> None:
-        """Start background work that needs the running event loop (the batch worker)."""
+        """Start background work that needs the running event loop (the batch worker, the preloads left)."""
+        if self.parts.running.fleet is not None:
+            self.parts.running.fleet.start()
         if self.batch_runner is not None:
             self.batch_runner.start()
 

@@ -6,7 +6,9 @@ and the Files and Batches' when the gateway has them), the error handlers and th
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -41,6 +43,7 @@ from tokenomy.api.error_bodies import (
     unhandled_handler,
     validation_handler,
 )
+from tokenomy.backends.fleet import Fleet, FleetFull
 from tokenomy.dialect.chat import ChatCompletionRequest, CompletionRequest
 from tokenomy.dialect.chat_wire import ChunkWriter, chat_body, completion_body
 from tokenomy.errors import APIError
@@ -97,9 +100,51 @@ async def health(request: Request) -> JSONResponse:
     status = "unavailable" if not ok else "degraded" if not all(caches.values()) or cooling else "ok"
     gpus = gpu.memory()       # None without an NVIDIA GPU (NVML)
     worker = {"worker": {"index": gateway.worker, "pid": os.getpid()}} if gateway.worker is not None else {}
+    fleet = {"fleet": gateway.fleet.ps()} if gateway.fleet is not None else {}
     return JSONResponse({"status": status, "models": states, "engines": engines, "cooling": cooling,
-                         "caches": caches, "gpu": None if gpus is None else [g.as_dict() for g in gpus], **worker},
-                        status_code=200 if ok else 503)
+                         "caches": caches, "gpu": None if gpus is None else [g.as_dict() for g in gpus], **worker,
+                         **fleet}, status_code=200 if ok else 503)
+
+
+def _fleet_model(request: Request, name: str) -> Fleet:
+    _admin(request)
+    fleet = _gateway(request).fleet
+    if fleet is None:
+        raise APIError(400, "models are not loaded on demand here (server.workers runs every engine)",
+                       code="no_fleet")
+    if name not in fleet.models:
+        raise APIError(404, f"The model '{name}' is not an embedded model of this server", param="model",
+                       code="model_not_found")
+    return fleet
+
+
+async def admin_models(request: Request) -> dict[str, Any]:
+    """The ps view: every embedded model's state, memory (estimated and measured), idle time, keep-alive left,
+    loads, evictions and load seconds, and the memory limit placement uses."""
+    _admin(request)
+    fleet = _gateway(request).fleet
+    if fleet is None:
+        raise APIError(400, "models are not loaded on demand here (server.workers runs every engine)",
+                       code="no_fleet")
+    return fleet.ps()
+
+
+async def admin_load(name: str, request: Request) -> dict[str, Any]:
+    """Load a model now (no-op when loaded); 503 with the figures when it cannot be placed or fails to load."""
+    fleet = _fleet_model(request, name)
+    try:
+        m = await fleet.load(name)
+    except FleetFull as e:
+        raise APIError(503, str(e), code="model_not_loaded",
+                       headers={"retry-after": str(max(1, math.ceil(e.retry_after or 1)))}) from e
+    return m.describe(time.monotonic())
+
+
+async def admin_unload(name: str, request: Request) -> dict[str, Any]:
+    """Unload a model (its engine process ends); with requests running on it, when the last one ends."""
+    fleet = _fleet_model(request, name)
+    outcome = await fleet.unload(name)
+    return {"model": name, "outcome": outcome}
 
 
 async def admin_keys(request: Request) -> dict[str, Any]:
@@ -145,6 +190,9 @@ ROUTES = [
     APIRoute("/health", health, methods=["GET"]),
     APIRoute("/admin/keys", admin_keys, methods=["GET"]),
     APIRoute("/admin/reload", admin_reload, methods=["POST"]),
+    APIRoute("/admin/models", admin_models, methods=["GET"]),
+    APIRoute("/admin/models/{name}/load", admin_load, methods=["POST"]),
+    APIRoute("/admin/models/{name}/unload", admin_unload, methods=["POST"]),
     APIRoute("/metrics", metrics, methods=["GET"]),
 ]
 EXCEPTION_HANDLERS = {APIError: api_error_handler, RequestValidationError: validation_handler,

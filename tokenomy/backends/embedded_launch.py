@@ -48,10 +48,20 @@ def engine_settings(spec: EmbeddedModelSpec, config: Config, *, n_threads: int |
     return path, cfg
 
 
+def preloads(config: Config, spec: EmbeddedModelSpec) -> bool:
+    """Whether `spec` loads when tokenomy starts: its `preload`, else true for the first embedded model only (the
+    others load on their first request: backends/fleet.py)."""
+    if spec.preload is not None:
+        return spec.preload
+    if any(spec.name in r.models for r in config.routes.values() if "token" in r.strategies):
+        return True      # a token route drives its engines itself: loaded at start, outside the fleet
+    return next((m for m in config.models if isinstance(m, EmbeddedModelSpec)), None) is spec
+
+
 def launch_engines(config: Config) -> dict[str, Launched]:
-    """Launch every embedded model's engine process, after the checks that stop a start before any model loads
-    (an upstream key's variable unset: ConfigError; a model memory cannot hold: DoesNotFit). On a failure the
-    processes already launched are killed."""
+    """Launch every preloaded embedded model's engine process (preloads), after the checks that stop a start
+    before any model loads (an upstream key's variable unset: ConfigError; a model memory cannot hold: DoesNotFit).
+    On a failure the processes already launched are killed."""
     for spec in config.models:
         if isinstance(spec, AnthropicModelSpec):
             spec.api_key()
@@ -59,7 +69,7 @@ def launch_engines(config: Config) -> dict[str, Launched]:
     launched: dict[str, Launched] = {}
     try:
         for spec in config.models:
-            if isinstance(spec, EmbeddedModelSpec):
+            if isinstance(spec, EmbeddedModelSpec) and preloads(config, spec):
                 path, cfg = engine_settings(spec, config, fits=fits)
                 launched[spec.name] = Launched(path, cfg, fits[spec.name], launch(path, cfg, spec.name))
     except BaseException:

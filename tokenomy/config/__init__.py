@@ -4,6 +4,7 @@ state lives by default (home.py). Every option has a default, so no file at all 
 imported from here: `from tokenomy.config import Config, load_config`."""
 
 from tokenomy.config.caches import CacheSettings, ExactCacheSettings, SemanticCacheSettings
+from tokenomy.config.fleet import FleetSettings, keep_alive_seconds
 from tokenomy.config.limits import BudgetLimits, KeySpec, LimitsSettings, TenantSpec
 from tokenomy.config.model_specs import (
     BACKENDS,
@@ -36,8 +37,10 @@ from tokenomy.config.settings import Config, load_config, model_entry, with_mode
 __all__ = [
     "BACKENDS", "AnthropicModelSpec", "BalanceSettings", "BatchSettings", "BudgetLimits", "CacheSettings",
     "CascadeSettings", "ClassifierSettings", "CompactionSettings", "CompressSettings", "Config", "ConfigError",
-    "ContextSettings", "CooldownSettings", "EmbeddedModelSpec", "EnergySettings", "ExactCacheSettings", "KeySpec",
+    "ContextSettings", "CooldownSettings", "EmbeddedModelSpec", "EnergySettings", "ExactCacheSettings",
+    "FleetSettings", "KeySpec",
     "LedgerSettings", "LimitsSettings", "LoadSettings", "ModelSpec", "OpenAIModelSpec", "Price", "RouteSpec",
     "RuleSpec", "RuleWhen", "SemanticCacheSettings", "ServerSettings", "StructuredSettings", "TelemetrySettings",
-    "TenantSpec", "TokenRouteSettings", "load_config", "model_entry", "with_models", "Section", "Strategy",
+    "TenantSpec", "TokenRouteSettings", "keep_alive_seconds", "load_config", "model_entry", "with_models", "Section",
+    "Strategy",
 ]

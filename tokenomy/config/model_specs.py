@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
+from tokenomy.config.fleet import KeepAlive, keep_alive_seconds
 from tokenomy.config.section import ConfigError, Section
 from tokenomy.engine.config import EngineConfig
 from tokenomy.models.catalog import PACKAGED
@@ -118,9 +119,20 @@ class EmbeddedModelSpec(_ModelSpec):
     structured: StructuredSettings = Field(StructuredSettings(), description="constrained decoding "
                                            "(response_format json_schema); a packaged model starts from its "
                                            "measured settings")
+    preload: bool | None = Field(None, description="load it when tokenomy starts; null: true for the first "
+                                 "embedded model only (the others load on their first request)")
+    keep_alive: KeepAlive | None = Field(None, description="how long it stays loaded after its last request "
+                                         "(Ollama's meaning: a duration, 0 unload once idle, -1 keep); null: "
+                                         "fleet.keep_alive")
+    discovered: bool = Field(False, description="found by fleet.discover, not configured (set by tokenomy): a "
+                             "model memory cannot hold is left out instead of stopping the start")
+    pin: bool = Field(False, description="never evicted to make room for another model (an unload by keep_alive "
+                      "or the admin API still ends it)")
 
     @model_validator(mode="after")
     def _check(self) -> EmbeddedModelSpec:
+        if self.keep_alive is not None:
+            keep_alive_seconds(self.keep_alive)
         self.gguf = self.gguf or (self.name if self.name in PACKAGED else None)
         if not self.gguf:
             raise ValueError(f"model {self.name!r}: embedded models need `gguf` (a packaged model or a path)")

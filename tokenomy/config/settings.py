@@ -15,6 +15,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from tokenomy.config.caches import CacheSettings
+from tokenomy.config.fleet import FleetSettings
 from tokenomy.config.limits import KeySpec, LimitsSettings, TenantSpec
 from tokenomy.config.model_specs import BACKENDS, EmbeddedModelSpec, ModelSpec, Price
 from tokenomy.config.operations import BatchSettings, EnergySettings, LedgerSettings, ServerSettings, TelemetrySettings
@@ -50,6 +51,8 @@ class Config(Section):
                                            "their tenant)")
     telemetry: TelemetrySettings = Field(TelemetrySettings(), description="OpenTelemetry traces and metrics (off "
                                          "by default)")
+    fleet: FleetSettings = Field(FleetSettings(), description="embedded models loaded on demand, placed by memory, "
+                                 "evicted by reload cost")
 
     @field_validator("ledger", mode="before", json_schema_input_type=LedgerSettings | str | None)
     @classmethod
@@ -192,9 +195,29 @@ def with_models(data: dict[str, Any], refs: list[str]) -> dict[str, Any]:
     return {**data, "models": models}
 
 
+def with_discovered(config: Config) -> Config:
+    """With fleet.discover, the config with every GGUF model found on this machine (models/discovery.py) added as
+    an embedded model that loads on demand, unless a configured model has its name or its file."""
+    if not config.fleet.discover:
+        return config
+    from tokenomy.models.discovery import discover
+
+    names = {m.name for m in config.models}
+    files = {str(Path(m.gguf).expanduser().absolute()) for m in config.models
+             if isinstance(m, EmbeddedModelSpec) and m.gguf and m.gguf.endswith(".gguf")}
+    found = [EmbeddedModelSpec(name=name, gguf=str(path), preload=False, discovered=True)
+             for name, path in discover(config.fleet.models_dir).items()
+             if name not in names and str(path.absolute()) not in files]
+    return config.model_copy(update={"models": [*config.models, *found]}) if found else config
+
+
 def load_config(path: str | Path | None, models: list[str] | None = None) -> Config:
     """Read and validate the YAML file (safe_load only: no tags execute), with `models` named on the command line
-    (with_models). None -> defaults."""
+    (with_models) and, with fleet.discover, those found on this machine (with_discovered). None -> defaults."""
+    return with_discovered(_load_config(path, models))
+
+
+def _load_config(path: str | Path | None, models: list[str] | None = None) -> Config:
     if path is None:
         try:
             return Config.model_validate(with_models({}, models or [])) if models else Config()

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from tokenomy.config import keep_alive_seconds
 from tokenomy.dialect.json_input import check_json
 from tokenomy.errors import APIError
 from tokenomy.generation import MAX_MESSAGES, MAX_OUTPUT_TOKENS, GenRequest
@@ -88,6 +89,14 @@ class _Sampling(_ChatBody):
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
     speculative: bool | None = None          # false: no speculative drafts for this request
+    keep_alive: str | int | float | None = None   # Ollama's: how long the model stays loaded after this request
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, v: str | int | float | None) -> str | int | float | None:
+        if v is not None:
+            keep_alive_seconds(v)       # ValueError (a 400) naming it
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -112,7 +121,7 @@ class _Sampling(_ChatBody):
     def sampling(self) -> dict[str, Any]:
         keys = ("max_tokens", "temperature", "top_p", "stop", "presence_penalty", "frequency_penalty",
                 "logit_bias", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos",
-                "speculative")
+                "speculative", "keep_alive")
         d = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         if self.n > 1:
             d["n"] = self.n

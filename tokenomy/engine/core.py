@@ -352,7 +352,9 @@ class Core:
 
     def _call(self, name: str, *args: Any) -> Any:
         """Introspection and maintenance for tests and operators ("state", "clear_cache"; runs beside the loop, so
-        reads are a snapshot), and "score" (ids, window) -> (surprisal, seconds): see `score`."""
+        reads are a snapshot), "score" (ids, window) -> (surprisal, seconds): see `score`, and the KV tiers kept
+        across processes of the same model (backends/fleet.py): "persist_tiers" (dir) and "adopt_tiers" (dir) ->
+        entries written or read (KVTiers.persist, adopt), on the engine thread."""
         s = self.engine.scheduler
         if name == "state":
             return {"running": len(s.running), "waiting": self.engine.queue_depth, "used_cells": s.used_cells,
@@ -362,6 +364,17 @@ class Core:
             return True
         if name == "score":
             return self.score(*args)
+        if name in ("persist_tiers", "adopt_tiers"):
+            tiers, count = self.engine.tiers, [0]
+
+            def move() -> None:     # a failure loses saved prefixes, nothing a request needs
+                try:
+                    count[0] = tiers.persist(args[0]) if name == "persist_tiers" else tiers.adopt(args[0])
+                except Exception:
+                    log.exception("%s failed", name)
+
+            self.engine.run_in_loop(move)
+            return count[0]
         raise ValueError(f"unknown call {name}")
 
     def score(self, ids: list[int], window: int, timeout: float = tuning.SCORE_TIMEOUT_S) -> tuple[np.ndarray, float]:

@@ -71,6 +71,32 @@ TIER_METRICS = (   # name, TierStats field, counter or gauge, help: KV tiers (en
 )
 
 
+class FleetCollector:
+    """The fleet's models at scrape time (backends/fleet.py): planned and measured bytes, and whether loaded."""
+
+    def __init__(self, ps: Callable[[], dict[str, Any]]) -> None:
+        self._ps = ps
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        memory = GaugeMetricFamily("tokenomy_model_memory_bytes", "A model's memory: estimated (weights, KV, KV "
+                                   "tier; counted by placement) and measured (its engine's RSS after loading)",
+                                   labels=["model", "kind"])
+        loaded = GaugeMetricFamily("tokenomy_model_loaded", "1 while a model is loaded, 0 while it is not",
+                                   labels=["model"])
+        limit = GaugeMetricFamily("tokenomy_fleet_memory_limit_bytes", "Bytes the fleet places models in")
+        ps = self._ps()
+        limit.add_metric([], ps["memory_limit_bytes"])
+        for m in ps["models"]:
+            on = m["state"] == "loaded"
+            memory.add_metric([m["name"], "estimated"], m["memory_bytes"] if on else 0)
+            if on and m["rss_bytes"] is not None:
+                memory.add_metric([m["name"], "measured"], m["rss_bytes"])
+            loaded.add_metric([m["name"]], 1.0 if on else 0.0)
+        yield memory
+        yield loaded
+        yield limit
+
+
 class CacheCollector:
     def __init__(self, stores: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         self._stores = stores
@@ -295,18 +321,32 @@ class Metrics:
                                  ["scope", "id", "period", "unit"], registry=r, multiprocess_mode="mostrecent")
         self.budget_warnings = Counter("tokenomy_budget_warnings_total", "Budgets that crossed their warning "
                                        "threshold", ["scope", "period", "unit"], registry=r)
+        # engine: the fleet's loads and evictions (backends/fleet.py)
+        self.model_loads = Counter("tokenomy_model_loads_total", "Models loaded (on demand, asked, or preloaded)",
+                                   ["model"], registry=r)
+        self.model_evictions = Counter("tokenomy_model_evictions_total", "Models unloaded to make room for another",
+                                       ["model"], registry=r)
+        self.model_load_seconds = Histogram("tokenomy_model_load_seconds", "Seconds from a load's start to its "
+                                            "engine passing its self-check", ["model"], buckets=LATENCY_BUCKETS,
+                                            registry=r)
         # hardware: joules attributed to requests (shares of engine steps), by source
         self.request_energy = Counter("tokenomy_request_energy_joules_total", "Energy attributed to requests",
                                       ["model", "source"], registry=r)
 
-    def watch_engines(self, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
-        """The engines' live state as tokenomy_engine_* gauges and, when there are engines, vLLM's families."""
+    def watch_engines(self, engines: Callable[[], Iterable[tuple[str, Any]]],
+                      windows: dict[str, int] | None = None) -> None:
+        """The engines' live state as tokenomy_engine_* gauges and, when there are engines (or embedded models that
+        load later: `windows`, their windows by name), vLLM's families."""
         self._watch(EngineCollector(engines))
-        if any(True for _ in engines()):
-            self.vllm = VllmMetrics(self.registry, engines)
+        if windows or any(True for _ in engines()):
+            self.vllm = VllmMetrics(self.registry, engines, windows or None)
             for c in self.vllm.collectors:
                 if self.shared is not None:
                     self.shared.register(c)
+
+    def watch_fleet(self, ps: Callable[[], dict[str, Any]]) -> None:
+        """The fleet's models' memory and state (backends/fleet.py Fleet.ps)."""
+        self._watch(FleetCollector(ps))
 
     def watch_caches(self, stores: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         """Response-cache store health: errors and whether each store answers (a dead Redis is never silent)."""

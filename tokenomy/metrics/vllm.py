@@ -127,8 +127,11 @@ class VllmMetrics:
     """The vLLM families on `registry` for the engines `engines()` lists (name, EngineClient). Every series of every
     engine exists from the start at 0, as vLLM's do, so a rate() over a quiet engine is 0, not empty."""
 
-    def __init__(self, registry: CollectorRegistry, engines: Callable[[], Iterable[tuple[str, Any]]]) -> None:
-        lengths = {name: engine.max_model_len for name, engine in engines()}
+    def __init__(self, registry: CollectorRegistry, engines: Callable[[], Iterable[tuple[str, Any]]],
+                 windows: dict[str, int] | None = None) -> None:
+        """`windows`: every embedded model's window by name, loaded or not (the fleet's); default: the engines
+        running now."""
+        lengths = windows if windows is not None else {name: engine.max_model_len for name, engine in engines()}
         self.models = frozenset(lengths)
         r, per_request = registry, buckets_1_2_5(max(lengths.values(), default=0) or 2048)
 

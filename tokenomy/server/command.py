@@ -78,8 +78,7 @@ def run(host: str | None = None, port: int | None = None, config_path: Path | No
         gateway = Gateway(config, str(config_path) if config_path else None, models=models, wait=False,
                           launched=launched)
 
-        app = create_app(gateway)
-        gateway.wait_ready()
+        app = create_app(gateway)      # ready now: the preloaded models finish loading in the background
     also = config.server.ollama_port
     console.print(f"[bold green]tokenomy[/] serving {', '.join(gateway.model_names())} on http://{host}:{port}/v1"
                   + (f" and on http://{host}:{also} (Ollama's API at /api)" if also else ""))

@@ -156,3 +156,17 @@ def test_a_restore_over_http_counts_as_cached_tokens_and_shows_in_metrics():
         assert 'tokenomy_engine_kv_tier_hits_total{model="smollm2-135m-instruct",tier="ram"} 1.0' in text
         assert 'tokenomy_engine_kv_tier_restored_tokens_total{model="smollm2-135m-instruct",tier="ram"}' in text
         assert 'tokenomy_engine_kv_tier_bytes{model="smollm2-135m-instruct",tier="ram"}' in text
+
+
+def test_persisted_entries_are_adopted_by_another_tier_in_their_order_of_use(tmp_path):
+    old = KVTiers(1 << 20)
+    old.put(list(range(10)), b"a" * 10)
+    old.put([7, *range(20)], b"b" * 20)
+    old.load(next(iter(old.entries.values())))      # the first one is now the most recently used
+    assert old.persist(str(tmp_path / "kv")) == 2
+    new = KVTiers(1 << 20)
+    assert new.adopt(str(tmp_path / "kv")) == 2
+    assert not (tmp_path / "kv").exists()
+    assert [e.tokens.tolist() for e in new.entries.values()] == [[7, *range(20)], list(range(10))]
+    assert new.match(list(range(12)), beyond=0)[0] == 10
+    assert new.load(new.match(list(range(12)), beyond=0)[1]) == b"a" * 10

@@ -146,6 +146,40 @@ class KVTiers:
         self.stats.saved["ram"] += 1
         self._bound()
 
+    # ---- across engine processes (backends/fleet.py: a model unloaded and loaded again) --------------------
+    def persist(self, directory: str) -> int:
+        """Write every entry to `directory` (created; what it held is replaced), least recently used first, as
+        NNNNNN.tokens.npy and NNNNNN.kv; returns how many. Only an engine of the same model and KV layout may
+        adopt them."""
+        out = Path(directory)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        n = 0
+        for e in list(self.entries.values()):
+            blob = self.load(e)
+            if blob is None:
+                continue
+            np.save(out / f"{n:06d}.tokens.npy", e.tokens)
+            (out / f"{n:06d}.kv").write_bytes(blob)
+            n += 1
+        return n
+
+    def adopt(self, directory: str) -> int:
+        """Take the entries `persist` wrote to `directory` (in their order of use, within this tier's bounds) and
+        remove the directory; returns how many were read."""
+        src = Path(directory)
+        n = 0
+        for tokens_file in sorted(src.glob("*.tokens.npy")):
+            try:
+                tokens = np.load(tokens_file)
+                blob = tokens_file.with_name(tokens_file.name.removesuffix(".tokens.npy") + ".kv").read_bytes()
+            except (OSError, ValueError):
+                continue
+            self.put(tokens.tolist(), blob)
+            n += 1
+        shutil.rmtree(src, ignore_errors=True)
+        return n
+
     def clear(self) -> None:
         for e in list(self.entries.values()):
             self._drop(e)
