@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenomy.api import batches, dashboard, embeddings, messages, openapi, responses
+from tokenomy.api import admin, batches, dashboard, embeddings, messages, openapi, responses
 from tokenomy.api import run as serve
 from tokenomy.api.batches import BatchAPI
 from tokenomy.api.body import parse_recorded
@@ -36,6 +36,7 @@ from tokenomy.errors import APIError
 from tokenomy.gateway import Gateway
 from tokenomy.generation import GenRequest
 from tokenomy.hardware import gpu
+from tokenomy.limits.auth_failures import AuthFailures
 
 
 async def chat_completions(request: Request) -> Response:
@@ -91,18 +92,6 @@ async def health(request: Request) -> JSONResponse:
                         status_code=200 if ok else 503)
 
 
-async def admin_keys(request: Request) -> dict[str, Any]:
-    _admin(request)
-    return {"object": "list", "data": [
-        {"key_id": k.key_id, "name": k.name, "tenant": k.tenant, "admin": k.admin, "rpm": k.rpm, "tpm": k.tpm}
-        for k in _gateway(request).keyring.by_hash.values()]}
-
-
-async def admin_reload(request: Request) -> dict[str, Any]:
-    _admin(request)
-    return _gateway(request).reload()
-
-
 async def metrics(request: Request) -> Response:
     _keyed(request)
     return Response(_gateway(request).metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -127,8 +116,6 @@ ROUTES = [
     APIRoute("/v1/models", models, methods=["GET"]),
     APIRoute("/v1/models/{model_id}", model, methods=["GET"]),
     APIRoute("/health", health, methods=["GET"]),
-    APIRoute("/admin/keys", admin_keys, methods=["GET"]),
-    APIRoute("/admin/reload", admin_reload, methods=["POST"]),
     APIRoute("/metrics", metrics, methods=["GET"]),
 ]
 EXCEPTION_HANDLERS = {APIError: api_error_handler, RequestValidationError: validation_handler,
@@ -147,13 +134,14 @@ def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
-    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES,
+    routes = [*ROUTES, *admin.ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES,
               *(responses.ROUTES_STORED if gateway.responses is not None else ()),
               *(dashboard.ROUTES if gateway.ledger is not None else ()),
               *(batches.ROUTES if gateway.batches is not None else ())]
     app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
+    app.state.auth_failures = AuthFailures()
     app.state.responses = responses.ResponsesAPI(
         gateway.responses, lambda request, model, api: parse_recorded(_gateway(request), request, model, api), _owner)
     if gateway.ledger is not None:
