@@ -9,7 +9,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from tests.ledger.test_ledger import Spec, rows_for
+from tests.helpers.synthetic import Spec, rows_for
 from tokenomy.config import BudgetLimits, KeySpec
 from tokenomy.errors import APIError
 from tokenomy.ledger import tables as schema

@@ -88,7 +88,8 @@ EMPTY = Snapshot(0, {}, [])
 
 def keyring_of(keys: list[KeySpec], config_tenants: dict[str, TenantSpec], snap: Snapshot | None) -> Keyring:
     """The keyring of config-file keys and the snapshot's live keys (neither revoked nor rotated past their grace:
-    expiry is checked at lookup), with config and stored tenants' allow-lists."""
+    expiry is checked at lookup), with config and stored tenants' allow-lists. Once the database holds a key, live
+    or not, keys are required: revoking the last one locks every caller out rather than opening the gateway."""
     snap = snap or EMPTY
     all_tenants = {**{n: TenantSpec(models=t.models) for n, t in snap.tenants.items()}, **config_tenants}
     stored = []
@@ -100,7 +101,7 @@ def keyring_of(keys: list[KeySpec], config_tenants: dict[str, TenantSpec], snap:
         stored.append((k.key_sha256, KeyInfo(k.id, k.name, k.tenant, k.role == "admin", k.rpm, k.tpm, allowed,
                                              expires_at=k.expires_at, tenant_admin=k.role == "tenant_admin",
                                              source="database")))
-    return Keyring(keys, all_tenants, stored=stored)
+    return Keyring(keys, all_tenants, stored=stored, closed=bool(snap.keys))
 
 
 def stored_budgets(snap: Snapshot | None) -> tuple[dict[str, BudgetLimits], dict[str, BudgetLimits]]:

@@ -38,9 +38,12 @@ class KeyInfo:
 
 class Keyring:
     def __init__(self, keys: list[KeySpec], tenants: dict[str, TenantSpec] | None = None,
-                 stored: Iterable[tuple[str, KeyInfo]] = ()) -> None:
+                 stored: Iterable[tuple[str, KeyInfo]] = (), closed: bool = False) -> None:
         """Config-file `keys` with their `tenants`' allow-lists, and `stored` (digest, KeyInfo) pairs of the
-        database's keys (limits/key_store.py: keyring_of); a config key wins over a stored one of the same digest."""
+        database's keys (limits/key_store.py: keyring_of); a config key wins over a stored one of the same digest.
+        `closed`: keys are required even when none is live (the database has had keys: revoking the last one
+        must not open the gateway)."""
+        self.closed = closed
         self.by_hash: dict[str, KeyInfo] = dict(stored)
         for k in keys:
             h = k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or "")
@@ -51,7 +54,7 @@ class Keyring:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.by_hash)
+        return self.closed or bool(self.by_hash)
 
     def by_key_id(self, key_id: str | None) -> KeyInfo | None:
         return self._by_id.get(key_id) if key_id else None
