@@ -1,4 +1,4 @@
-"""The `tokenomy` command: serve, plan, router, config, report, replay, bench, batch."""
+"""The `tokenomy` command: serve, plan, router, config, report, replay, bench, batch, keys, tenants, spend."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ LAZY: dict[str, tuple[str, str, str | None]] = {
     "replay": ("tokenomy.tools.replay.command", "replay", None),
     "router": ("tokenomy.tools.router_training.command", "app", "Train, calibrate and evaluate a learned router."),
     "batch": ("tokenomy.batch.command", "app", "Submit batches (OpenAI's Batch API), follow them, fetch results."),
+    "keys": ("tokenomy.api.admin_command", "keys", "Make, list, change, revoke and rotate API keys (admin API)."),
+    "tenants": ("tokenomy.api.admin_command", "tenants", "Make, list, change and delete tenants (admin API)."),
+    "spend": ("tokenomy.api.admin_command", "spend", None),
 }
 
 

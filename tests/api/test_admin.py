@@ -246,3 +246,31 @@ def test_the_last_admin_key_needs_force_and_failed_authentication_is_rate_limite
         assert gw.delete(f"/admin/keys/{second['id']}?force=true", headers=h2).status_code == 200
         assert is_openai_error(gw.get("/admin/keys", headers=h2), 401)     # closed, not open
         assert is_openai_error(gw.get("/admin/keys"), 401)
+
+
+def test_the_request_path_reads_no_key_table_and_no_key_is_logged(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Keys are looked up in the gateway's memory: serving requests runs no statement on api_keys or tenants (the
+    poll reads keys_version alone), and neither a plain key nor its digest reaches a log line."""
+    import logging
+
+    import sqlalchemy as sa
+
+    caplog.set_level(logging.DEBUG)
+    with gateways(tmp_path, f"sqlite:///{tmp_path}/ledger.db") as [gw]:
+        gw.post("/admin/tenants", headers=ADMIN, json={"name": "acme", "budget": {"usd_per_day": 100}})
+        made = gw.post("/admin/keys", headers=ADMIN, json={"tenant": "acme", "budget": {"usd_per_day": 100}}).json()
+        statements: list[str] = []
+
+        def seen(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            statements.append(statement)
+
+        engine = gw.app.state.gateway.ledger.engine
+        sa.event.listen(engine, "before_cursor_execute", seen)
+        for _ in range(10):
+            assert chat(gw, made["key"]).status_code == 200
+        assert chat(gw, "sk-wrong").status_code == 401
+        sa.event.remove(engine, "before_cursor_execute", seen)
+        assert not [s for s in statements if "api_keys" in s or "tenants" in s]
+        digest = gw.app.state.gateway.parts.stored.keys[0].key_sha256
+        assert made["key"] not in caplog.text and digest not in caplog.text and "sk-wrong" not in caplog.text
