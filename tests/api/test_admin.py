@@ -196,6 +196,13 @@ def test_spend_is_the_reports_figures_by_every_dimension(tmp_path: Path) -> None
         assert sum(u["requests"] for u in users["data"]) == len(rows)
         days = gw.get("/admin/spend?group_by=day", headers=ADMIN).json()
         assert sum(d["cost_usd"] for d in days["data"]) == pytest.approx(days["total"]["cost_usd"])
+        by_tenant = {g["tenant"]: g["cost_usd"] for g in gw.get("/admin/spend?group_by=tenant",
+                                                               headers=ADMIN).json()["data"]}
+        over_time = gw.get("/admin/spend?group_by=day,tenant", headers=ADMIN).json()["data"]
+        assert {g["tenant"] for g in over_time} == set(by_tenant) and all("day" in g for g in over_time)
+        for tenant, usd in by_tenant.items():
+            assert sum(g["cost_usd"] for g in over_time if g["tenant"] == tenant) == pytest.approx(usd)
+        assert is_openai_error(gw.get("/admin/spend?group_by=day,day", headers=ADMIN), 400)
         empty = gw.get("/admin/spend?group_by=tenant&until=2000-01-01", headers=ADMIN).json()
         assert empty["data"] == [] and empty["total"]["requests"] == 0
 

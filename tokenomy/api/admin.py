@@ -3,8 +3,10 @@
     GET|POST          /admin/tenants            GET|PATCH|DELETE /admin/tenants/{name}
     GET|POST          /admin/keys               GET|PATCH|DELETE /admin/keys/{id}   (DELETE revokes)
     POST              /admin/keys/{id}/rotate   {"grace_s"}: a new key; the old one valid grace_s more seconds
-    GET               /admin/spend?group_by=tenant|key|model|user|day&since=&until=
+    GET               /admin/spend?group_by=tenant|key|model|user|day (or two: day,tenant)&since=&until=
     GET               /admin/audit?limit=
+    GET               /admin                    the page: tenants and keys with spend against budget, create,
+                                                revoke, rotate, spend over time (admin_page.html)
 
 Only admin keys: a global admin (role admin, or `admin: true` in the config) sees and changes everything; a tenant
 admin (role tenant_admin) sees its tenant's keys, spend and audit and manages its tenant's keys, never another
@@ -17,10 +19,12 @@ JSON in and out; errors in OpenAI's shape.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from importlib import resources
 from typing import Any, Literal
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
@@ -34,7 +38,8 @@ from tokenomy.limits.auth_failures import AuthFailures
 from tokenomy.limits.key_store import Actor, KeyStore, StoredKey, StoredTenant
 from tokenomy.limits.keys import key_id_of
 from tokenomy.report.figures import parse_time
-from tokenomy.report.spend import GROUP_BY, spend
+from tokenomy.report.page import plotly_js
+from tokenomy.report.spend import dimensions, spend
 
 MAX_BODY = 64 * 1024
 NAME = r"^[A-Za-z0-9_.:@-]{1,128}$"
@@ -306,9 +311,10 @@ async def get_spend(request: Request) -> dict[str, Any]:
     """The ledger's rows over since <= ts < until (a tenant admin: its tenant's), grouped (report/spend.py)."""
     who = actor(request)
     group_by = request.query_params.get("group_by", "tenant")
-    if group_by not in GROUP_BY:
-        raise APIError(400, f"group_by must be one of {', '.join(GROUP_BY)}", param="group_by",
-                       code="invalid_value")
+    try:
+        dimensions(group_by)
+    except ValueError as e:
+        raise APIError(400, str(e), param="group_by", code="invalid_value") from e
     since, until = _time(request, "since"), _time(request, "until")
     if since is not None and until is not None and since > until:
         raise APIError(400, "since is after until", param="since", code="invalid_value")
@@ -339,7 +345,20 @@ async def reload(request: Request) -> dict[str, Any]:
     return await run_in_threadpool(_gateway(request).reload)
 
 
+@lru_cache(maxsize=1)
+def page_html() -> str:
+    """The admin page (admin_page.html) with plotly.js inline: it loads nothing from the network, holds no data,
+    and calls the endpoints above with the key given as /admin#key=... (kept in the tab's sessionStorage)."""
+    template = resources.files("tokenomy.api").joinpath("admin_page.html").read_text(encoding="utf-8")
+    return template.replace("__PLOTLY_JS__", plotly_js())
+
+
+async def page(request: Request) -> HTMLResponse:
+    return HTMLResponse(await run_in_threadpool(page_html), headers={"cache-control": "no-store"})
+
+
 ROUTES = [
+    APIRoute("/admin", page, methods=["GET"], response_class=HTMLResponse, include_in_schema=False),
     APIRoute("/admin/tenants", list_tenants, methods=["GET"]),
     APIRoute("/admin/tenants", create_tenant, methods=["POST"]),
     APIRoute("/admin/tenants/{name}", get_tenant, methods=["GET"]),

@@ -32,15 +32,24 @@ def _add(acc: dict[str, Any], r: LedgerRow) -> None:
     acc["cost_usd"] += r.cost_usd
 
 
+def dimensions(group_by: str) -> tuple[str, ...]:
+    """'tenant' or 'day,model' (at most two, each of GROUP_BY) -> the dimensions; ValueError otherwise."""
+    dims = tuple(d.strip() for d in group_by.split(","))
+    if not 1 <= len(dims) <= 2 or len(set(dims)) != len(dims) or any(d not in GROUP_BY for d in dims):
+        raise ValueError(f"group_by must be one or two (comma-separated) of {', '.join(GROUP_BY)}, got {group_by!r}")
+    return dims
+
+
 def spend(rows: Iterable[LedgerRow], group_by: str) -> dict[str, Any]:
-    """{"group_by", "data": [{group_by: value, requests, input_tokens, output_tokens, cached_tokens, cost_usd}],
-    "total": {...}}, groups in order of their value (null last)."""
-    if group_by not in GROUP_BY:
-        raise ValueError(f"group_by must be one of {', '.join(GROUP_BY)}, got {group_by!r}")
-    groups: dict[str | None, dict[str, Any]] = {}
+    """{"group_by", "data": [{dimension: value, ..., requests, input_tokens, output_tokens, cached_tokens,
+    cost_usd}], "total": {...}}, grouped by one dimension or two ('day,tenant': over time), groups in order of their
+    values (null last)."""
+    dims = dimensions(group_by)
+    groups: dict[tuple[str | None, ...], dict[str, Any]] = {}
     total = _zero()
     for r in rows:
-        _add(groups.setdefault(group_of(r, group_by), _zero()), r)
+        _add(groups.setdefault(tuple(group_of(r, d) for d in dims), _zero()), r)
         _add(total, r)
-    order = sorted(groups, key=lambda g: (g is None, g or ""))
-    return {"group_by": group_by, "data": [{group_by: g, **groups[g]} for g in order], "total": total}
+    order = sorted(groups, key=lambda g: tuple((v is None, v or "") for v in g))
+    return {"group_by": ",".join(dims), "data": [{**dict(zip(dims, g, strict=True)), **groups[g]} for g in order],
+            "total": total}
