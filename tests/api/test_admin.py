@@ -244,6 +244,7 @@ def test_the_last_admin_key_needs_force_and_failed_authentication_is_rate_limite
         assert gw.delete(f"/admin/keys/{first.json()['id']}", headers=h).status_code == 200   # one remains
         h2 = {"authorization": f"Bearer {second['key']}"}
         assert is_openai_error(gw.delete(f"/admin/keys/{second['id']}", headers=h2), 409)
+        assert is_openai_error(gw.patch(f"/admin/keys/{second['id']}", headers=h2, json={"role": "user"}), 409)
         for _ in range(9):          # the keyless call above was the first of ten failures a minute
             assert is_openai_error(gw.get("/admin/keys", headers={"authorization": "Bearer sk-guess"}), 401)
         r = gw.get("/admin/keys", headers=h2)            # the source is refused now, even with a good key

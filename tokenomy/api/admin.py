@@ -19,7 +19,7 @@ JSON in and out; errors in OpenAI's shape.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import resources
 from typing import Any, Literal
 
@@ -274,18 +274,24 @@ async def update_key(key_id: str, request: Request) -> dict[str, Any]:
     if body.role == "admin" and "role" in body.model_fields_set:
         _global(who)
     changes = {f: getattr(body, f) for f in body.model_fields_set}
-    key = await run_in_threadpool(_store(request).update_key, who, key_id, changes)
+    key = await run_in_threadpool(partial(_store(request).update_key, admins_left=_admins_left(request)),
+                                  who, key_id, changes)
     await _changed(request)
     return key.public()
+
+
+def _admins_left(request: Request) -> int | None:
+    """The config file's admin keys (they stay whatever the database holds); None with ?force=true."""
+    if request.query_params.get("force", "").lower() in ("1", "true", "yes"):
+        return None
+    return sum(1 for k in _gateway(request).config.keys if k.admin)
 
 
 async def revoke_key(key_id: str, request: Request) -> dict[str, Any]:
     who = actor(request)
     _read_only(await run_in_threadpool(_key_row, request, who, key_id), f"Key {key_id!r}")
-    force = request.query_params.get("force", "").lower() in ("1", "true", "yes")
-    config_admins = sum(1 for k in _gateway(request).config.keys if k.admin)
-    key = await run_in_threadpool(_store(request).revoke_key, who, key_id,
-                                  admins_left=None if force else config_admins)
+    key = await run_in_threadpool(partial(_store(request).revoke_key, admins_left=_admins_left(request)),
+                                  who, key_id)
     await _changed(request)
     return key.public()
 

@@ -262,9 +262,13 @@ class KeyStore:
         with self.engine.connect() as conn:
             return self._key(conn, key_id)
 
-    def update_key(self, actor: Actor, key_id: str, changes: dict[str, Any]) -> StoredKey:
+    def update_key(self, actor: Actor, key_id: str, changes: dict[str, Any], *,
+                   admins_left: int | None = None) -> StoredKey:
+        """Change a key's settings; demoting the last admin key (another role) is refused as revoking it is."""
         with self._change() as conn:
             before = self._live_key(conn, actor, key_id)
+            if changes.get("role", before.role) != "admin":
+                self._keep_an_admin(conn, before, admins_left)
             after = replace(before, **changes, updated_at=self.clock())
             conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(**_key_values(after)))
             self._audit(conn, actor, "update", "key", key_id, after.tenant, before.public(), after.public())
@@ -275,12 +279,7 @@ class KeyStore:
         so that revoking the last admin key is refused (409) unless the caller passes None (forced)."""
         with self._change() as conn:
             before = self._live_key(conn, actor, key_id)
-            if admins_left is not None and before.role == "admin":
-                others = conn.execute(sa.select(sa.func.count()).select_from(api_keys).where(
-                    api_keys.c.role == "admin", api_keys.c.revoked_at.is_(None), api_keys.c.id != key_id)).scalar()
-                if not others and not admins_left:
-                    raise APIError(409, "This is the last admin key: revoking it locks every admin out. "
-                                   "Repeat with ?force=true to do it anyway.", code="last_admin_key")
+            self._keep_an_admin(conn, before, admins_left)
             after = replace(before, revoked_at=self.clock(), updated_at=self.clock())
             conn.execute(api_keys.update().where(api_keys.c.id == key_id).values(**_key_values(after)))
             self._audit(conn, actor, "revoke", "key", key_id, after.tenant, before.public(), after.public())
@@ -305,6 +304,18 @@ class KeyStore:
             self._audit(conn, actor, "rotate", "key", key_id, before.tenant, before.public(),
                         {"old": old.public(), "new": new.public()})
         return new, plain
+
+    @staticmethod
+    def _keep_an_admin(conn: Connection, key: StoredKey, admins_left: int | None) -> None:
+        """409 when `key` is the last live admin key (none stored beside it, `admins_left` in the config) and the
+        caller did not force (admins_left None)."""
+        if admins_left is None or key.role != "admin" or admins_left:
+            return
+        others = conn.execute(sa.select(sa.func.count()).select_from(api_keys).where(
+            api_keys.c.role == "admin", api_keys.c.revoked_at.is_(None), api_keys.c.id != key.id)).scalar()
+        if not others:
+            raise APIError(409, "This is the last admin key: without it every admin is locked out. "
+                           "Repeat with ?force=true to do it anyway.", code="last_admin_key")
 
     def _live_key(self, conn: Connection, actor: Actor, key_id: str) -> StoredKey:
         key = self._key(conn, key_id)
