@@ -282,3 +282,19 @@ def test_the_request_path_reads_no_key_table_and_no_key_is_logged(tmp_path: Path
         assert not [s for s in statements if "api_keys" in s or "tenants" in s]
         digest = gw.app.state.gateway.parts.stored.keys[0].key_sha256
         assert made["key"] not in caplog.text and digest not in caplog.text and "sk-wrong" not in caplog.text
+
+
+def test_a_config_reload_keeps_the_stored_keys_and_is_audited(tmp_path: Path) -> None:
+    import yaml
+
+    with StubServer(Stub()) as server:
+        path = tmp_path / "tokenomy.yaml"
+        cfg = config(tmp_path, server.port, f"sqlite:///{tmp_path}/ledger.db")
+        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True)))
+        with TestClient(create_app(Gateway(cfg, str(path)))) as gw:
+            made = gw.post("/admin/keys", headers=ADMIN, json={"name": "dev"}).json()
+            r = gw.post("/admin/reload", headers=ADMIN)
+            assert r.status_code == 200 and r.json()["reloaded"]
+            assert chat(gw, made["key"]).status_code == 200                # the stored key outlives the reload
+            audit = gw.get("/admin/audit", headers=ADMIN).json()["data"]
+            assert (audit[0]["action"], audit[0]["kind"], audit[0]["target"]) == ("reload", "config", str(path))

@@ -348,7 +348,12 @@ async def get_audit(request: Request) -> dict[str, Any]:
 async def reload(request: Request) -> dict[str, Any]:
     who = actor(request)
     _global(who)
-    return await run_in_threadpool(_gateway(request).reload)
+    gateway = _gateway(request)
+    done = await run_in_threadpool(gateway.reload)
+    store = gateway.parts.running.key_store
+    if store is not None:
+        await run_in_threadpool(store.note, who, "reload", "config", gateway.config_path or "", done)
+    return done
 
 
 @lru_cache(maxsize=1)

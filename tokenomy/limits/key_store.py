@@ -204,6 +204,11 @@ class KeyStore:
                                                  action=action, kind=kind, target=target, tenant=tenant,
                                                  before=_dump(before), after=_dump(after)))
 
+    def note(self, actor: Actor, action: str, kind: str, target: str, after: dict[str, Any] | None) -> None:
+        """An audit row for an admin action that changes no key or tenant here (a config reload)."""
+        with self.engine.begin() as conn:
+            self._audit(conn, actor, action, kind, target, actor.tenant or "", None, after)
+
     def _tenant(self, conn: Connection, name: str) -> StoredTenant | None:
         r = conn.execute(sa.select(tenants).where(tenants.c.name == name, tenants.c.deleted_at.is_(None))).first()
         return _tenant_row(r) if r is not None else None
