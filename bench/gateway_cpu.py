@@ -11,6 +11,11 @@ all threads) of the server process over its requests.
     .venv/bin/python bench/gateway_cpu.py [-c 1] [-n 2000] [--rounds 3] [ARM ...]
     .venv/bin/python bench/gateway_cpu.py bare:h11:asyncio stock-tokenomy:h11:asyncio \\
         bare:httptools:uvloop tokenomy:httptools:uvloop keyed:httptools:uvloop
+
+An arm written `base/KIND:HTTP:LOOP` runs the tokenomy source tree given by --baseline (e.g. an older commit:
+`git archive COMMIT | tar -x -C /tmp/base`), so a change and its baseline are measured side by side in one run:
+
+    .venv/bin/python bench/gateway_cpu.py --baseline /tmp/base base/keyed:h11:asyncio keyed:h11:asyncio
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ KEY = "sk-bench-cpu"
 KINDS = ("bare", "tokenomy", "keyed", "stock-tokenomy", "stock-keyed")
 
 
-def server(kind: str, http: str, loop: str, port: int, upstream: str) -> list[str]:
-    """The command line of one arm's server process."""
+def server(kind: str, http: str, loop: str, port: int, upstream: str, root: str = ROOT) -> list[str]:
+    """The command line of one arm's server process (tokenomy imported from `root`)."""
     if kind == "bare":
         code = (f"import sys; sys.path[:0] = [{ROOT!r}, {os.path.join(ROOT, 'bench')!r}]\n"
                 f"import tokenomy.server.process as s; "
@@ -50,9 +55,10 @@ def server(kind: str, http: str, loop: str, port: int, upstream: str) -> list[st
         f.write(config)
     stock = ("import httpx, tokenomy.backends.transport as t; t.httptools = None; t.Cookies = httpx.Cookies\n"
              if kind.startswith("stock-") else "")
-    code = (f"import sys; sys.path.insert(0, {ROOT!r})\n{stock}"
+    code = (f"import sys; sys.path.insert(0, {root!r})\n{stock}"
             f"import tokenomy.server.process as s; s.uvicorn_options = lambda: {{'http': {http!r}, 'loop': {loop!r}}}\n"
-            f"s.run(port={port}, config_path=__import__('pathlib').Path({f.name!r}))")
+            f"import tokenomy.server.command as c\n"
+            f"c.run(port={port}, config_path=__import__('pathlib').Path({f.name!r}))")
     return [sys.executable, "-c", code]
 
 
@@ -78,12 +84,20 @@ def main() -> None:
     ap.add_argument("-c", type=int, default=1, help="concurrent connections")
     ap.add_argument("-n", type=int, default=2000, help="requests a round (a multiple of -c)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", default=None, help="a tokenomy source tree the base/ arms run")
     args = ap.parse_args()
     if shutil.which("hey") is None:
         sys.exit("needs hey on PATH (Debian/Ubuntu: apt-get install hey; `bash install.sh test` does it)")
     n = max(args.n // args.c, 1) * args.c
+    def spec(arm: str) -> tuple[list[str], str]:
+        if arm.startswith("base/"):
+            if args.baseline is None:
+                sys.exit(f"{arm}: base/ arms need --baseline DIR")
+            return arm[5:].split(":"), os.path.abspath(args.baseline)
+        return arm.split(":"), ROOT
+
     for arm in args.arms:
-        kind, _, _ = arm.split(":")
+        kind = spec(arm)[0][0]
         if kind not in KINDS:
             sys.exit(f"{arm}: the kind is one of {', '.join(KINDS)}")
     stub_port = free_port()
@@ -94,7 +108,8 @@ def main() -> None:
     try:
         for arm in args.arms:
             ports[arm] = free_port()
-            procs.append(subprocess.Popen(server(*arm.split(":"), ports[arm], upstream), cwd=ROOT,
+            (kind, http, loop), root = spec(arm)
+            procs.append(subprocess.Popen(server(kind, http, loop, ports[arm], upstream, root), cwd=ROOT,
                                           stderr=subprocess.DEVNULL,
                                           env={**os.environ, "TOKENOMY_HOME": tempfile.mkdtemp(prefix="gw-cpu-")}))
         wait_up(f"{upstream}/models", procs)

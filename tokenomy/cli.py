@@ -1,4 +1,5 @@
-"""The `tokenomy` command: serve, plan, router, config, report, replay, bench, batch, ps, load, unload."""
+"""The `tokenomy` command: serve, plan, router, config, report, replay, bench, batch, ps, load, unload, keys, tenants,
+spend."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ LAZY: dict[str, tuple[str, str, str | None]] = {
     "ps": ("tokenomy.tools.fleet_client", "ps", None),
     "load": ("tokenomy.tools.fleet_client", "load", None),
     "unload": ("tokenomy.tools.fleet_client", "unload", None),
+    "keys": ("tokenomy.api.admin_command", "keys", "Make, list, change, revoke and rotate API keys (admin API)."),
+    "tenants": ("tokenomy.api.admin_command", "tenants", "Make, list, change and delete tenants (admin API)."),
+    "spend": ("tokenomy.api.admin_command", "spend", None),
 }
 
 

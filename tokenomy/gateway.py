@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from tokenomy.ledger.ledger import Ledger
 from tokenomy.ledger.pricing import PriceLike
 from tokenomy.ledger.responses_store import ResponseStore
 from tokenomy.limits.budget import Budgets
+from tokenomy.limits.key_store import KeyStore, Snapshot, keyring_of, stored_budgets
 from tokenomy.limits.keys import Keyring, key_id_of
 from tokenomy.limits.rate_windows import RateWindows
 from tokenomy.limits.shared_counters import SharedCounters
@@ -172,6 +174,7 @@ class Running:
     batch_runner: BatchRunner | None
     responses: ResponseStore | None
     conversations: ConversationStore | None
+    key_store: KeyStore | None             # keys and tenants in the ledger's database (the admin API's)
 
 
 @dataclass(frozen=True)
@@ -194,17 +197,21 @@ class Parts:
     record: Record
     pipeline: Pipeline
     embed_pipeline: Pipeline
+    stored: Snapshot | None = None          # the database's keys and tenants the keyring holds (None: no ledger)
 
 
 def build_parts(config: Config, gateway: Gateway, before: Parts | None = None, *,
                 engines: dict[str, EngineAddress] | None = None,
-                launched: dict[str, Launched] | None = None) -> Parts:
+                launched: dict[str, Launched] | None = None, stored: Snapshot | None = None) -> Parts:
     """Every part of `gateway` from `config`: the Running ones from `before` when given (a reload), else built (the
     engine processes then load their models while the rest is built: `engines`, `launched`: build_backend). The
-    stages call back into `gateway` for what reads its current parts (token counts, prices, windows, summaries)."""
-    keyring = Keyring(config.keys, config.tenants)
+    stages call back into `gateway` for what reads its current parts (token counts, prices, windows, summaries).
+    The keyring holds the config's keys and those of `stored` (else of a snapshot of the key store taken here)."""
+    run = before.running if before is not None else _running(config, gateway, engines, launched)
+    if stored is None and run.key_store is not None:
+        stored = run.key_store.snapshot()
+    keyring = keyring_of(config.keys, config.tenants, stored)
     routes = dict(config.routes)
-    run = before.running if before is not None else _running(config, gateway, keyring, engines, launched)
     led = config.ledger
     meter = MeterSink(run.ledger, run.prices, run.metrics, run.budgets, run.energy,
                       {m.name: m.backend for m in config.models},
@@ -228,10 +235,10 @@ def build_parts(config: Config, gateway: Gateway, before: Parts | None = None, *
     # Embeddings: keys, limits, budgets and the ledger as for a generation; nothing of context, cache or route
     embed = Embed(run.embedders, run.registry, [m.name for m in config.models], routes)
     return Parts(config, run, keyring, routes, admit, context, route, meter, record, pipeline,
-                 Pipeline([record, admit, run.reserve, embed]))
+                 Pipeline([record, admit, run.reserve, embed]), stored)
 
 
-def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[str, EngineAddress] | None,
+def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress] | None,
              launched: dict[str, Launched] | None) -> Running:
     metrics = Metrics()
     # the packaged embedding models a configured model or route does not shadow: served without config
@@ -257,6 +264,8 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
         metrics.watch_fleet(fleet.ps)
     led = config.ledger
     ledger = Ledger(led.url, prompt_retention_s=led.retention_days * 86400) if led else None
+    key_store = KeyStore(ledger.engine) if ledger is not None else None
+    stored = key_store.snapshot() if key_store is not None else None
     e = config.energy
     energy_meter = EnergyMeter(detect(e.watts_per_core, prefer=None if e.source == "auto" else e.source))
     energy = EnergyAccount(energy_meter)
@@ -274,7 +283,8 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
         fleet.on_loaded.append(watch)
     lim = config.limits
     shared = SharedCounters(lim.store, timeout_s=lim.timeout_s) if lim.store != "local" else None
-    budgets = Budgets(**budget_limits(config, keyring), metrics=metrics, shared=shared,
+    budgets = Budgets(**budget_limits(config, keyring_of(config.keys, config.tenants, stored), stored),
+                      metrics=metrics, shared=shared,
                       fail_open=lim.budgets_on_store_down == "open", lease_s=lim.lease_s,
                       allowances=lim.allowances)
     if ledger is not None:
@@ -296,7 +306,8 @@ def _running(config: Config, gateway: Gateway, keyring: Keyring, engines: dict[s
     conversations = ConversationStore(ledger.engine, ledger.prompt_retention_s) if ledger is not None else None
     return Running(metrics, registry, fleet, fits, packaged, config.prices(), ledger, energy_meter, energy, shared,
                    budgets, windows, exact, semantic, _embedders(config, registry, packaged), _tracer(config, gateway),
-                   _otel_metrics(config, metrics), cache, reserve, generate, batches, runner, responses, conversations)
+                   _otel_metrics(config, metrics), cache, reserve, generate, batches, runner, responses, conversations,
+                   key_store)
 
 
 def model_names(config: Config, packaged: list[str]) -> set[str]:
@@ -304,10 +315,12 @@ def model_names(config: Config, packaged: list[str]) -> set[str]:
     return {m.name for m in config.models} | set(config.routes) | set(packaged)
 
 
-def budget_limits(config: Config, keyring: Keyring) -> dict[str, Any]:
-    """The budgets' limits in a config: Budgets' (and Budgets.set_limits') keys, tenants and key_names."""
-    return {"keys": {key_id_of(k): k.budget for k in config.keys if k.budget},
-            "tenants": {t: s.budget for t, s in config.tenants.items() if s.budget},
+def budget_limits(config: Config, keyring: Keyring, stored: Snapshot | None = None) -> dict[str, Any]:
+    """The budgets' limits of a config and the key store's snapshot (the config's win for a tenant in both):
+    Budgets' (and Budgets.set_limits') keys, tenants and key_names."""
+    keys, tenants = stored_budgets(stored)
+    return {"keys": {**keys, **{key_id_of(k): k.budget for k in config.keys if k.budget}},
+            "tenants": {**tenants, **{t: s.budget for t, s in config.tenants.items() if s.budget}},
             "key_names": keyring.names()}
 
 
@@ -444,6 +457,9 @@ def watch_engine(m: Metrics, name: str, engine: EngineClient) -> None:
     engine.stats.on_step.append(on_step)
 
 
+KEYS_POLL_S = 0.5       # how often each gateway asks the key store's version (docs/admin.md: live within a second)
+
+
 class Gateway:
     def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None,
                  engines: dict[str, EngineAddress] | None = None, worker: int | None = None,
@@ -458,6 +474,9 @@ class Gateway:
         self.worker = worker
         self.config_path = config_path
         self.cli_models = models or []      # named on the command line: a reload keeps them
+        self.keys_poll_s = KEYS_POLL_S
+        self._keys_lock = threading.Lock()      # one swap of the keyring at a time, never to an older version
+        self._keys_watch: asyncio.Task[None] | None = None
         self.parts = build_parts(config, self, engines=engines, launched=launched)
         if wait:
             self.wait_ready()
@@ -681,15 +700,53 @@ class Gateway:
             raise APIError(400, str(e), code="invalid_config") from e
         if [m.model_dump() for m in new.models] != [m.model_dump() for m in self.config.models]:
             raise APIError(400, "models changed: restart tokenomy to load them.", code="restart_needed")
-        parts = build_parts(new, self, self.parts)
-        run = parts.running
-        run.budgets.set_limits(**budget_limits(new, parts.keyring),
-                               fail_open=new.limits.budgets_on_store_down == "open", allowances=new.limits.allowances)
-        run.metrics.names = model_names(new, run.packaged_embedders)
-        c = new.cooldown
-        run.registry.failures, run.registry.window_s, run.registry.cooldown_s = c.failures, c.window_s, c.cooldown_s
-        self.parts = parts
+        with self._keys_lock:
+            parts = build_parts(new, self, self.parts)
+            run = parts.running
+            self._set_limits(parts)
+            run.metrics.names = model_names(new, run.packaged_embedders)
+            c = new.cooldown
+            run.registry.failures, run.registry.window_s, run.registry.cooldown_s = c.failures, c.window_s, \
+                c.cooldown_s
+            self.parts = parts
         return {"reloaded": True, "keys": len(new.keys), "routes": sorted(new.routes)}
+
+    def _set_limits(self, parts: Parts) -> None:
+        lim = parts.config.limits
+        parts.running.budgets.set_limits(**budget_limits(parts.config, parts.keyring, parts.stored),
+                                         fail_open=lim.budgets_on_store_down == "open", allowances=lim.allowances)
+
+    def refresh_keys(self) -> bool:
+        """Rebuild the keyring and the budgets' limits from a new snapshot of the key store and swap them whole
+        (build_parts), if its version is newer than the one held; True when swapped. Called by the gateway that made
+        a change before it answers, and by every gateway when its poll sees the version move. Never swaps back to
+        an older version: two refreshes racing end on the newest."""
+        store = self.parts.running.key_store
+        if store is None:
+            return False
+        with self._keys_lock:
+            snap = store.snapshot()
+            held = self.parts.stored
+            if held is not None and snap.version <= held.version:
+                return False
+            parts = build_parts(self.config, self, self.parts, stored=snap)
+            self._set_limits(parts)
+            self.parts = parts
+        log.info("keys and tenants: version %d loaded", snap.version)
+        return True
+
+    async def _watch_keys(self) -> None:
+        """Poll the key store's version; refresh when another gateway moved it."""
+        store = self.parts.running.key_store
+        assert store is not None
+        while True:
+            await asyncio.sleep(self.keys_poll_s)
+            try:
+                held = self.parts.stored
+                if await asyncio.to_thread(store.version) != (held.version if held is not None else -1):
+                    await asyncio.to_thread(self.refresh_keys)
+            except Exception as e:      # a database that does not answer: keep the table held, try again
+                log.warning("keys and tenants: cannot read the key store: %s: %s", e.__class__.__name__, e)
 
     async def handle(self, ctx: RequestContext) -> RequestContext:
         parts = self.parts           # the request runs on these to its end, whatever a reload swaps meanwhile
@@ -718,9 +775,14 @@ class Gateway:
             self.parts.running.fleet.start()
         if self.batch_runner is not None:
             self.batch_runner.start()
+        if self.parts.running.key_store is not None and self._keys_watch is None:
+            self._keys_watch = asyncio.get_running_loop().create_task(self._watch_keys())
 
     async def close(self) -> None:
         run = self.parts.running
+        if self._keys_watch is not None:
+            self._keys_watch.cancel()
+            self._keys_watch = None
         await run.reserve.close()
         if run.batch_runner is not None:
             await run.batch_runner.stop()

@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenomy.api import (
+    admin,
     batches,
     compact,
     conversations,
@@ -50,6 +51,7 @@ from tokenomy.errors import APIError
 from tokenomy.gateway import Gateway
 from tokenomy.generation import GenRequest
 from tokenomy.hardware import gpu
+from tokenomy.limits.auth_failures import AuthFailures
 
 
 async def chat_completions(request: Request) -> Response:
@@ -147,18 +149,6 @@ async def admin_unload(name: str, request: Request) -> dict[str, Any]:
     return {"model": name, "outcome": outcome}
 
 
-async def admin_keys(request: Request) -> dict[str, Any]:
-    _admin(request)
-    return {"object": "list", "data": [
-        {"key_id": k.key_id, "name": k.name, "tenant": k.tenant, "admin": k.admin, "rpm": k.rpm, "tpm": k.tpm}
-        for k in _gateway(request).keyring.by_hash.values()]}
-
-
-async def admin_reload(request: Request) -> dict[str, Any]:
-    _admin(request)
-    return _gateway(request).reload()
-
-
 async def metrics(request: Request) -> Response:
     """The Prometheus exposition; the per-tenant and per-key families (prometheus.PER_TENANT) only for an admin key,
     or for anyone with no keys configured or with server.metrics_per_tenant_public."""
@@ -188,8 +178,6 @@ ROUTES = [
     APIRoute("/v1/models", models, methods=["GET"]),
     APIRoute("/v1/models/{model_id}", model, methods=["GET"]),
     APIRoute("/health", health, methods=["GET"]),
-    APIRoute("/admin/keys", admin_keys, methods=["GET"]),
-    APIRoute("/admin/reload", admin_reload, methods=["POST"]),
     APIRoute("/admin/models", admin_models, methods=["GET"]),
     APIRoute("/admin/models/{name}/load", admin_load, methods=["POST"]),
     APIRoute("/admin/models/{name}/unload", admin_unload, methods=["POST"]),
@@ -211,7 +199,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     """The OpenAI-compatible app over `gateway`, with the dashboard when it keeps a ledger, the stored Responses
     routes when it stores responses and the Files and Batches routes when batches are enabled. Every endpoint reads
     what it needs from `app.state`."""
-    routes = [*ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES, *compact.ROUTES, *ollama.ROUTES,
+    routes = [*ROUTES, *admin.ROUTES, *messages.ROUTES, *embeddings.ROUTES, *responses.ROUTES, *compact.ROUTES,
+              *ollama.ROUTES,
               *responses_socket.ROUTES,
               *(responses.ROUTES_STORED if gateway.responses is not None else ()),
               *(conversations.ROUTES if gateway.conversations is not None else ()),
@@ -221,6 +210,7 @@ def create_app(gateway: Gateway) -> FastAPI:
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
     app.state.ollama_lifecycle = ollama.Lifecycle()
+    app.state.auth_failures = AuthFailures()
     app.state.responses = responses.ResponsesAPI(
         gateway.responses, lambda request, model, api: parse_recorded(_gateway(request), request, model, api), _owner)
     app.state.conversations = conversations.ConversationsAPI(

@@ -150,6 +150,7 @@ class LedgerRow:
     price_cache_write: float | None = None
     cost_cache_write_usd: float = 0.0
     trace_id: str | None = None         # the request's trace (32 hex digits; NULL: not traced, no traceparent)
+    user: str | None = None             # the end user the client named (OpenAI `user`, Anthropic metadata.user_id)
 
     @property
     def cache_hit(self) -> bool:
@@ -228,6 +229,11 @@ def _stage_savings(ctx: Finished, extra: Mapping[str, Any] | None) -> dict[str, 
     return found
 
 
+def _user(ctx: Finished) -> str | None:
+    user = getattr(ctx, "user", None)
+    return user[:256] if isinstance(user, str) and user else None
+
+
 def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | None = None,
                      backend: str | None = None, now: float | None = None,
                      savings: Mapping[str, Any] | None = None) -> LedgerRow:
@@ -262,7 +268,7 @@ def row_from_context(ctx: Finished, price: PriceLike | None, energy: Energy | No
         completion_tokens=completion, e2e_s=elapsed, finish_reason=ctx.finish_reason,
         over_budget=bool(ctx.over_budget), batch=ctx.batch_id, replica=u.replica,
         draft_tokens=u.draft_tokens, draft_accepted=u.draft_accepted, handovers=u.handovers, api=ctx.api,
-        trace_id=getattr(ctx, "trace_id", None),
+        trace_id=getattr(ctx, "trace_id", None), user=_user(ctx),
     )
     if ctx.error is not None:
         row.status, row.error_code, row.error = ctx.error.status, ctx.error.code, ctx.error.message[:500]

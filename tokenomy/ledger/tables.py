@@ -181,9 +181,48 @@ def _conversation_item_columns() -> list[sa.Column]:
             sa.Column("item", sa.Text, nullable=False)]
 
 
+def _v14_columns() -> list[sa.Column]:
+    """The end user a request named (OpenAI `user`, Anthropic `metadata.user_id`); NULL when it named none, and on
+    rows written before it was recorded."""
+    return [sa.Column("user", sa.String(256))]
+
+
+def _tenant_columns() -> list[sa.Column]:
+    """Tenants made through the admin API (limits/key_store.py); config-file tenants are not stored. Budget,
+    models and metadata are JSON; deleted_at set: gone (kept for the audit's sake)."""
+    return [sa.Column("name", sa.String(128), primary_key=True), sa.Column("budget", sa.Text),
+            sa.Column("models", sa.Text), sa.Column("rpm", sa.Integer), sa.Column("tpm", sa.Integer),
+            sa.Column("metadata", sa.Text), sa.Column("created_at", DOUBLE, nullable=False),
+            sa.Column("updated_at", DOUBLE, nullable=False), sa.Column("deleted_at", DOUBLE)]
+
+
+def _api_key_columns() -> list[sa.Column]:
+    """Keys made through the admin API: only the key's SHA-256 is stored; id = its first 12 hex characters (the
+    ledger's key_id). role: user | tenant_admin | admin. revoked_at set: refused from then on."""
+    return [sa.Column("id", sa.String(64), primary_key=True),
+            sa.Column("key_sha256", sa.String(64), nullable=False, unique=True),
+            sa.Column("name", sa.String(128), nullable=False), sa.Column("tenant", sa.String(128), nullable=False),
+            sa.Column("role", sa.String(16), nullable=False), sa.Column("budget", sa.Text),
+            sa.Column("models", sa.Text), sa.Column("rpm", sa.Integer), sa.Column("tpm", sa.Integer),
+            sa.Column("expires_at", DOUBLE), sa.Column("metadata", sa.Text),
+            sa.Column("created_at", DOUBLE, nullable=False), sa.Column("updated_at", DOUBLE, nullable=False),
+            sa.Column("revoked_at", DOUBLE), sa.Column("rotated_to", sa.String(64))]
+
+
+def _audit_columns() -> list[sa.Column]:
+    """Every admin action: who (the admin key's id), what, on which key or tenant, when, and the record before
+    and after (JSON, never a secret)."""
+    return [sa.Column("id", sa.Integer, primary_key=True, autoincrement=True), sa.Column("ts", DOUBLE, nullable=False),
+            sa.Column("actor", sa.String(64)), sa.Column("actor_tenant", sa.String(128)),
+            sa.Column("action", sa.String(32), nullable=False), sa.Column("kind", sa.String(16), nullable=False),
+            sa.Column("target", sa.String(128), nullable=False), sa.Column("tenant", sa.String(128)),
+            sa.Column("before", sa.Text), sa.Column("after", sa.Text)]
+
+
 # The current shape, for queries and inserts.
 ledger = sa.Table("ledger", metadata, *_v1_columns(), *_v2_columns(), *_v4_columns(), *_v5_columns(),
-                  *_v6_columns(), *_v7_columns(), *_v8_columns(), *_v10_columns(), *_v11_columns())
+                  *_v6_columns(), *_v7_columns(), *_v8_columns(), *_v10_columns(), *_v11_columns(),
+                  *_v14_columns())
 prompts = sa.Table("ledger_prompts", metadata, *_prompt_columns())
 responses = sa.Table("stored_responses", metadata, *_response_columns())
 batch_files = sa.Table("batch_files", metadata, *_batch_file_columns())
@@ -191,6 +230,13 @@ batches = sa.Table("batches", metadata, *_batch_columns())
 batch_items = sa.Table("batch_items", metadata, *_batch_item_columns())
 conversations = sa.Table("conversations", metadata, *_conversation_columns())
 conversation_items = sa.Table("conversation_items", metadata, *_conversation_item_columns())
+
+
+tenants = sa.Table("tenants", metadata, *_tenant_columns())
+api_keys = sa.Table("api_keys", metadata, *_api_key_columns())
+admin_audit = sa.Table("admin_audit", metadata, *_audit_columns())
+# One row: bumped in the same transaction as every change to tenants or api_keys; gateways poll it.
+keys_version = sa.Table("keys_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 schema_version = sa.Table("schema_version", metadata, sa.Column("version", sa.Integer, nullable=False))
 
 
@@ -290,10 +336,25 @@ def _m13_conversations(conn: Connection) -> None:
     sa.Table("conversation_items", sa.MetaData(), *_conversation_item_columns()).create(conn)
 
 
+def _m14_admin_plane(conn: Connection) -> None:
+    """The admin plane: tenants, keys, their audit and the version gateways poll; the ledger's user column."""
+    for column in _v14_columns():
+        add_column(conn, "ledger", column)
+    md = sa.MetaData()
+    sa.Table("tenants", md, *_tenant_columns())
+    sa.Table("api_keys", md, *_api_key_columns())
+    audit = sa.Table("admin_audit", md, *_audit_columns())
+    version = sa.Table("keys_version", md, sa.Column("version", sa.Integer, nullable=False))
+    md.create_all(conn)
+    sa.Index("ix_admin_audit_ts", audit.c.ts).create(conn)
+    conn.execute(version.insert().values(version=0))
+    conn.exec_driver_sql("CREATE INDEX ix_ledger_user_ts ON ledger (\"user\", ts)")
+
+
 MIGRATIONS: list[Callable[[Connection], None]] = [_m1_create_ledger, _m2_feedback, _m3_prompts, _m4_context,
                                                   _m5_replica, _m6_batch, _m7_inside, _m8_api, _m9_responses,
                                                   _m10_cache_write, _m11_trace, _m12_batch_tables,
-                                                  _m13_conversations]
+                                                  _m13_conversations, _m14_admin_plane]
 BATCH_TABLES_VERSION = MIGRATIONS.index(_m12_batch_tables) + 1   # the schema version that has the batch tables
 
 

@@ -5,6 +5,8 @@ use. A Keyring is built from the config's keys and swapped whole on a reload; th
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tokenomy.config import KeySpec, TenantSpec
@@ -29,11 +31,20 @@ class KeyInfo:
     rpm: int | None
     tpm: int | None
     allowed: frozenset[str] | None = None    # model and route names it may ask for (key's and tenant's); None: all
+    expires_at: float | None = None          # UNIX seconds from which it is refused (a rotated key's grace end)
+    tenant_admin: bool = False               # may use the admin API for its own tenant only
+    source: str = "config"                   # config (the file) | database (limits/key_store.py)
 
 
 class Keyring:
-    def __init__(self, keys: list[KeySpec], tenants: dict[str, TenantSpec] | None = None) -> None:
-        self.by_hash: dict[str, KeyInfo] = {}
+    def __init__(self, keys: list[KeySpec], tenants: dict[str, TenantSpec] | None = None,
+                 stored: Iterable[tuple[str, KeyInfo]] = (), closed: bool = False) -> None:
+        """Config-file `keys` with their `tenants`' allow-lists, and `stored` (digest, KeyInfo) pairs of the
+        database's keys (limits/key_store.py: keyring_of); a config key wins over a stored one of the same digest.
+        `closed`: keys are required even when none is live (the database has had keys: revoking the last one
+        must not open the gateway)."""
+        self.closed = closed
+        self.by_hash: dict[str, KeyInfo] = dict(stored)
         for k in keys:
             h = k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or "")
             lists = [set(x) for x in (k.models, (tenants or {}).get(k.tenant, TenantSpec()).models) if x is not None]
@@ -43,7 +54,7 @@ class Keyring:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.by_hash)
+        return self.closed or bool(self.by_hash)
 
     def by_key_id(self, key_id: str | None) -> KeyInfo | None:
         return self._by_id.get(key_id) if key_id else None
@@ -59,14 +70,14 @@ class Keyring:
             raise APIError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
                            code="missing_api_key")
         info = self.by_hash.get(hash_key(authorization[7:].strip()))
-        if info is not None:
+        if info is not None and (info.expires_at is None or time.time() < info.expires_at):
             return info
         raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
 
     def by_id(self, key_id: str | None) -> KeyInfo:
         """The key behind a batch (authenticated when the batch was created): 401 once it is no longer configured."""
         info = self.by_key_id(key_id)
-        if info is None:
+        if info is None or (info.expires_at is not None and time.time() >= info.expires_at):
             raise APIError(401, "The API key that created this batch is no longer configured.",
                            code="invalid_api_key")
         return info

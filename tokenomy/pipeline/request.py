@@ -150,5 +150,10 @@ class RequestContext:
         return self.gen.api
 
     @property
+    def user(self) -> str | None:
+        """The end user the client named (OpenAI's `user`, Anthropic's `metadata.user_id`)."""
+        return self.gen.user
+
+    @property
     def route_candidates(self) -> list[str]:
         return self.route_decision.candidates if self.route_decision is not None else []
