@@ -36,9 +36,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from tokenomy.api.body import check_json
 from tokenomy.api.responses import API, ResponsesAPI
 from tokenomy.api.run import tokenomy_headers
+from tokenomy.dialect import json_input
 from tokenomy.dialect.responses import ResponsesRequest, assistant_message, input_items
 from tokenomy.dialect.responses_wire import ResponseEvents, new_id
 from tokenomy.errors import APIError
@@ -212,16 +212,9 @@ def _message(text: str, limit: int) -> dict[str, Any]:
     """A client message as a `response.create` event, or a 400 that says what is wrong with it."""
     if len(text) > limit:
         raise APIError(413, f"The message is {len(text)} characters; the limit is {limit}.", code="body_too_large")
-    try:
-        event = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"We could not parse the JSON of your message: {e.msg} at line {e.lineno} column "
-                       f"{e.colno}.", code="invalid_json") from e
-    except RecursionError:
-        raise APIError(400, "The message's JSON is nested too deeply.", code="invalid_json") from None
+    event = json_input.loads(text, "The message's JSON")
     if not isinstance(event, dict):
         raise APIError(400, "A message must be a JSON object.", code="invalid_body")
-    check_json(event)
     kind = event.get("type")
     if kind != "response.create":
         raise APIError(400, f"Unsupported event type {kind!r}: tokenomy's WebSocket mode serves response.create "
