@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import ollama
@@ -13,6 +14,7 @@ import pytest
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 from tests.helpers.answers import assert_chat_end
+from tests.helpers.wait import wait_until
 from tokenomy.models.catalog import resolve_gguf
 from tokenomy.structured.validate import validate
 
@@ -80,16 +82,39 @@ def test_stream_is_the_default_on_the_wire(server):
     assert lines[-1]["eval_count"] == len(lines) - 1 or lines[-1]["eval_count"] >= 1
 
 
-def test_nothing_to_generate_answers_that_the_model_is_loaded_and_keep_alive_is_recorded(client, server):
+def expires(client: ollama.Client, model: str) -> datetime | None:
+    """When /api/ps says `model` unloads (None: not loaded)."""
+    running = {m.model: m for m in client.ps().models}
+    return running[model].expires_at if model in running else None
+
+
+def test_nothing_to_generate_loads_the_model_and_keeps_it_for_its_keep_alive(client):
+    before = datetime.now(UTC)
     r = client.generate(model=MODEL, keep_alive="10m")
     assert r.done and r.done_reason == "load" and r.response == ""
-    kept = server.app.state.ollama_lifecycle.keep_alive
-    assert kept[MODEL][0] == 600.0
+    until = expires(client, MODEL + ":latest")
+    assert until is not None and before + timedelta(minutes=9) < until < datetime.now(UTC) + timedelta(minutes=11)
     c = client.chat(model=MODEL + ":latest", messages=[], keep_alive=-1, stream=False)
-    assert c.done and c.done_reason == "load" and kept[MODEL][0] == -1.0
+    assert c.done and c.done_reason == "load"
+    assert expires(client, MODEL + ":latest") > datetime.now(UTC) + timedelta(days=365)     # kept
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model="no-such-model")
     assert e.value.status_code == 404
+
+
+def test_keep_alive_zero_unloads_and_the_next_request_loads_again():
+    with live_server({"engine": SMALL_ENGINE, "cache": NO_CACHE}) as s:
+        c = ollama.Client(host=s.root, timeout=120)
+        assert c.generate(model=MODEL, keep_alive=-1).done_reason == "load"
+        assert expires(c, MODEL + ":latest") is not None
+        assert c.generate(model=MODEL, keep_alive=0).done_reason == "unload"
+        assert expires(c, MODEL + ":latest") is None
+        r = c.chat(model=MODEL, messages=HELLO, options=GREEDY, keep_alive="1h", stream=False)
+        assert r.done and r.eval_count and r.eval_count > 0
+        assert expires(c, MODEL + ":latest") > datetime.now(UTC) + timedelta(minutes=59)
+        r = c.generate(model=MODEL, prompt="Hi", options=GREEDY, keep_alive=0)      # answered, then unloaded
+        assert r.done and r.eval_count and r.eval_count > 0
+        wait_until(lambda: expires(c, MODEL + ":latest") is None, what="keep_alive 0 to unload after the answer")
 
 
 def test_format_json_schema_is_enforced(client):

@@ -8,17 +8,21 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tokenomy.dialect.ollama import ChatRequest, GenerateRequest, body_error, keep_alive_seconds
+from tokenomy.config import keep_alive_seconds
+from tokenomy.dialect.ollama import ChatRequest, GenerateRequest, body_error
 from tokenomy.dialect.ollama_wire import NS, LineWriter
 from tokenomy.generation import Delta, GenRequest, Usage
 from tokenomy.pipeline.request import RequestContext
 
 
 @pytest.mark.parametrize(("value", "seconds"), [
-    (None, None), (0, 0.0), ("0", 0.0), (300, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("1.5s", 1.5),
-    ("250ms", 0.25), (-1, -1.0), ("-1", -1.0), ("-1m", -1.0)])
+    (0, 0.0), ("0", 0.0), (300, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("1.5s", 1.5),
+    ("250ms", 0.25), ("1500us", 0.0015), (-1, None), ("-1", None), ("-1m", None)])
 def test_keep_alive_is_a_number_of_seconds_or_a_go_duration(value, seconds):
-    assert keep_alive_seconds(value) == seconds
+    assert keep_alive_seconds(value) == pytest.approx(seconds) if seconds is not None else \
+        keep_alive_seconds(value) is None
+    gen = GenerateRequest.model_validate({"model": "m", "keep_alive": value}).gen_request("m")
+    assert gen.params["keep_alive"] == value            # the fleet reads it when the request ends
 
 
 @pytest.mark.parametrize("value", ["soon", "5 minutes", "m", ""])

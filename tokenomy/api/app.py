@@ -209,7 +209,6 @@ def create_app(gateway: Gateway) -> FastAPI:
     app = FastAPI(title="tokenomy", version="0.1.0", routes=routes, exception_handlers=EXCEPTION_HANDLERS,
                   lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
-    app.state.ollama_lifecycle = ollama.Lifecycle()
     app.state.auth_failures = AuthFailures()
     app.state.responses = responses.ResponsesAPI(
         gateway.responses, lambda request, model, api: parse_recorded(_gateway(request), request, model, api), _owner)

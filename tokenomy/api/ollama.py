@@ -9,9 +9,11 @@ Names: a model is listed as NAME:TAG, a configured name without a tag as NAME:la
 understood on the way in. A key comes as `Authorization: Bearer`, as the Ollama clients send it; pulling and
 deleting need an admin key when keys are configured.
 
-`keep_alive` is parsed and recorded per model (Lifecycle); tokenomy keeps every model loaded for as long as it
-serves, so /api/ps shows each embedded model loaded and never expiring, and a request with nothing to generate
-answers `done_reason: "load"`. Loading and unloading on demand is the fleet's (the many-models work).
+`keep_alive` goes to the fleet (backends/fleet.py), which loads embedded models on demand: a request's keep_alive
+is how long its model stays loaded after it; a request with nothing to generate loads the model (`done_reason:
+"load"`), or with keep_alive 0 unloads it (`done_reason: "unload"`), as Ollama's do; /api/ps shows the loaded
+models with the memory the fleet places them by and when their keep_alive ends them. Without a fleet (server.workers
+> 1, each worker its own engines) every model stays loaded and never expires.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,7 @@ from tokenomy.api import openapi
 from tokenomy.api import run as serve
 from tokenomy.api.body import parse_recorded, read_json
 from tokenomy.backends.embedded import EmbeddedBackend
+from tokenomy.backends.fleet import FleetFull, FleetModel
 from tokenomy.dialect.ollama import (
     LATEST,
     ChatRequest,
@@ -65,19 +67,6 @@ FOREVER = "2318-01-01T00:00:00Z"        # a model that does not expire, as Ollam
 EPOCH = "1970-01-01T00:00:00Z"          # modified_at of a model without a file (an upstream, the ONNX embedder)
 HUB_HOSTS = ("hf.co/", "huggingface.co/")
 PROGRESS_S = 0.5        # a pull's status line for the file downloading, this often
-
-
-@dataclass
-class Lifecycle:
-    """What clients asked of each model's lifetime: the last `keep_alive` (seconds; -1 forever) and when. The
-    fleet (the many-models work) will act on it; today every model stays loaded while tokenomy serves."""
-
-    keep_alive: dict[str, tuple[float, float]] = field(default_factory=dict)
-
-    def record(self, model: str, seconds: float | None) -> None:
-        if seconds is not None:
-            self.keep_alive[model] = (seconds, time.time())
-            log.debug("keep_alive %s for %s", seconds, model)
 
 
 # ---- names and model facts ---------------------------------------------------------------------------------------
@@ -109,7 +98,7 @@ def _gguf_path(gateway: Gateway, name: str) -> str | None:
     route = gateway.routes.get(name)
     target = route.models[0] if route is not None else name
     backend = gateway.registry.backends.get(target)
-    return backend.path if isinstance(backend, EmbeddedBackend) else None
+    return backend.path if isinstance(backend, EmbeddedBackend | FleetModel) else None
 
 
 @lru_cache(maxsize=64)
@@ -216,11 +205,6 @@ def _gateway(request: Request) -> Gateway:
     return gateway
 
 
-def _lifecycle(request: Request) -> Lifecycle:
-    lifecycle: Lifecycle = request.app.state.ollama_lifecycle
-    return lifecycle
-
-
 def _allowed(request: Request, gateway: Gateway, model: str) -> str:
     """The served name of `model` (a 404 for none), which the request's key may use (a 403 otherwise)."""
     name = resolve(gateway, model)
@@ -229,9 +213,18 @@ def _allowed(request: Request, gateway: Gateway, model: str) -> str:
     return name
 
 
-def _keep_alive(request: Request, gateway: Gateway, name: str, seconds: float | None) -> None:
-    if name in gateway.model_names():
-        _lifecycle(request).record(name, seconds)
+async def _load_or_unload(gateway: Gateway, name: str, keep_alive: Any) -> str:
+    """A request with nothing to generate: the fleet loads `name` (or, with keep_alive 0, unloads it); the
+    done_reason to answer. A model outside the fleet is loaded already."""
+    backend = gateway.registry.backends.get(name)
+    fleet = gateway.parts.running.fleet
+    if not isinstance(backend, FleetModel) or fleet is None:
+        return "load"
+    try:
+        done = await fleet.keep(name, keep_alive)
+    except FleetFull as e:
+        raise APIError(503, str(e), code="model_unavailable") from None
+    return "load" if done == "loaded" else "unload"
 
 
 # ---- the endpoints -----------------------------------------------------------------------------------------------
@@ -262,22 +255,37 @@ async def show(request: Request) -> JSONResponse:
 
 
 async def ps(request: Request) -> JSONResponse:
-    """The models loaded now: every embedded model whose engine answers, with the memory it holds (weights and
-    KV, as checked before it loaded) and its window."""
+    """The models loaded now, with the memory each holds and when its keep_alive ends it: the fleet's loaded
+    models (the bytes it places them by), or, outside a fleet, every embedded model whose engine answers (weights and
+    KV as checked before it loaded; never expiring)."""
     gateway = _gateway(request)
     names = gateway.models_for(_authorization(request))
     models = []
+    now = time.monotonic()
     for name in names:
         backend = gateway.registry.backends.get(name)
-        if not isinstance(backend, EmbeddedBackend) or not await backend.health():
+        if isinstance(backend, FleetModel):
+            if backend.state != "loaded":
+                continue
+            held, on_gpu = backend.memory_bytes, backend.fit.on_gpu
+            left = backend.keep_alive_left(now)
+            expires = FOREVER if left is None else _in(left)
+        elif isinstance(backend, EmbeddedBackend) and await backend.health():
+            fit = gateway.fits.get(name)
+            held = fit.weight_bytes + fit.kv_bytes if fit is not None else 0
+            on_gpu, expires = fit is not None and fit.on_gpu, FOREVER
+        else:
             continue
         entry = await asyncio.to_thread(_entry, gateway, name)
-        fit = gateway.fits.get(name)
-        held = fit.weight_bytes + fit.kv_bytes if fit is not None else entry["size"]
         entry.pop("modified_at", None)
-        models.append({**entry, "size": held, "size_vram": held if fit is not None and fit.on_gpu else 0,
-                       "expires_at": FOREVER, "context_length": gateway.window(name) or 0})
+        models.append({**entry, "size": held or entry["size"], "size_vram": held if on_gpu else 0,
+                       "expires_at": expires, "context_length": gateway.window(name) or 0})
     return JSONResponse({"models": models})
+
+
+def _in(seconds: float) -> str:
+    """The wall-clock time `seconds` from now, as Ollama writes expires_at."""
+    return datetime.fromtimestamp(time.time() + seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 async def chat(request: Request) -> Response:
@@ -285,10 +293,9 @@ async def chat(request: Request) -> Response:
     body = await parse_recorded(gateway, request, ChatRequest, "ollama.chat")
     assert isinstance(body, ChatRequest)
     name = served_name(gateway, body.model)
-    _keep_alive(request, gateway, name, body.keep_alive_s)
     if not body.messages:
-        _allowed(request, gateway, body.model)
-        return JSONResponse(loaded_body(body.model, chat=True))
+        done = await _load_or_unload(gateway, _allowed(request, gateway, body.model), body.keep_alive)
+        return JSONResponse(loaded_body(body.model, chat=True, reason=done))
     return await _generate(request, gateway, body.gen_request(name), body.model, body.stream, chat=True)
 
 
@@ -297,7 +304,6 @@ async def generate(request: Request) -> Response:
     body = await parse_recorded(gateway, request, GenerateRequest, "ollama.generate")
     assert isinstance(body, GenerateRequest)
     name = served_name(gateway, body.model)
-    _keep_alive(request, gateway, name, body.keep_alive_s)
     fim = None
     if body.suffix:
         path = _gguf_path(gateway, resolve(gateway, name))
@@ -306,8 +312,8 @@ async def generate(request: Request) -> Response:
             raise APIError(400, f'model "{body.model}" does not support insert: its GGUF has no fill-in-the-middle '
                            "tokens", param="suffix")
     if not body.prompt and not body.suffix:
-        _allowed(request, gateway, body.model)
-        return JSONResponse(loaded_body(body.model, chat=False))
+        done = await _load_or_unload(gateway, _allowed(request, gateway, body.model), body.keep_alive)
+        return JSONResponse(loaded_body(body.model, chat=False, reason=done))
     return await _generate(request, gateway, body.gen_request(name, fim), body.model, body.stream, chat=False)
 
 
@@ -443,7 +449,8 @@ async def delete(request: Request) -> Response:
         paths = await asyncio.to_thread(hub.cached_paths, hub.parse(ref_text)) if ref_text is not None else []
     except hub.HubError as e:
         raise APIError(400, str(e), param="model") from None
-    served = {os.path.realpath(b.path) for b in gateway.registry.backends.values() if isinstance(b, EmbeddedBackend)}
+    served = {os.path.realpath(b.path) for b in gateway.registry.backends.values()
+              if isinstance(b, EmbeddedBackend | FleetModel)}
     if any(os.path.realpath(p) in served for p in paths):
         raise APIError(400, f'model "{body.model}" is served by this gateway: remove it from the config and '
                        "restart tokenomy first", param="model")

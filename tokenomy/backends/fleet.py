@@ -338,6 +338,23 @@ class Fleet:
             self._arm(m)
         return m
 
+    async def keep(self, name: str, keep_alive: Any) -> str:
+        """A request with nothing to generate (Ollama's load and unload): keep_alive 0 unloads `name` (returns what
+        unload() did); anything else loads it and keeps it for that keep_alive (None: the model's or the fleet's),
+        returning "loaded"."""
+        m = self.models[name]
+        if keep_alive is not None and self._keep(m, keep_alive) == 0:
+            return await self.unload(name, "keep_alive 0 (a request to unload)")
+        await self.load(name, "a request to load")
+        m.keep_for = self._keep(m, keep_alive)
+        m.last_used = time.monotonic()
+        if m._timer is not None:
+            m._timer.cancel()
+            m._timer = None
+        if m.keep_for is not None and not m.active:
+            self._arm(m)
+        return "loaded"
+
     async def _load(self, m: FleetModel, why: str) -> EmbeddedBackend:
         try:
             if self._placing is None:

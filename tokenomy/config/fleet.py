@@ -11,8 +11,8 @@ from tokenomy.config.section import Section
 
 KeepAlive = str | int | float
 
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 
 
 def keep_alive_seconds(value: KeepAlive) -> float | None:

@@ -11,49 +11,26 @@ shape already; an assistant turn's `tool_calls` (arguments as an object) become 
 each `tool` turn answers the earliest call not yet answered. `/api/generate` is a chat turn (`system`, then the
 prompt) unless `raw`, which sends the prompt as it is; a `suffix` is fill in the middle, the prompt framed by the
 model's FIM tokens (the caller checks the model has them). `think` is accepted (no model served here thinks
-apart from its answer); `keep_alive` is parsed and kept for the model's lifecycle.
+apart from its answer); `keep_alive` is checked here and goes to the fleet in the request's params.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tokenomy.config import keep_alive_seconds
 from tokenomy.errors import APIError
 from tokenomy.generation import GenRequest
 
 LATEST = ":latest"
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(h|m|s|ms|us|µs|ns))+$")
-_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
 NO_IMAGES = "images are not supported: the models tokenomy serves read text only"
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
 class _OllamaBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-
-
-def keep_alive_seconds(value: str | int | float | None) -> float | None:
-    """Ollama's keep_alive as seconds: a number is seconds, a string a Go duration ("5m", "1h30m", "0"); a
-    negative value means forever (-1.0 here); None: not given. A ValueError for anything else."""
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return -1.0 if value < 0 else float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        body = text.lstrip("+-")
-        if re.fullmatch(r"\d+(?:\.\d+)?", body):
-            return -1.0 if sign < 0 else float(body)
-        if _DURATION.match(body):
-            seconds = sum(float(n) * _UNIT_S[u] for n, u in _PART.findall(body))
-            return -1.0 if sign < 0 else seconds
-    raise ValueError(f"keep_alive {value!r} is not a duration: a number of seconds or a string such as '5m', "
-                     "'1h' or '-1'")
 
 
 class SamplingOptions(BaseModel):
@@ -134,10 +111,6 @@ class _Generating(_OllamaBody):
         keep_alive_seconds(v)
         return v
 
-    @property
-    def keep_alive_s(self) -> float | None:
-        return keep_alive_seconds(self.keep_alive)
-
     def response_format(self) -> dict[str, Any] | None:
         if self.format == "json":
             return {"type": "json_object"}
@@ -146,7 +119,11 @@ class _Generating(_OllamaBody):
         return None
 
     def sampling(self) -> dict[str, Any]:
-        return self.options.sampling() if self.options is not None else {}
+        """The engine's sampling, and keep_alive for the fleet (backends/fleet.py)."""
+        d = self.options.sampling() if self.options is not None else {}
+        if self.keep_alive is not None:
+            d["keep_alive"] = self.keep_alive
+        return d
 
 
 class ChatRequest(_Generating):

@@ -84,10 +84,10 @@ def generate_body(ctx: RequestContext, model: str) -> dict[str, Any]:
             "done_reason": done_reason(r.finish_reason), **durations(ctx, r.usage)}
 
 
-def loaded_body(model: str, chat: bool) -> dict[str, Any]:
-    """The answer to a request with nothing to generate (no prompt, no messages): Ollama's way to load a model,
-    which is loaded already."""
-    body: dict[str, Any] = {"model": model, "created_at": timestamp(), "done": True, "done_reason": "load"}
+def loaded_body(model: str, chat: bool, reason: str = "load") -> dict[str, Any]:
+    """The answer to a request with nothing to generate (no prompt, no messages): Ollama's way to load a model
+    (`reason` "load") or, with keep_alive 0, to unload it ("unload")."""
+    body: dict[str, Any] = {"model": model, "created_at": timestamp(), "done": True, "done_reason": reason}
     if chat:
         body["message"] = {"role": "assistant", "content": ""}
     else:
