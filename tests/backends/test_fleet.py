@@ -171,25 +171,48 @@ def test_a_model_that_does_not_fit_at_all_gets_a_503_with_its_figures() -> None:
         assert ps(s.root)["b"]["state"] == "available"
 
 
-def engine_children(but: set[int]) -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in but and "tokenomy.engine.core" in " ".join(p.cmdline())]
+def held_engines(gate: str) -> list[psutil.Process]:
+    """The engine processes started under the gate (other live servers' engines, a session fixture's, are not)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.environ().get("TOKENOMY_TEST_ENGINE_GATE") == gate and "tokenomy.engine.core" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.NoSuchProcess:        # another server's process that ended meanwhile
+            pass
+    return found
+
+
+# Python runs this in every process started while the test holds the gate: an engine process waits at its start
+# (inside its load, as the fleet sees it) until the gate file is gone, so the kill lands in the load every time.
+HOLD = """import os, time
+gate = os.environ.get("TOKENOMY_TEST_ENGINE_GATE")
+while gate and os.path.exists(gate):
+    time.sleep(0.02)
+"""
 
 
 @pytest.mark.slow
-def test_an_engine_killed_during_its_load_fails_that_load_and_the_next_request_loads_again() -> None:
+def test_an_engine_killed_during_its_load_fails_that_load_and_the_next_request_loads_again(
+        tmp_path, monkeypatch) -> None:
     cfg = {"models": models("a", "b"), "cache": NO_CACHE}
     with live_server(cfg) as s:
-        before = {e.pid for _, e in s.gateway.engines()}
+        (tmp_path / "sitecustomize.py").write_text(HOLD)
+        gate = tmp_path / "gate"
+        gate.touch()
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+        monkeypatch.setenv("TOKENOMY_TEST_ENGINE_GATE", str(gate))
         got: list[httpx.Response] = []
         t = threading.Thread(target=lambda: got.append(chat(s.root, "b")))
         t.start()
-        child = wait_until(lambda: engine_children(before), what="b's engine process to start")[0]
+        child = wait_until(lambda: held_engines(str(gate)), what="b's engine process to start")[0]
+        assert ps(s.root)["b"]["state"] == "loading"
         child.kill()
         t.join(180)
         assert got[0].status_code == 503, got[0].text
         line = ps(s.root)["b"]
         assert line["state"] == "available" and "SIGKILL" in line["last_error"]
+        gate.unlink()
         r = chat(s.root, "b")
         assert r.status_code == 200, r.text
         assert ps(s.root)["b"]["loads"] == 1
