@@ -258,7 +258,8 @@ def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress]
         if backend is not None:     # None: a discovered model that does not fit (fleet_member)
             registry.add(backend)
     metrics.watch_engines(lambda: engines_of(registry),
-                          {n: m.fit.window for n, m in fleet.models.items()} if fleet is not None else None)
+                          {**{n: e.max_model_len for n, e in engines_of(registry)},
+                           **{n: m.fit.window for n, m in fleet.models.items()}} if fleet is not None else None)
     metrics.watch_pools(lambda: pools_of(registry))
     if fleet is not None:
         metrics.watch_fleet(fleet.ps)

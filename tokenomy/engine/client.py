@@ -401,10 +401,13 @@ class EngineClient:
         if r.tiers is not None:
             self.tier_stats = r.tiers
         if r.n_tokens:
-            for cb in self.stats.on_step:
-                cb(r.n_tokens, r.n_seqs, r.dt)
-            for cb2 in self.stats.on_step_seqs:
-                cb2(r.dt, r.tokens_by_seq)
+            try:
+                for cb in self.stats.on_step:
+                    cb(r.n_tokens, r.n_seqs, r.dt)
+                for cb2 in self.stats.on_step_seqs:
+                    cb2(r.dt, r.tokens_by_seq)
+            except Exception:       # a watcher's fault (metrics, energy) must not stop this reader and its requests
+                log.exception("engine %s: a step watcher failed", self.name)
 
     def _dispatch(self, rid: int, ev: TokenEvent) -> None:
         h = self._pending.pop(rid, None) if ev.finish_reason is not None else self._pending.get(rid)
