@@ -121,7 +121,8 @@ def test_a_stream_that_breaks_the_schema_ends_with_the_error_not_a_finish() -> N
                 "text": {"format": {"type": "json_schema", "name": "count", "schema": SCHEMA, "strict": True}}}) as r:
             last = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")][-1]
         assert last["type"] == "response.failed"
-        assert last["response"]["error"]["code"] == "schema_unsatisfied"
+        error = last["response"]["error"]     # code one of the SDK's ResponseError codes, the cause as its type
+        assert (error["code"], error["type"]) == ("server_error", "schema_unsatisfied") and "$.n" in error["message"]
 
 
 def test_the_embedded_engine_answers_a_strict_schema_with_json_that_validates() -> None:
