@@ -92,6 +92,21 @@ def test_keys_and_tenants_are_made_used_changed_and_revoked_by_api(tmp_path: Pat
         assert audit[2]["before"]["rpm"] == 100 and audit[2]["after"]["rpm"] == 1 and plain not in repr(audit)
 
 
+def test_a_tenants_rpm_set_by_api_holds_for_all_its_keys_at_once(tmp_path: Path) -> None:
+    with gateways(tmp_path, f"sqlite:///{tmp_path}/ledger.db") as [gw]:
+        assert gw.post("/admin/tenants", headers=ADMIN, json={"name": "acme"}).status_code == 201
+        one, two = (gw.post("/admin/keys", headers=ADMIN, json={"name": n, "tenant": "acme"}).json()["key"]
+                    for n in ("one", "two"))
+        assert [chat(gw, k).status_code for k in (one, two)] == [200, 200]     # no tenant limit yet
+        r = gw.patch("/admin/tenants/acme", headers=ADMIN, json={"rpm": 3})
+        assert r.status_code == 200 and r.json()["rpm"] == 3
+        assert chat(gw, one).status_code == 200          # the tenant's window counts from the change: 1, 2, 3
+        assert chat(gw, two).status_code == 200
+        assert chat(gw, one).status_code == 200
+        r = chat(gw, two)
+        assert is_openai_error(r, 429) and "tenant acme: 3 requests per minute" in r.json()["error"]["message"]
+
+
 def test_bad_calls_get_openai_errors(tmp_path: Path) -> None:
     keys = [{"key": "sk-admin", "name": "ops", "tenant": "ops", "admin": True},
             {"key": "sk-user", "name": "u", "tenant": "ops"}]

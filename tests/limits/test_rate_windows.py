@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenomy.config import KeySpec
+from tokenomy.config import KeySpec, TenantSpec
 from tokenomy.errors import APIError
 from tokenomy.limits.keys import Keyring
 from tokenomy.limits.rate_windows import RateWindows
@@ -47,6 +47,30 @@ def test_a_hold_nobody_renews_lapses() -> None:
     w, info = RateWindows(lease_s=0.0), key(ring(tpm=100))
     w.reserve_tokens(info, "lost", 90)            # its request ended without settling: the lease ends at once
     w.reserve_tokens(info, "r2", 90)
+
+
+def test_a_tenants_limits_hold_for_all_its_keys_together() -> None:
+    tenants = {"acme": TenantSpec(rpm=3, tpm=100)}
+    r = Keyring([KeySpec(key="sk-a", name="a", tenant="acme"), KeySpec(key="sk-b", name="b", tenant="acme", rpm=1),
+                 KeySpec(key="sk-c", name="c", tenant="other")], tenants)
+    a, b, c = (r.lookup(f"Bearer sk-{x}") for x in "abc")
+    w = RateWindows()
+    w.admit(a, "r1")
+    with pytest.raises(APIError) as e:
+        w.admit(b, "r2")                 # b's own rpm is free, the tenant's has room: admitted
+        w.admit(b, "r3")                 # b's own rpm of 1 is full
+    assert "key b" in e.value.message
+    w.admit(a, "r4")                     # the tenant's third request
+    with pytest.raises(APIError) as e:
+        w.admit(a, "r5")
+    assert e.value.status == 429 and "tenant acme: 3 requests per minute" in e.value.message
+    w.admit(c, "r6")                     # another tenant's key counts apart
+    w.windows["tenant:acme"].requests.clear()          # a minute later, as far as rpm goes
+    w.settle(a, "r1", 60)
+    w.settle(b, "r2", 50)                # 110 tokens used by the tenant's keys in the last minute
+    with pytest.raises(APIError) as e:
+        w.admit(a, "r7")
+    assert "tenant acme: 100 tokens per minute (110 used)" in e.value.message
 
 
 def test_keys_without_limits_leave_no_window() -> None:

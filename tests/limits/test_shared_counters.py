@@ -140,6 +140,18 @@ def test_rpm_and_tpm_hold_across_two_gateways(redis_url: str) -> None:
             assert int(got[2].headers["retry-after"]) >= 1
 
 
+def test_a_tenants_rpm_holds_across_two_gateways_for_all_its_keys(redis_url: str) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    one, two = f"sk-{uuid.uuid4().hex}", f"sk-{uuid.uuid4().hex}"
+    keys = [{"key": one, "name": "one", "tenant": tenant}, {"key": two, "name": "two", "tenant": tenant}]
+    with StubServer(Stub()) as stub:
+        cfg = config(stub.port, keys, {"store": redis_url}, tenants={tenant: {"rpm": 3}})
+        with live_server(cfg) as g1, live_server(cfg) as g2:
+            got = [ask((g1, g2)[i % 2], (one, two)[i // 2 % 2]) for i in range(5)]
+            assert [a.status_code for a in got] == [200] * 3 + [429] * 2
+            assert f"tenant {tenant}: 3 requests per minute" in got[3].json()["error"]["message"]
+
+
 @contextlib.contextmanager
 def dead_redis() -> Iterator[str]:
     """The URL of a Redis that has stopped."""

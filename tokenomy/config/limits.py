@@ -56,6 +56,11 @@ class TenantSpec(Section):
                                         "null: none")
     models: list[str] | None = Field(None, description="model and route names the tenant's keys may ask for; "
                                      "null: all")
+    rpm: int | None = Field(None, ge=1, description="requests per minute, all the tenant's keys together; null: "
+                            "unlimited")
+    tpm: int | None = Field(None, ge=1, description="tokens per minute used, all the tenant's keys together "
+                            "(checked at admission; each key's own tpm also holds a request's bound before it "
+                            "runs); null: unlimited")
 
 
 class LimitsSettings(Section):

@@ -91,16 +91,18 @@ def keyring_of(keys: list[KeySpec], config_tenants: dict[str, TenantSpec], snap:
     expiry is checked at lookup), with config and stored tenants' allow-lists. Once the database holds a key, live
     or not, keys are required: revoking the last one locks every caller out rather than opening the gateway."""
     snap = snap or EMPTY
-    all_tenants = {**{n: TenantSpec(models=t.models) for n, t in snap.tenants.items()}, **config_tenants}
+    all_tenants = {**{n: TenantSpec(models=t.models, rpm=t.rpm, tpm=t.tpm) for n, t in snap.tenants.items()},
+                   **config_tenants}
     stored = []
     for k in snap.keys:
         if k.revoked_at is not None:
             continue
-        lists = [set(x) for x in (k.models, all_tenants.get(k.tenant, TenantSpec()).models) if x is not None]
+        tenant = all_tenants.get(k.tenant, TenantSpec())
+        lists = [set(x) for x in (k.models, tenant.models) if x is not None]
         allowed = frozenset(set.intersection(*lists)) if lists else None
         stored.append((k.key_sha256, KeyInfo(k.id, k.name, k.tenant, k.role == "admin", k.rpm, k.tpm, allowed,
                                              expires_at=k.expires_at, tenant_admin=k.role == "tenant_admin",
-                                             source="database")))
+                                             source="database", tenant_rpm=tenant.rpm, tenant_tpm=tenant.tpm)))
     return Keyring(keys, all_tenants, stored=stored, closed=bool(snap.keys))
 
 

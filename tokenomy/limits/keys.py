@@ -34,6 +34,8 @@ class KeyInfo:
     expires_at: float | None = None          # UNIX seconds from which it is refused (a rotated key's grace end)
     tenant_admin: bool = False               # may use the admin API for its own tenant only
     source: str = "config"                   # config (the file) | database (limits/key_store.py)
+    tenant_rpm: int | None = None            # the tenant's limits, all its keys together
+    tenant_tpm: int | None = None
 
 
 class Keyring:
@@ -47,9 +49,11 @@ class Keyring:
         self.by_hash: dict[str, KeyInfo] = dict(stored)
         for k in keys:
             h = k.key_sha256.lower() if k.key_sha256 else hash_key(k.key or "")
-            lists = [set(x) for x in (k.models, (tenants or {}).get(k.tenant, TenantSpec()).models) if x is not None]
+            tenant = (tenants or {}).get(k.tenant, TenantSpec())
+            lists = [set(x) for x in (k.models, tenant.models) if x is not None]
             allowed = frozenset(set.intersection(*lists)) if lists else None
-            self.by_hash[h] = KeyInfo(h[:12], k.name, k.tenant, k.admin, k.rpm, k.tpm, allowed)
+            self.by_hash[h] = KeyInfo(h[:12], k.name, k.tenant, k.admin, k.rpm, k.tpm, allowed,
+                                      tenant_rpm=tenant.rpm, tenant_tpm=tenant.tpm)
         self._by_id = {i.key_id: i for i in self.by_hash.values()}
 
     @property

@@ -1,12 +1,15 @@
-"""Per-key requests- and tokens-per-minute limits: sliding 60-second windows, by key id.
+"""Per-key and per-tenant requests- and tokens-per-minute limits: sliding 60-second windows, by key id (a
+tenant's: "tenant:NAME").
 
 The windows are kept in memory (one gateway process), or in Redis (`limits.store`, limits/shared_counters.py) so that
 every gateway process counts one window; a 429 carries Retry-After = seconds until the window frees enough room. A
 request counts against rpm when admitted (`admit`); against tpm, the reserve stage holds its prompt and output bound
 (`reserve_tokens`, or with the budgets in one step: `window`, `held_with_budgets`) before it reaches a backend,
 refused unless used + held + that fits, and the record replaces the hold by the tokens it used (`settle`); holds are
-leases renewed while the request runs (`renew`), as budgets' are. While Redis does not answer, rate limits are not
-applied (`limits.rates_on_store_down: open`, the default) or every limited key is refused with a 503 (`closed`).
+leases renewed while the request runs (`renew`), as budgets' are. A tenant's limits (all its keys together) count
+at admission only: its rpm there, its tpm as the tokens its requests used in the last minute (`settle` adds them),
+with no hold before a request runs. While Redis does not answer, rate limits are not applied
+(`limits.rates_on_store_down: open`, the default) or every limited key is refused with a 503 (`closed`).
 
 The state is keyed by key id, not kept on the keys: a keyring swapped whole on reload (limits/keys.py) leaves every
 key's windows and holds here; a key's limits are read from the KeyInfo each call is given.
@@ -49,6 +52,26 @@ def _retry(wait: float) -> dict[str, str]:
     return {"retry-after": str(max(1, int(wait + 0.999)))}
 
 
+@dataclass(frozen=True)
+class Limited:
+    """What one window limits: a key, or a tenant (all its keys together)."""
+
+    id: str            # the window's id: the key id, or "tenant:NAME"
+    what: str          # as a message names it
+    rpm: int | None
+    tpm: int | None
+
+
+def _of_key(info: KeyInfo) -> Limited | None:
+    return Limited(info.key_id, f"key {info.name}", info.rpm, info.tpm) \
+        if info.rpm is not None or info.tpm is not None else None
+
+
+def _of_tenant(info: KeyInfo) -> Limited | None:
+    return Limited(f"tenant:{info.tenant}", f"tenant {info.tenant}", info.tenant_rpm, info.tenant_tpm) \
+        if info.tenant_rpm is not None or info.tenant_tpm is not None else None
+
+
 class RateWindows:
     def __init__(self, shared: SharedCounters | None = None, fail_open: bool = True, lease_s: float = 300.0) -> None:
         self.shared, self.fail_open = shared, fail_open
@@ -65,42 +88,46 @@ class RateWindows:
 
     # ---- at admission: requests per minute ------------------------------------------------------------------
     def admit(self, info: KeyInfo, request_id: str) -> None:
-        """Count a request against its key's rpm, or raise a 429 when the minute is full (rpm), or its tokens are
-        (tpm: the tokens used in the last minute reached it)."""
-        if info.rpm is None and info.tpm is None:
+        """Count a request against its key's and its tenant's rpm, or raise a 429 when a minute is full (rpm), or
+        its tokens are (tpm: the tokens used in the last minute reached it). In this process a refused request
+        counts against neither; in Redis, one the tenant refuses has counted against its key's rpm already."""
+        limited = [x for x in (_of_key(info), _of_tenant(info)) if x is not None]
+        if not limited:
             return
         if self.shared is not None:
-            self._admit_shared(info, request_id)
+            for x in limited:
+                self._admit_shared(x, request_id)
             return
-        w = self.window_of(info.key_id)
         now = time.monotonic()
-        w.trim(now)
-        if info.rpm is not None and len(w.requests) >= info.rpm:
-            wait = WINDOW_S - (now - w.requests[0])
-            raise APIError(429, f"Rate limit reached for key {info.name}: {info.rpm} requests per minute. "
-                           f"Retry in {wait:.1f}s.", code="rate_limit_exceeded", headers=_retry(wait))
-        if info.tpm is not None:
-            used = sum(n for _, n in w.tokens)
-            if used >= info.tpm:
-                wait = WINDOW_S - (now - w.tokens[0][0])
-                raise APIError(429, f"Rate limit reached for key {info.name}: {info.tpm} tokens per minute "
-                               f"({used} used). Retry in {wait:.1f}s.", code="rate_limit_exceeded",
-                               headers=_retry(wait))
-        w.requests.append(now)
+        for x in limited:
+            w = self.window_of(x.id)
+            w.trim(now)
+            if x.rpm is not None and len(w.requests) >= x.rpm:
+                wait = WINDOW_S - (now - w.requests[0])
+                raise APIError(429, f"Rate limit reached for {x.what}: {x.rpm} requests per minute. "
+                               f"Retry in {wait:.1f}s.", code="rate_limit_exceeded", headers=_retry(wait))
+            if x.tpm is not None:
+                used = sum(n for _, n in w.tokens)
+                if used >= x.tpm:
+                    wait = WINDOW_S - (now - w.tokens[0][0])
+                    raise APIError(429, f"Rate limit reached for {x.what}: {x.tpm} tokens per minute "
+                                   f"({used} used). Retry in {wait:.1f}s.", code="rate_limit_exceeded",
+                                   headers=_retry(wait))
+        for x in limited:
+            self.window_of(x.id).requests.append(now)
 
-    def _admit_shared(self, info: KeyInfo, request_id: str) -> None:
+    def _admit_shared(self, x: Limited, request_id: str) -> None:
         assert self.shared is not None
         try:
-            full, used, wait = self.shared.take_request(info.key_id, request_id, info.rpm, info.tpm, WINDOW_S)
+            full, used, wait = self.shared.take_request(x.id, request_id, x.rpm, x.tpm, WINDOW_S)
         except StoreDown as e:
             if self.fail_open:
                 return
             raise _unavailable() from e
         if full is None:
             return
-        what = f"{info.rpm} requests per minute" if full == "rpm" else \
-            f"{info.tpm} tokens per minute ({int(used)} used)"
-        raise APIError(429, f"Rate limit reached for key {info.name}: {what}. Retry in {wait:.1f}s.",
+        what = f"{x.rpm} requests per minute" if full == "rpm" else f"{x.tpm} tokens per minute ({int(used)} used)"
+        raise APIError(429, f"Rate limit reached for {x.what}: {what}. Retry in {wait:.1f}s.",
                        code="rate_limit_exceeded", headers=_retry(wait))
 
     # ---- before a backend: tokens per minute ----------------------------------------------------------------
@@ -185,6 +212,9 @@ class RateWindows:
         """Replace the request's tpm hold by the tokens it used (prompt + completion); in Redis, a hold that left
         ample room settles after the answer, and stays in `holding` until then."""
         rid = request_id
+        tenant = _of_tenant(info) if info is not None else None
+        if tenant is not None and tenant.tpm is not None and tokens:
+            self._spend(tenant.id, rid, tokens)
         held, ample = rid in self.holding, rid in self.ample
         self.ample.discard(rid)
         if info is None or self.shared is None or info.tpm is None or not (held or tokens):
@@ -203,3 +233,13 @@ class RateWindows:
         except StoreDown:
             pass                 # logged by the store; the window forgets within a minute anyway
         self.holding.pop(rid, None)
+
+    def _spend(self, window_id: str, request_id: str, tokens: int) -> None:
+        """Count tokens a request used in a window that holds nothing before (a tenant's tpm)."""
+        if self.shared is None:
+            self.window_of(window_id).tokens.append((time.monotonic(), tokens))
+            return
+        try:
+            self.shared.spend_tokens(window_id, request_id, tokens, WINDOW_S)
+        except StoreDown:
+            pass                 # logged by the store; the window forgets within a minute anyway
