@@ -94,6 +94,21 @@ def test_a_third_model_evicts_the_cheaper_to_reload_idle_one() -> None:
         assert metric(s.root, 'tokenomy_model_memory_bytes{kind="estimated",model="c"}') > 0
 
 
+def test_lru_by_count_evicts_the_least_recently_used_whatever_its_rate() -> None:
+    """llama.cpp router's rule (fleet.eviction lru, fleet.max_loaded), the baseline bench/fleet.py measures: b is
+    asked most, but a last, so c's load evicts b, where the cost rule would evict a."""
+    cfg = {"models": models("a", "b", "c"), "cache": NO_CACHE, "fleet": {"eviction": "lru", "max_loaded": 2}}
+    with live_server(cfg) as s:
+        for _ in range(4):
+            assert chat(s.root, "b").status_code == 200
+        assert chat(s.root, "a").status_code == 200      # a (preloaded) used last
+        r = chat(s.root, "c")
+        assert r.status_code == 200, r.text
+        lines = ps(s.root)
+        assert [lines[n]["state"] for n in "abc"] == ["loaded", "available", "loaded"]
+        assert lines["b"]["evictions"] == 1
+
+
 # a request that runs for a while (seconds): most of the window's tokens, none drafted (a small model's loops would
 # be drafted many tokens a step)
 LONG = {"model": "b", "messages": [{"role": "user", "content": "Count."}], "max_tokens": 480, "ignore_eos": True,

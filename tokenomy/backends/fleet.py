@@ -38,12 +38,12 @@ from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineClient
 from tokenomy.engine.config import EngineConfig
 from tokenomy.generation import Delta, GenRequest
-from tokenomy.models.memory import Fit
+from tokenomy.models.memory import Fit, engine_memory
 
 log = logging.getLogger("tokenomy.fleet")
 
 GIB = 1 << 30
-RSS_TOLERANCE = 0.2        # a measured engine RSS further than this from the estimate is logged
+RSS_TOLERANCE = 0.2        # a measured engine RSS further than this from the estimate at load is logged
 
 
 class FleetFull(BackendError):
@@ -72,6 +72,7 @@ class FleetModel:
         self.name = spec.name
         self.spec = spec
         self.path, self.cfg, self.fit = path, cfg, fit
+        self.start_bytes = engine_memory(path, cfg, cfg.draft_model).at_start   # what its engine holds once loaded
         self._make = make
         self.state = "available"
         self.backend: EmbeddedBackend | None = None
@@ -127,7 +128,8 @@ class FleetModel:
     def describe(self, now: float) -> dict[str, Any]:
         """Its line of the ps view (/health, the dashboard, `tokenomy ps`)."""
         return {"name": self.name, "state": self.state, "context_window": self.fit.window,
-                "memory_bytes": self.memory_bytes, "rss_bytes": self.rss_bytes, "running": self.active,
+                "memory_bytes": self.memory_bytes, "start_bytes": self.start_bytes, "rss_bytes": self.rss_bytes,
+                "running": self.active,
                 "waiting": self.waiting, "idle_s": round(now - self.last_used, 1)
                 if self.state == "loaded" and not self.active else 0.0,
                 "keep_alive_left_s": self.keep_alive_left(now), "pinned": self.spec.pin, "loads": self.loads,
@@ -188,6 +190,7 @@ class Fleet:
         self.overhead_bytes = s.engine_overhead_mb << 20
         self.kv_dir = kv_dir
         self.max_waiting, self.load_wait_s, self.rate_window_s = s.max_waiting, s.load_wait_s, s.rate_window_s
+        self.eviction, self.max_loaded = s.eviction, s.max_loaded
         self.metrics = metrics                   # metrics.prometheus.Metrics, or None
         self.models: dict[str, FleetModel] = {}
         self.on_loaded: list[Callable[[str, EngineClient], None]] = []
@@ -382,13 +385,15 @@ class Fleet:
         m.load_s_total += load_s
         m.last_used = time.monotonic()
         m.rss_bytes = _rss(m.engine.pid if m.engine is not None else None)
-        est = m.memory_bytes
-        log.info("fleet: loaded %s in %.2f s (why: %s); estimated %.2f GiB, engine RSS %s; %.2f of %.2f GiB held",
-                 m.name, load_s, why, est / GIB, "unknown" if m.rss_bytes is None else f"{m.rss_bytes / GIB:.2f} GiB",
-                 self.held_bytes() / GIB, self.placement.limit_bytes / GIB)
+        est = m.start_bytes
+        log.info("fleet: loaded %s in %.2f s (why: %s); engine RSS %s, estimated %.2f GiB at load and %.2f GiB as "
+                 "placed (KV grown to the window, its tier full); %.2f of %.2f GiB held", m.name, load_s, why,
+                 "unknown" if m.rss_bytes is None else f"{m.rss_bytes / GIB:.2f} GiB", est / GIB,
+                 m.memory_bytes / GIB, self.held_bytes() / GIB, self.placement.limit_bytes / GIB)
         if m.rss_bytes is not None and est and abs(m.rss_bytes - est) > RSS_TOLERANCE * est:
-            log.warning("fleet: %s's engine RSS %.2f GiB is %+.0f%% off its estimate %.2f GiB (models/memory.py)",
-                        m.name, m.rss_bytes / GIB, 100 * (m.rss_bytes - est) / est, est / GIB)
+            log.warning("fleet: %s's engine RSS %.2f GiB is %+.0f%% off its estimate at load %.2f GiB "
+                        "(models/memory.py engine_memory)", m.name, m.rss_bytes / GIB,
+                        100 * (m.rss_bytes - est) / est, est / GIB)
         if self.metrics is not None:
             self.metrics.model_loads.labels(m.name).inc()
             self.metrics.model_load_seconds.labels(m.name).observe(load_s)
@@ -408,19 +413,28 @@ class Fleet:
                             f"over the fleet's "
                             f"{limit / GIB:.2f} GiB ({self.placement.source})", retry_after=60.0)
         now = time.monotonic()
-        while need > limit - self.held_bytes(m):
-            victims = sorted((v for v in self.models.values() if v is not m and v.evictable()),
-                             key=lambda v: (v.eviction_cost(now), v.last_used))
+        while need > limit - self.held_bytes(m) or self._too_many(m):
+            order = (lambda v: v.last_used) if self.eviction == "lru" else \
+                (lambda v: (v.eviction_cost(now), v.last_used))
+            victims = sorted((v for v in self.models.values() if v is not m and v.evictable()), key=order)
             if not victims:
                 held = [f"{v.name} {v.memory_bytes / GIB:.2f} GiB ({self._why_kept(v)})"
                         for v in self.models.values() if v is not m and v.state != "available"]
                 free = limit - self.held_bytes(m)
-                raise FleetFull(f"model {m.name!r} needs {need / GIB:.2f} GiB, {max(free, 0) / GIB:.2f} GiB of the "
-                                f"fleet's {limit / GIB:.2f} GiB ({self.placement.source}) is free, held by "
-                                f"{', '.join(held) or 'nothing'}; nothing can be evicted now", retry_after=5.0)
+                room = f"fleet.max_loaded ({self.max_loaded}) models are loaded" if need <= free else \
+                    f"it needs {need / GIB:.2f} GiB, {max(free, 0) / GIB:.2f} GiB of the fleet's {limit / GIB:.2f} " \
+                    f"GiB ({self.placement.source}) is free"
+                raise FleetFull(f"model {m.name!r} cannot load: {room}, held by {', '.join(held) or 'nothing'}; "
+                                "nothing can be evicted now", retry_after=5.0)
             v = victims[0]
-            await self.unload(v.name, f"evicted for {m.name}: lowest reload cost ({v.load_s or 0:.2f} s load x "
-                              f"{v.rate(now) * 60:.2f} requests/min)", eviction=True)
+            why = f"least recently used ({now - v.last_used:.1f} s idle)" if self.eviction == "lru" else \
+                f"lowest reload cost ({v.load_s or 0:.2f} s load x {v.rate(now) * 60:.2f} requests/min)"
+            await self.unload(v.name, f"evicted for {m.name}: {why}", eviction=True)
+
+    def _too_many(self, m: FleetModel) -> bool:
+        """Whether loading `m` would pass fleet.max_loaded."""
+        held = sum(1 for v in self.models.values() if v is not m and v.state in ("loaded", "loading", "unloading"))
+        return self.max_loaded is not None and held >= self.max_loaded
 
     @staticmethod
     def _why_kept(v: FleetModel) -> str:

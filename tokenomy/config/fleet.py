@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field
 
@@ -60,6 +61,12 @@ class FleetSettings(Section):
                                "(a 503 with Retry-After after it)")
     rate_window_s: float = Field(600.0, gt=0, description="eviction cost = a model's load seconds measured at its "
                                  "last load x its requests per second over this many seconds")
+    eviction: Literal["cost", "lru"] = Field("cost", description="which idle model makes room: `cost`, the lowest "
+                                             "expected reload cost (load seconds x request rate); `lru`, the least "
+                                             "recently used (llama.cpp's router; the baseline bench/fleet.py "
+                                             "measures against)")
+    max_loaded: int | None = Field(None, ge=1, description="at most this many models loaded at once, besides the "
+                                   "memory limit (llama.cpp router's --models-max); null: memory alone decides")
     keep_conversations: bool = Field(True, description="on unload, the prefixes a model's KV tier saved (its "
                                      "recent conversations; engine.kv_tier_ram_mb > 0) are written to disk under "
                                      "the data directory's fleet-kv/, and its next load takes them back, so a "
