@@ -3,6 +3,8 @@ loaded on its first request, placed within a memory limit, evicted by reload cos
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,6 +16,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import NO_CACHE, live_server
 from tests.helpers.answers import assert_chat_end
+from tests.helpers.bench_module import load_bench
 from tests.helpers.wait import wait_until
 from tokenomy.backends.embedded_launch import engine_settings
 from tokenomy.cli import app
@@ -257,3 +260,20 @@ def test_a_conversation_survives_an_unload_and_reload_of_its_model() -> None:
         usage = second.json()["usage"]
         # a cold prefill of this turn would compute every prompt token; the reloaded model reuses the first turn's
         assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.8 * prompt
+
+
+@pytest.mark.slow
+def test_the_fleet_bench_runs_both_rules_on_one_trace(monkeypatch, capsys) -> None:
+    """bench/fleet.py as its docstring says: both rules on the same requests, the loads and ratios counted by the
+    servers (not a timing claim: that is the bench's, docs/fleet.md)."""
+    bench = load_bench("fleet.py")
+    work = bench.trace(3, 12, 1.1, 0)
+    assert work == bench.trace(3, 12, 1.1, 0) and len({m for m, _ in work}) > 1     # seeded, and a mix
+    monkeypatch.setattr(sys, "argv", ["fleet.py", "--models", "3", "--fits", "2", "--requests", "8", "--rounds", "1",
+                                      "--json"])
+    bench.main()
+    got = json.loads(capsys.readouterr().out)
+    for row in got["rows"].values():
+        assert row["requests"] == 8 and 1 <= row["loads"] <= 3 and row["load_s"] > 0
+        assert 0 < row["ttft_p50_s"] <= row["ttft_p95_s"]
+    assert got["load_s_lru_over_cost"] > 0
