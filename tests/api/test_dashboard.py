@@ -320,6 +320,11 @@ def test_the_operations_view_follows_the_traffic_of_a_live_server(server: LiveSe
             assert {f"{m} waiting", f"{m} running"} <= set(names["ops-queue"]) and names["ops-kv"] == [m]
             assert f"prefix {m}" in names["ops-hits"] and f"response {m}" in names["ops-hits"]
             assert "tenant default" in names["ops-requests"] and m in names["ops-cost"]
+            # the fleet's ps view: the model serving the traffic is loaded, with its memory and loads
+            row = page.wait_for_selector(f'#models-table tr[data-model="{m}"][data-state="loaded"]', timeout=20_000)
+            cells = row.evaluate("r => [...r.children].map(c => c.textContent)")
+            assert cells[2].endswith("GiB") and float(cells[2].split()[0]) > 0 and int(cells[9]) >= 1
+            assert "held" in page.text_content("#models-held")
             shot = os.environ.get(SCREENSHOT_ENV)
             if shot:                                    # a fuller picture: half a minute of traffic
                 page.wait_for_function("document.getElementById('ops-tokens').dataset.points >= 15",

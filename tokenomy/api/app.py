@@ -216,8 +216,9 @@ def create_app(gateway: Gateway) -> FastAPI:
         gateway.conversations, lambda request, model, api: parse_recorded(_gateway(request), request, model, api),
         _owner)
     if gateway.ledger is not None:
+        fleet = gateway.parts.running.fleet
         app.state.dashboard = Dashboard(gateway.ledger, gateway.metrics, guard=_admin, feedback_guard=_own_request,
-                                        authenticate=_authenticate)
+                                        authenticate=_authenticate, models=fleet.ps if fleet is not None else None)
     if gateway.batches is not None:
         app.state.batch_api = BatchAPI(gateway.batches, _owner, max_file_bytes=gateway.config.batch.max_file_bytes,
                                        wake=gateway.batch_runner.wake, max_lines=gateway.config.batch.max_lines,

@@ -1,7 +1,8 @@
 """The dashboard and the feedback endpoint: ROUTES over a Dashboard the app holds as `app.state.dashboard`.
 
     GET  /dashboard        a self-contained page (plotly inline, no external assets) that refreshes its figures
-    GET  /dashboard/data   the report JSON (report/figures.py) over ?since=24h&until=&by=model|route|tenant|key
+    GET  /dashboard/data   the report JSON (report/figures.py) over ?since=24h&until=&by=model|route|tenant|key, with
+                           the fleet's ps view as `models` when the gateway has a fleet
     GET  /dashboard/live   the operations view's recent time series (metrics/live.py), from the app's Metrics
     POST /v1/feedback      {"request_id", "score" in [-1, 1], "comment"?} joins the request's ledger row
 
@@ -79,6 +80,7 @@ class Dashboard:
     guard: Callable[[Request], Any] | None = None
     feedback_guard: Callable[[Request, LedgerRow], Any] | None = None
     authenticate: Callable[[Request], Any] | None = None
+    models: Callable[[], dict[str, Any]] | None = None   # the fleet's ps view (Fleet.ps), shown as its table
     refresh_s: float = 5.0
     live_s: float = 2.0
     default_since: str = "24h"
@@ -119,6 +121,8 @@ async def dashboard_data(request: Request) -> Response:
     data = build(rows, since, until, by)
     if d.metrics is not None:
         data["live"] = _live(d.metrics)
+    if d.models is not None:
+        data["models"] = d.models()
     return JSONResponse(data, headers={"cache-control": "no-store"})
 
 
