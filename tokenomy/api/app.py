@@ -216,7 +216,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         gateway.conversations, lambda request, model, api: parse_recorded(_gateway(request), request, model, api),
         _owner)
     if gateway.ledger is not None:
-        fleet = gateway.parts.running.fleet
+        fleet = gateway.fleet
         app.state.dashboard = Dashboard(gateway.ledger, gateway.metrics, guard=_admin, feedback_guard=_own_request,
                                         authenticate=_authenticate, models=fleet.ps if fleet is not None else None)
     if gateway.batches is not None:

@@ -217,7 +217,7 @@ async def _load_or_unload(gateway: Gateway, name: str, keep_alive: Any) -> str:
     """A request with nothing to generate: the fleet loads `name` (or, with keep_alive 0, unloads it); the
     done_reason to answer. A model outside the fleet is loaded already."""
     backend = gateway.registry.backends.get(name)
-    fleet = gateway.parts.running.fleet
+    fleet = gateway.fleet
     if not isinstance(backend, FleetModel) or fleet is None:
         return "load"
     try:
