@@ -300,8 +300,11 @@ def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress]
     cache = Cache(exact, semantic, gateway.cost, set(c.semantic.routes) if c.semantic.routes is not None else None,
                   deterministic_only=c.exact.deterministic_only)
     # budgets and tpm: the worst case held before a backend sees the request; the record's sinks settle it
-    reserve = Reserve(budgets, windows, gateway.price, gateway.window, lim)
-    generate = Generate(registry, {m.name: m.schema_policy for m in config.models if m.backend != "embedded"}, metrics)
+    defaults = {m.name: m.defaults.params() for m in config.models if m.defaults is not None}
+    reserve = Reserve(budgets, windows, gateway.price, gateway.window, lim,
+                      {n: d["max_tokens"] for n, d in defaults.items() if "max_tokens" in d})
+    generate = Generate(registry, {m.name: m.schema_policy for m in config.models if m.backend != "embedded"}, metrics,
+                        defaults, gateway.window)
     batches, runner = _batch(config, gateway, ledger)
     responses = ResponseStore(ledger.engine, ledger.prompt_retention_s) if ledger is not None else None
     conversations = ConversationStore(ledger.engine, ledger.prompt_retention_s) if ledger is not None else None

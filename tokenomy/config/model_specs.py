@@ -76,6 +76,24 @@ class BalanceSettings(Section):
 BACKENDS = ("embedded", "openai", "anthropic")
 
 
+class RequestDefaults(Section):
+    """Sampling a request gets from its model where it sets none itself (Ollama's Modelfile PARAMETER, LiteLLM's
+    litellm_params): a request's own value always wins."""
+
+    max_tokens: int | None = Field(None, ge=1, description="output tokens at most; null: up to the window")
+    temperature: float | None = Field(None, ge=0, le=2, description="sampling temperature")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling mass")
+    top_k: int | None = Field(None, ge=0, description="sample from the k likeliest tokens (0: all)")
+    min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below this share of the likeliest")
+    repetition_penalty: float | None = Field(None, gt=0, description="penalty on tokens already in the context")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="OpenAI's presence penalty")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="OpenAI's frequency penalty")
+    stop: list[str] | None = Field(None, description="stop strings")
+
+    def params(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
 class _ModelSpec(Section):
     """What every model takes, whatever its backend."""
 
@@ -86,6 +104,8 @@ class _ModelSpec(Section):
                                                                 "Messages API")
     price: Price | None = Field(None, description="USD per 1M tokens, for the ledger, budgets and reports; "
                                 "default: a packaged model's notional price, else 0")
+    defaults: RequestDefaults | None = Field(None, description="sampling a request to this model gets where it "
+                                             "sets none (max_tokens, temperature, ...); the request's own wins")
 
     @model_validator(mode="before")
     @classmethod

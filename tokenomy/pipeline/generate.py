@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from tokenomy.backends.base import BackendError, InvalidRequest, Overloaded
@@ -38,10 +38,27 @@ from tokenomy.pipeline.request import RequestContext, Result
 class Generate:
     name = "generate"
 
-    def __init__(self, registry: Registry, schema_policy: dict[str, str] | None = None, metrics: Any = None) -> None:
+    def __init__(self, registry: Registry, schema_policy: dict[str, str] | None = None, metrics: Any = None,
+                 defaults: dict[str, dict[str, Any]] | None = None,
+                 window: Callable[[str], int | None] | None = None) -> None:
+        """`defaults`: model -> the sampling its requests get where they set none (models[].defaults), a default
+        max_tokens cut to what the model's `window` leaves after the prompt."""
         self.registry = registry
+        self.defaults = defaults or {}
+        self.window = window
         self.schema_policy = schema_policy or {}      # upstream model -> flag | repair
         self.metrics = metrics                        # meter.metrics.Metrics (None: nothing counted)
+
+    def _params(self, ctx: RequestContext, name: str) -> dict[str, Any]:
+        """The request's sampling over `name`'s defaults."""
+        defaults = self.defaults.get(name)
+        if not defaults:
+            return ctx.gen.params
+        params = {**defaults, **ctx.gen.params}
+        window = self.window(name) if self.window is not None else None
+        if "max_tokens" in defaults and "max_tokens" not in ctx.gen.params and window and ctx.prompt_tokens:
+            params["max_tokens"] = max(min(params["max_tokens"], window - ctx.prompt_tokens), 1)
+        return params
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
         failures: list[str] = []
@@ -59,7 +76,7 @@ class Generate:
             if ctx.cover is not None:
                 ctx.cover(ctx, name)  # a dearer fallback holds the difference first (pipeline/reserve.py)
             req = dataclasses.replace(ctx.gen, model=name, request_id=ctx.request_id, stream=ctx.stream,
-                                      headers=ctx.headers)
+                                      headers=ctx.headers, params=self._params(ctx, name))
             ctx.serving = name
             stream = backend.stream(req)
             try:

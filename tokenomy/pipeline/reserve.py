@@ -49,11 +49,13 @@ class Reserve:
     name = "reserve"
 
     def __init__(self, budgets: Budgets, windows: RateWindows | None, price: Callable[[str, bool], PriceLike | None],
-                 window: Callable[[str], int | None], settings: LimitsSettings | None = None) -> None:
+                 window: Callable[[str], int | None], settings: LimitsSettings | None = None,
+                 default_max_tokens: dict[str, int] | None = None) -> None:
         """`windows`: the keys' rate windows (their tpm holds; None: no tpm limits); `price(model, batch)`: a
         model's price, None without one; `window(model)`: a model's context window in tokens, None when unknown."""
         self.budgets, self.windows = budgets, windows
         self.price, self.window = price, window
+        self.default_max_tokens = default_max_tokens or {}    # model -> its defaults' max_tokens (generate applies)
         self.settings = settings or LimitsSettings()
         self._renewal: asyncio.Task[None] | None = None
         self.extra: dict[str, deque[int]] = {}     # model -> prompt tokens an upstream billed beyond the count
@@ -122,7 +124,7 @@ class Reserve:
             tokens = sum(len(x) if isinstance(x, list) else len(str(x).encode()) + 2 for x in gen.inputs or [])
             return float(tokens), self._usd(ctx, model, tokens, 0)
         prompt = self.prompt_bound(ctx, model)
-        out = gen.params.get("max_tokens")
+        out = gen.params.get("max_tokens") or self.default_max_tokens.get(model)
         if out is None:
             window = self.window(model)
             if window is not None:
