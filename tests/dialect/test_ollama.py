@@ -25,10 +25,16 @@ def test_keep_alive_is_a_number_of_seconds_or_a_go_duration(value, seconds):
     assert gen.params["keep_alive"] == value            # the fleet reads it when the request ends
 
 
-@pytest.mark.parametrize("value", ["soon", "5 minutes", "m", ""])
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "m", "", {}, [5], True])
 def test_a_keep_alive_that_is_no_duration_is_refused(value):
     with pytest.raises(ValueError, match="keep_alive"):
         keep_alive_seconds(value)
+    with pytest.raises(ValidationError, match="keep_alive"):
+        ChatRequest.model_validate({"model": "m", "keep_alive": value})
+
+
+def test_a_null_keep_alive_is_no_keep_alive():
+    assert "keep_alive" not in ChatRequest.model_validate({"model": "m", "keep_alive": None}).gen_request("m").params
 
 
 def test_options_map_to_the_engines_sampling_and_unknown_ones_are_ignored():

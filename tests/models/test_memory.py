@@ -79,8 +79,13 @@ def test_a_model_that_does_not_fit_is_refused_with_the_figures(smollm2: str, mon
     monkeypatch.setenv(MEMORY_ENV, "512M")
     with pytest.raises(DoesNotFit, match=r"does not fit: weights 0\.09 GiB \+ KV 1\.61 GiB \(98304 cells\)"):
         size(smollm2, EngineConfig(n_ctx=98304, kv_tier_ram_mb=0))
-    cfg, fit = size(smollm2, EngineConfig(n_ctx=4096, max_model_len=1024, kv_tier_ram_mb=0))
+    cfg, fit = size(smollm2, EngineConfig(n_ctx=4096, max_model_len=1024, max_running=2, max_retired=2,
+                                          kv_tier_ram_mb=0))
     assert (fit.window, fit.source, cfg.n_ctx) == (1024, "config", 4096)
+    # a window no KV stream holds is refused here, at start, as the engine would refuse it at its load
+    with pytest.raises(DoesNotFit, match="max_model_len 1024 does not fit a KV stream: .* raise n_ctx to at least "
+                                         "24576"):
+        size(smollm2, EngineConfig(n_ctx=4096, max_model_len=1024, kv_tier_ram_mb=0))
 
 
 def test_models_loaded_before_count_against_the_next(smollm2: str, monkeypatch: pytest.MonkeyPatch) -> None:

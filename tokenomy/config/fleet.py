@@ -20,7 +20,7 @@ def keep_alive_seconds(value: KeepAlive) -> float | None:
     """Seconds an idle model stays loaded for an Ollama keep_alive: a number of seconds or a Go duration ("5m",
     "1h30m", "250ms"); 0: unload once idle; any negative value: keep loaded (None). ValueError naming the value
     for anything else."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"keep_alive {value!r} is not a duration")
     if isinstance(value, (int, float)):
         return None if value < 0 else float(value)

@@ -108,7 +108,8 @@ class _Generating(_OllamaBody):
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive(cls, v: str | int | float | None) -> str | int | float | None:
-        keep_alive_seconds(v)
+        if v is not None:
+            keep_alive_seconds(v)
         return v
 
     def response_format(self) -> dict[str, Any] | None:
@@ -251,7 +252,8 @@ class EmbedRequest(_OllamaBody):
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive(cls, v: str | int | float | None) -> str | int | float | None:
-        keep_alive_seconds(v)
+        if v is not None:
+            keep_alive_seconds(v)
         return v
 
     def gen_request(self, model: str, api: str = "ollama.embed") -> GenRequest:

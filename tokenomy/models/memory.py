@@ -216,6 +216,11 @@ def size(path: str, cfg: EngineConfig, *, committed: int = 0, draft_path: str | 
         return Fit(window, source, shape.context_length, cells, weights, kv, tier, available, where, on_gpu)
 
     trained = shape.context_length
+    if cfg.max_model_len is not None and trained is not None:
+        try:        # what the engine checks once llama.cpp gave it the cells: said at start, not at the first load
+            cfg.window(cfg.kv_cells if cfg.kv_unified else cfg.stream_cells, trained)
+        except ValueError as e:
+            raise DoesNotFit(f"{Path(path).name}: {e}") from None
     if cfg.n_ctx is not None or cfg.max_model_len is not None or trained is None:
         cells = cfg.kv_cells
         window = cfg.max_model_len or min(cells if cfg.kv_unified else cells // cfg.n_seqs, trained or cells)
