@@ -6,8 +6,8 @@
 `--models` models, copies of the packaged SmolLM2-135M and Gemma-3-270M under their own names (alternating: the
 Gemma copies load slower), are asked for in a Zipf-skewed trace (popularity 1/rank^zipf, the ranks shuffled by the
 seed), `--requests` chat completions of at most 8 tokens, streamed, from `--concurrency` clients in a closed loop.
-Each policy gets a fresh `tokenomy serve` with the same models, the same trace and keep_alive -1 (only eviction
-unloads):
+Each policy gets a fresh `tokenomy serve` with the same models, the same trace and keep_alive 1h (longer than a run:
+only eviction unloads; -1 would forbid eviction):
 
 - cost: `fleet.eviction: cost` within a memory limit that holds the `--fits` largest models (fleet.memory_limit_gb);
 - lru: `fleet.eviction: lru` and `fleet.max_loaded: --fits` within the same limit (llama.cpp router's
@@ -52,7 +52,7 @@ PROMPTS = ("Say hi.", "Name a colour.", "Count to three.", "Name a fruit.", "Say
 
 
 def models(n: int) -> list[dict[str, Any]]:
-    return [{"name": f"m{i}", "gguf": GGUFS[i % 2], "engine": ENGINE, "preload": False, "keep_alive": -1}
+    return [{"name": f"m{i}", "gguf": GGUFS[i % 2], "engine": ENGINE, "preload": False, "keep_alive": "1h"}
             for i in range(n)]
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from servers import free_port, wait_up  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE = {"n_ctx": 8192, "max_model_len": 2048, "max_running": 2, "max_retired": 4, "max_batch_tokens": 512,
+ENGINE = {"n_ctx": 12288, "max_model_len": 2048, "max_running": 2, "max_retired": 4, "max_batch_tokens": 512,
           "kv_tier_ram_mb": 256}
 NEXT = "In one sentence, what is it about?"
 

@@ -70,6 +70,16 @@ def test_bad_items_are_a_400_naming_the_item():
     assert refused(input=[{"type": "reasoning", "summary": []}]).param == "input"   # nothing left to answer
 
 
+def test_a_tool_output_must_answer_a_call_made_before_it():
+    output = {"type": "function_call_output", "call_id": "call_9", "output": "x"}
+    e = refused(input=[{"role": "user", "content": "Hi"}, output])
+    assert e.param == "input" and "No tool call found for function call output with call_id call_9" in e.message
+    call = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    g = body(input=[output]).gen_request([{"role": "user", "content": "Hi"}, call])   # the call in the history
+    assert g.messages[-1] == {"role": "tool", "tool_call_id": "call_9", "content": "x"}
+
+
 def test_function_and_custom_tools_are_honoured_codex_tools_ignored_hosted_tools_refused():
     codex = [WEATHER, {"type": "web_search", "external_web_access": False}, {"type": "local_shell"},
              {"type": "custom", "name": "apply_patch", "description": "d",

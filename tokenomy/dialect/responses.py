@@ -124,6 +124,7 @@ class ResponsesRequest(_ResponsesBody):
         messages += list(history or []) + self.input_messages()
         if not any(m["role"] != "system" for m in messages):
             raise _bad("input must hold at least one message or item", "input")
+        _check_outputs_answer_calls(messages)
         tools = self.chat_tools()
         params: dict[str, Any] = {k: v for k, v in (("max_tokens", self.max_output_tokens),
                                                      ("temperature", self.temperature), ("top_p", self.top_p),
@@ -341,6 +342,15 @@ def _content(content: Any, where: str) -> str:
             raise _bad(f"{at}.text must be a string", f"{at}.text")
         texts.append(text)
     return "".join(texts)
+
+
+def _check_outputs_answer_calls(messages: list[dict[str, Any]]) -> None:
+    """A tool output must answer a call made before it (in the history or this input): OpenAI's 400 otherwise."""
+    called: set[str] = set()
+    for m in messages:
+        called.update(c.get("id") for c in m.get("tool_calls") or [])
+        if m["role"] == "tool" and m.get("tool_call_id") not in called:
+            raise _bad(f"No tool call found for function call output with call_id {m.get('tool_call_id')}.", "input")
 
 
 def _output(output: Any, where: str) -> str:
