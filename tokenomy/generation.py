@@ -98,6 +98,7 @@ class Usage:
     #                              cache_creation_input_tokens); part of prompt_tokens, apart from cached_tokens
     counted: bool = False        # True when we counted because the upstream sent no usage
     queue_s: float = 0.0
+    load_s: float = 0.0          # seconds the request waited for its model to load (backends/fleet.py), before queue_s
     ttft_s: float | None = None
     e2e_s: float = 0.0
     mean_logprob: float | None = None

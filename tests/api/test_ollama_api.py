@@ -40,9 +40,9 @@ def assert_final(r: ollama.ChatResponse | ollama.GenerateResponse, max_tokens: i
     assert r.done is True and r.created_at
     assert r.prompt_eval_count and r.prompt_eval_count > 0
     assert_chat_end(r.done_reason, r.eval_count or 0, max_tokens)
-    assert r.total_duration and r.total_duration > 0 and r.load_duration == 0
+    assert r.total_duration and r.total_duration > 0 and r.load_duration is not None and r.load_duration >= 0
     assert r.prompt_eval_duration is not None and r.eval_duration is not None
-    assert r.prompt_eval_duration + r.eval_duration <= r.total_duration
+    assert r.load_duration + r.prompt_eval_duration + r.eval_duration <= r.total_duration
 
 
 # ---- generation ----------------------------------------------------------------------------------------------
@@ -111,6 +111,8 @@ def test_keep_alive_zero_unloads_and_the_next_request_loads_again():
         assert expires(c, MODEL + ":latest") is None
         r = c.chat(model=MODEL, messages=HELLO, options=GREEDY, keep_alive="1h", stream=False)
         assert r.done and r.eval_count and r.eval_count > 0
+        assert r.load_duration > 0              # it waited for the load, and says so
+        assert_final(r, 12)
         assert expires(c, MODEL + ":latest") > datetime.now(UTC) + timedelta(minutes=59)
         r = c.generate(model=MODEL, prompt="Hi", options=GREEDY, keep_alive=0)      # answered, then unloaded
         assert r.done and r.eval_count and r.eval_count > 0

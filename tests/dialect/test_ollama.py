@@ -114,5 +114,8 @@ def test_a_stream_is_text_lines_then_one_done_line_with_the_calls_and_measured_d
     assert last["total_duration"] > 0 and last["load_duration"] == 0
     cut = LineWriter(ctx, "m", chat=False).chunks(Delta(text="a", finish_reason="length", usage=usage))
     assert json.loads(cut[-1])["done_reason"] == "length" and json.loads(cut[0])["response"] == "a"
+    usage.load_s = 0.25                 # the request waited for its model's load (backends/fleet.py)
+    loaded = LineWriter(ctx, "m", chat=False).chunks(Delta(text="a", finish_reason="stop", usage=usage))
+    assert json.loads(loaded[-1])["load_duration"] == pytest.approx(0.25 * NS, rel=1e-6)
     failed = LineWriter(ctx, "m", chat=False).chunks(Delta(error="engine died"))
     assert json.loads(failed[0]) == {"error": "engine died"}

@@ -140,9 +140,13 @@ class FleetModel:
     # ---- the Backend protocol ------------------------------------------------------------------------------
     async def stream(self, req: GenRequest) -> AsyncIterator[Delta]:
         """The loaded engine's answer (loading it first); FleetFull (503) when it cannot be loaded in time."""
+        t0, loaded = time.perf_counter(), self.state == "loaded"
         backend = await self.fleet.acquire(self)
+        waited = 0.0 if loaded else time.perf_counter() - t0
         try:
             async for d in backend.stream(req):
+                if waited and d.usage is not None:
+                    d.usage.load_s = waited
                 yield d
         finally:
             self.fleet.release(self, req.params.get("keep_alive"))

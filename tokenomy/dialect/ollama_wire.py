@@ -48,9 +48,9 @@ def durations(ctx: RequestContext, usage: Usage | None) -> dict[str, int]:
     ttft = u.ttft_s if u.ttft_s is not None else u.e2e_s
     prompt_s = max(ttft - u.queue_s, 0.0)
     eval_s = max(u.e2e_s - ttft, 0.0)
-    return {"total_duration": int(total * NS), "load_duration": 0, "prompt_eval_count": u.prompt_tokens,
-            "prompt_eval_duration": int(prompt_s * NS), "eval_count": u.completion_tokens,
-            "eval_duration": int(eval_s * NS)}
+    return {"total_duration": int(total * NS), "load_duration": int(u.load_s * NS),
+            "prompt_eval_count": u.prompt_tokens, "prompt_eval_duration": int(prompt_s * NS),
+            "eval_count": u.completion_tokens, "eval_duration": int(eval_s * NS)}
 
 
 def tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
