@@ -107,3 +107,37 @@ def test_a_reload_swaps_the_budgets_limits_and_keeps_their_spend_and_the_rate_wi
             await gw.close()
 
         asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_model_added_while_serving_is_routed_kept_by_a_reload_and_removed(tmp_path: Path) -> None:
+    """Gateway.add_model (what an Ollama pull does): the model is served and loads on its first request, a reload of
+    the unchanged file keeps it, and remove_model stops serving it."""
+    from tokenomy.config import EmbeddedModelSpec
+
+    path = tmp_path / "tokenomy.yaml"
+    with StubServer(Stub()) as stub:
+        write(path, stub.port, [], store_prompts=False, routes=["a"])
+        gw = Gateway(load_config(str(path)), str(path))
+
+        async def scenario() -> None:
+            try:
+                gw.add_model(EmbeddedModelSpec(name="pulled", gguf="smollm2-135m-instruct", preload=False,
+                                               engine={"n_ctx": 2048, "max_model_len": 512, "max_running": 2,
+                                                       "max_retired": 2, "kv_tier_ram_mb": 0}))
+                assert "pulled" in gw.model_names() and gw.fleet is not None
+                assert gw.fleet.models["pulled"].state == "available"
+                ctx = await gw.handle(request("", "pulled"))
+                assert ctx.status == 200 and ctx.model == "pulled" and ctx.usage.completion_tokens >= 1
+                assert gw.fleet.models["pulled"].state == "loaded"
+                assert gw.reload()["reloaded"] and "pulled" in gw.model_names()   # the file did not change
+                assert await gw.remove_model("pulled") and "pulled" not in gw.model_names()
+                assert "pulled" not in {m["name"] for m in gw.fleet.ps()["models"]}
+                with pytest.raises(APIError) as e:
+                    await gw.handle(request("", "pulled"))
+                assert e.value.status == 404
+                assert not await gw.remove_model("a")          # a configured model stays
+            finally:
+                await gw.close()
+
+        asyncio.run(scenario())

@@ -223,7 +223,8 @@ def build_parts(config: Config, gateway: Gateway, before: Parts | None = None, *
     record = Record(run.metrics, sinks=[admit.on_record, meter, run.reserve.on_record], durable=durable,
                     tracer=run.tracer, otel=run.otel_metrics)
     if before is not None:
-        context, route = before.context.with_routes(routes), before.route.with_routes(routes)
+        context = before.context.with_routes(routes)
+        route = before.route.with_routes(routes, [m.name for m in config.models])
     else:
         context = Context(gateway.count_tokens, routes, summarize=gateway.summarize, input_price=gateway.input_price,
                           window=gateway.window,
@@ -478,6 +479,7 @@ class Gateway:
         self.worker = worker
         self.config_path = config_path
         self.cli_models = models or []      # named on the command line: a reload keeps them
+        self.added: list[EmbeddedModelSpec] = []    # added while serving (add_model): a reload keeps them too
         self.keys_poll_s = KEYS_POLL_S
         self._keys_lock = threading.Lock()      # one swap of the keyring at a time, never to an older version
         self._keys_watch: asyncio.Task[None] | None = None
@@ -702,6 +704,8 @@ class Gateway:
             new = load_config(self.config_path, self.cli_models)
         except ConfigError as e:
             raise APIError(400, str(e), code="invalid_config") from e
+        new = new.model_copy(update={"models": [*new.models, *(a for a in self.added
+                                                               if a.name not in {m.name for m in new.models})]})
         if [m.model_dump() for m in new.models] != [m.model_dump() for m in self.config.models]:
             raise APIError(400, "models changed: restart tokenomy to load them.", code="restart_needed")
         with self._keys_lock:
@@ -714,6 +718,50 @@ class Gateway:
                 c.cooldown_s
             self.parts = parts
         return {"reloaded": True, "keys": len(new.keys), "routes": sorted(new.routes)}
+
+    def add_model(self, spec: EmbeddedModelSpec) -> None:
+        """Serve `spec` from now on (a model pulled through the Ollama API): made available in the fleet, loaded on
+        its first request, listed everywhere the configured models are, and kept by a reload. APIError 400 without
+        a fleet (server.workers > 1) or when memory cannot hold it at all."""
+        fleet = self.fleet
+        if fleet is None:
+            raise APIError(400, f"tokenomy runs {self.config.server.workers} API workers, each with its own engines: "
+                           f"add model {spec.name!r} to the config and restart", code="restart_needed")
+        with self._keys_lock:
+            if spec.name in self.model_names():
+                return
+            config = self.config.model_copy(update={"models": [*self.config.models, spec]})
+            try:
+                backend = fleet_member(spec, config, fleet, self.parts.running.fits, None)
+            except DoesNotFit as e:
+                raise APIError(400, str(e), param="model", code="model_too_large") from None
+            assert backend is not None
+            self.registry.add(backend)
+            self.added.append(spec)
+            parts = build_parts(config, self, self.parts, stored=self.parts.stored)
+            parts.running.metrics.names = model_names(config, parts.running.packaged_embedders)
+            self.parts = parts
+        log.info("serving %s (%s) from now on: available, loaded on its first request", spec.name, spec.gguf)
+
+    async def remove_model(self, name: str) -> bool:
+        """Stop serving `name` if it was added while serving (add_model): no longer listed or routed to, its engine
+        ended now or when its running requests end. False for any other name (a configured model needs its config
+        entry removed and a restart)."""
+        spec = next((a for a in self.added if a.name == name), None)
+        if spec is None:
+            return False
+        with self._keys_lock:
+            self.added.remove(spec)
+            config = self.config.model_copy(update={"models": [m for m in self.config.models if m.name != name]})
+            self.registry.remove(name)
+            self.parts.running.fits.pop(name, None)
+            parts = build_parts(config, self, self.parts, stored=self.parts.stored)
+            parts.running.metrics.names = model_names(config, parts.running.packaged_embedders)
+            self.parts = parts
+        if self.fleet is not None:
+            await self.fleet.remove(name)
+        log.info("no longer serving %s", name)
+        return True
 
     def _set_limits(self, parts: Parts) -> None:
         lim = parts.config.limits

@@ -74,7 +74,13 @@ def test_pull_downloads_a_hub_model_with_ollamas_status_lines(served, hub_home):
     assert progress[-1].completed == size
     cached = list(Path(hub_home).rglob(GGUF))
     assert cached and cached[0].stat().st_size == size        # in the hub cache, as `tokenomy pull` leaves it
-    assert client.pull(f"hf.co/{REPO}:Q4_1").status == "success"        # cached: no second download
+    pulled = f"hf.co/{REPO}:Q4_1"                             # served from now on, loaded on its first request
+    assert pulled in {m.model for m in client.list().models}
+    r = client.chat(model=pulled, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2},
+                    stream=False)
+    assert r.done and r.eval_count and r.load_duration > 0
+    assert pulled in {m.model for m in client.ps().models}
+    assert client.pull(pulled).status == "success"            # served already: no second download
     assert client.pull(MODEL + ":latest").status == "success"        # served already
     with pytest.raises(ollama.ResponseError) as e:
         client.pull(f"hf.co/{REPO}:Q8_0")
@@ -89,8 +95,12 @@ def test_delete_removes_a_pulled_model_from_the_hub_cache_and_never_a_served_one
     assert client.pull(f"hf.co/{REPO}:Q4_1").status == "success"
     blob = next(Path(hub_home).rglob(GGUF)).resolve()       # the snapshot's link -> blobs/ETAG
     assert blob.exists() and blob.name != GGUF
-    assert client.delete(f"hf.co/{REPO}:Q4_1").status == "success"
+    assert client.delete(f"hf.co/{REPO}:Q4_1").status == "success"      # served no longer, and gone
     assert not list(Path(hub_home).rglob(GGUF)) and not blob.exists()
+    assert f"hf.co/{REPO}:Q4_1" not in {m.model for m in client.list().models}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model=f"hf.co/{REPO}:Q4_1", messages=[{"role": "user", "content": "Hi"}])
+    assert e.value.status_code == 404
     with pytest.raises(ollama.ResponseError) as e:
         client.delete(f"hf.co/{REPO}:Q4_1")
     assert e.value.status_code == 404

@@ -40,6 +40,7 @@ from tokenomy.api import run as serve
 from tokenomy.api.body import parse_recorded, read_json
 from tokenomy.backends.embedded import EmbeddedBackend
 from tokenomy.backends.fleet import FleetFull, FleetModel
+from tokenomy.config import EmbeddedModelSpec
 from tokenomy.dialect.ollama import (
     LATEST,
     ChatRequest,
@@ -375,8 +376,9 @@ async def pull(request: Request) -> Response:
     (the repo's files, which file the name means), each file (the bytes written so far every PROGRESS_S, of the
     size the hub declares; its size when done), success. A client that leaves stops the lines, not the download
     (a thread that finishes into the cache, where the next pull finds it). A name the gateway
-    serves already is a success at once. Serving a pulled model takes a config entry and a restart until the
-    fleet loads models on demand."""
+    serves already is a success at once. A pulled model is served from then on under the name pulled (Gateway.
+    add_model: the fleet loads it on its first request), until it is deleted or tokenomy stops; to keep it across
+    restarts, give it a config entry."""
     gateway = _gateway(request)
     body = await _parse(gateway, request, PullRequest, admin=True)
     assert isinstance(body, PullRequest)
@@ -414,6 +416,14 @@ async def pull(request: Request) -> Response:
         if parts:
             yield {"status": "verifying sha256 digest"}
             yield {"status": "writing manifest"}
+        if not served:                  # served from now on, as Ollama serves what it pulled
+            assert ref_text is not None
+            spec = EmbeddedModelSpec(name=body.model.removesuffix(LATEST), gguf=ref_text, preload=False)
+            try:
+                await asyncio.to_thread(gateway.add_model, spec)
+            except APIError as e:
+                yield {"error": f"pulled into the hub cache, but not served: {e.message}"}
+                return
         yield {"status": "success"}
 
     if not body.stream:
@@ -423,6 +433,8 @@ async def pull(request: Request) -> Response:
                 last = status
         except Exception as e:      # a download that failed: the hub's error, in Ollama's shape
             raise APIError(502, f"pull failed: {e}") from e
+        if "error" in last:
+            raise APIError(400, last["error"], param="model")
         return JSONResponse(last)
 
     async def lines() -> AsyncIterator[bytes]:
@@ -436,11 +448,13 @@ async def pull(request: Request) -> Response:
 
 
 async def delete(request: Request) -> Response:
-    """Delete a pulled hub model from the hub cache; a model the gateway serves (by its name, or a hub name whose
-    file it serves) is refused with a 400: its file stays until it is no longer served."""
+    """Delete a pulled hub model from the hub cache, serving it no longer if it was pulled here (Ollama's delete);
+    a model the config serves (by its name, or a hub name whose file it serves) is refused with a 400: its file
+    stays until it is no longer served."""
     gateway = _gateway(request)
     body = await _parse(gateway, request, DeleteRequest, admin=True)
     assert isinstance(body, DeleteRequest)
+    await gateway.remove_model(served_name(gateway, body.model))
     if served_name(gateway, body.model) in gateway.model_names():
         raise APIError(400, f'model "{body.model}" is served by this gateway: remove it from the config (or the '
                        "serve command) and restart tokenomy; its file stays where it is", param="model")

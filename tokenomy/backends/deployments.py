@@ -25,6 +25,11 @@ class Registry:
         self.backends[backend.name] = backend
         self.health[backend.name] = Health()
 
+    def remove(self, name: str) -> Backend | None:
+        """Stop routing to `name` (its backend returned, for the caller to close)."""
+        self.health.pop(name, None)
+        return self.backends.pop(name, None)
+
     def get(self, name: str) -> Backend:
         return self.backends[name]
 

@@ -85,6 +85,7 @@ class FleetModel:
         self.last_used = 0.0                    # monotonic time its last request ended (or it loaded)
         self.keep_for: float | None = 0.0       # the keep_alive its last request left (None: keep)
         self.unload_when_idle: str | None = None   # an unload asked while a request ran: why
+        self.removed = False                    # no longer served (Fleet.remove): left out of the ps view
         self.recent: deque[float] = deque()     # arrival times within fleet.rate_window_s
         self.error: str | None = None           # why the last load failed
         self.adopted_prefixes = 0               # saved prefixes its last load took back from the one before
@@ -270,7 +271,7 @@ class Fleet:
         now = time.monotonic()
         return {"memory_limit_bytes": self.placement.limit_bytes, "memory_limit_source": self.placement.source,
                 "memory_held_bytes": self.held_bytes(),
-                "models": [m.describe(now) for m in self.models.values()]}
+                "models": [m.describe(now) for m in self.models.values() if not m.removed]}
 
     # ---- acquire and release, per request ---------------------------------------------------------------------
     async def acquire(self, m: FleetModel) -> EmbeddedBackend:
@@ -486,6 +487,16 @@ class Fleet:
         log.info("fleet: unloaded %s (why: %s); %.2f of %.2f GiB held", m.name, why, self.held_bytes() / GIB,
                  self.placement.limit_bytes / GIB)
         return "unloaded"
+
+    async def remove(self, name: str) -> None:
+        """Make `name` unavailable (no longer in the ps view): unloaded now, or when its running requests end (they
+        finish on it); the caller stops routing to it first."""
+        m = self.models.get(name)
+        if m is None:
+            return
+        m.removed = True
+        if await self.unload(name, "removed") != "deferred":
+            del self.models[name]
 
     # ---- a conversation survives a swap: the KV tier's saved prefixes wait on disk for the next load ------------
     def _prefix_dir(self, m: FleetModel) -> Path | None:

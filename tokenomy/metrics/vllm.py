@@ -184,6 +184,13 @@ class VllmMetrics:
         # costs no label lookups
         self._bound = {name: self._bind(name) for name in self.models}
 
+    def _of(self, model: str) -> dict[str, Any]:
+        """`model`'s bound series; bound now for a model added while serving (Gateway.add_model)."""
+        b = self._bound.get(model)
+        if b is None:
+            b = self._bound[model] = self._bind(model)
+        return b
+
     def _bind(self, model: str) -> dict[str, Any]:
         lv = (model, ENGINE)
         bound: dict[str, Any] = {attr: getattr(self, attr).labels(*lv) for attr in (
@@ -198,7 +205,7 @@ class VllmMetrics:
     def step(self, model: str, n_tokens: int, preempted: int, queried: int, hit: int,
              spec: tuple[int, int, int]) -> None:
         """One engine step of `model`: tokens it decoded, and what the engine's counters grew by since the last."""
-        b = self._bound[model]
+        b = self._of(model)
         b["iteration_tokens"].observe(n_tokens)
         for counter, n in ((b["preemptions"], preempted), (b["prefix_queries"], queried), (b["prefix_hits"], hit),
                            *zip(b["spec"], spec, strict=True)):
@@ -207,14 +214,14 @@ class VllmMetrics:
 
     def tokens(self, model: str, prompt: int, generation: int) -> None:
         """Tokens of a part of an answer `model` wrote (token-level routing), counted without the request."""
-        b = self._bound[model]
+        b = self._of(model)
         b["prompt_tokens"].inc(prompt)
         b["generation_tokens"].inc(generation)
 
     def request(self, model: str, usage: Any, reason: str | None, tpot: float | None = None, gaps: int = 0) -> None:
         """A request the engine of `model` finished (its usage, generation.Usage, and finish_reason); `tpot`, when
         known, is its mean time per token after the first over its `gaps` gaps between tokens."""
-        b, u = self._bound[model], usage
+        b, u = self._of(model), usage
         b["prompt_tokens"].inc(u.prompt_tokens)
         b["generation_tokens"].inc(u.completion_tokens)
         b["success"][finished_reason(reason)].inc()

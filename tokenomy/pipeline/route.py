@@ -60,11 +60,14 @@ class Route:
         self._classifiers: dict[str, Any] = {}
         self._token_routers: dict[str, tuple[RouteSpec, TokenRouter]] = {}
 
-    def with_routes(self, routes: dict[str, RouteSpec]) -> Route:
-        """This stage over other routes (a config reload): a new stage sharing this one's classifiers and token
-        routers (a token router is rebuilt when its route's spec changed)."""
+    def with_routes(self, routes: dict[str, RouteSpec], models: list[str] | None = None) -> Route:
+        """This stage over other routes (a config reload) and, when given, other models (one added while serving):
+        a new stage sharing this one's classifiers and token routers (a token router is rebuilt when its route's
+        spec changed)."""
         other = copy.copy(self)
         other.routes = routes
+        if models is not None:
+            other.models = models
         return other
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> None:
