@@ -16,6 +16,7 @@ import websockets.sync.client
 
 from tests.conftest import NO_CACHE, SMALL_ENGINE, live_server
 from tests.helpers.answers import assert_response_end
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
@@ -76,6 +77,11 @@ def test_several_turns_continue_from_the_sockets_memory_without_a_store(keyed):
         assert last.usage.input_tokens_details.cached_tokens >= done.usage.input_tokens - 1
         third = turn(conn, input="One more.", max_output_tokens=4, store=False, previous_response_id=last.id)
         assert third[-1].type in ENDS[:2]
+        # the chain's model is held loaded in the fleet while the socket is open: never evicted, no keep_alive
+        held = keyed.gateway.fleet.models[MODEL]
+        assert held.holds == 1 and not held.evictable()
+        assert next(m for m in keyed.gateway.fleet.ps()["models"] if m["name"] == MODEL)["held"] == 1
+    wait_until(lambda: held.holds == 0, what="the closed socket to let its model go")
     assert len(rows(keyed, "a")) == before + 3                  # one ledger row per turn
     with pytest.raises(openai.NotFoundError):                    # store: false wrote nothing
         client_for(keyed).responses.retrieve(done.id)

@@ -16,10 +16,12 @@ in memory nor stored is an `error` event, `previous_response_not_found`, status 
 a state the client never saw succeed. Closing the socket drops its memory and stops a turn in flight; after a
 reconnect only stored responses can be continued (OpenAI's reconnect semantics).
 
-Keeping the chain's KV warm: each turn's prompt is the last turn's prompt and answer plus the new input, so the
-engine's prefix cache matches it, and a retired prefix matched for 128 tokens or more is *protected* (evicted
+Keeping the chain's KV warm: the model the chain's last turn ran on is held loaded in the fleet while the socket is
+open (Fleet.hold: neither evicted for another model nor unloaded by its keep_alive; placement still counts it), so
+the chain's KV stays in that engine. Each turn's prompt is the last turn's prompt and answer plus the new input, so
+the engine's prefix cache matches it, and a retired prefix matched for 128 tokens or more is *protected* (evicted
 after unprotected ones; tokenomy/engine/kv/prefix_cache.py); an evicted one goes to the RAM KV tier and is restored
-from there. The engine has no pin: nothing holds the socket's KV resident against memory pressure.
+from there. Within the engine nothing pins the chain's KV against other traffic's.
 """
 
 from __future__ import annotations
@@ -68,6 +70,16 @@ class Socket:
     last: Chain | None = None
     turns: int = 0
     opened: float = field(default_factory=time.time)
+    held: str | None = None     # the fleet model its chain's last turn ran on, held loaded while the socket is open
+
+    def hold(self, gateway: Any, model: str | None) -> None:
+        """Hold `model` in the gateway's fleet for this socket (and let go of the one held before)."""
+        fleet = gateway.fleet
+        if fleet is None or model == self.held:
+            return
+        if self.held is not None:
+            fleet.unhold(self.held)
+        self.held = model if model is not None and fleet.hold(model) else None
 
     def evict(self, response_id: str | None) -> None:
         if response_id is not None and self.last is not None and self.last.response_id == response_id:
@@ -130,6 +142,7 @@ async def responses_socket(websocket: WebSocket) -> None:
     finally:        # the client left: a turn in flight is cancelled, which closes its deltas and stops the engine
         worker.cancel()
         await asyncio.gather(worker, return_exceptions=True)
+        socket.hold(gateway, None)
 
 
 async def _deny(websocket: WebSocket, err: APIError) -> None:
@@ -197,6 +210,7 @@ async def _turn(websocket: WebSocket, socket: Socket, text: str) -> list[str]:
     obj = events.body()
     conversation = history + body.input_messages() + [assistant_message(events.text, events.tool_calls)]
     socket.last = Chain(obj["id"], conversation)
+    socket.hold(gateway, ctx.model)
     if store is not None:
         stored = StoredResponse(id=obj["id"], ts=time.time(), tenant=tenant, key_id=key_id or None,
                                 request_id=ctx.request_id, conversation=conversation,

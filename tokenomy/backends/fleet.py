@@ -86,6 +86,7 @@ class FleetModel:
         self.keep_for: float | None = 0.0       # the keep_alive its last request left (None: keep)
         self.unload_when_idle: str | None = None   # an unload asked while a request ran: why
         self.removed = False                    # no longer served (Fleet.remove): left out of the ps view
+        self.holds = 0                          # open Responses WebSockets whose chain it serves (Fleet.hold)
         self.recent: deque[float] = deque()     # arrival times within fleet.rate_window_s
         self.error: str | None = None           # why the last load failed
         self.adopted_prefixes = 0               # saved prefixes its last load took back from the one before
@@ -124,14 +125,15 @@ class FleetModel:
         return max(self.last_used + self.keep_for - now, 0.0)
 
     def evictable(self) -> bool:
-        return self.state == "loaded" and self.active == 0 and not self.spec.pin and self.keep_for is not None
+        return self.state == "loaded" and self.active == 0 and self.holds == 0 and not self.spec.pin \
+            and self.keep_for is not None
 
     def describe(self, now: float) -> dict[str, Any]:
         """Its line of the ps view (/health, the dashboard, `tokenomy ps`)."""
         return {"name": self.name, "state": self.state, "context_window": self.fit.window,
                 "memory_bytes": self.memory_bytes, "start_bytes": self.start_bytes, "rss_bytes": self.rss_bytes,
                 "running": self.active,
-                "waiting": self.waiting, "idle_s": round(now - self.last_used, 1)
+                "waiting": self.waiting, "held": self.holds, "idle_s": round(now - self.last_used, 1)
                 if self.state == "loaded" and not self.active else 0.0,
                 "keep_alive_left_s": self.keep_alive_left(now), "pinned": self.spec.pin, "loads": self.loads,
                 "evictions": self.evictions, "load_s": self.load_s, "load_s_total": round(self.load_s_total, 3),
@@ -226,7 +228,7 @@ class Fleet:
         """On the running loop: finish the preloads in the background (requests for them wait as for any load), and
         start the keep_alive of the models loaded already."""
         for m in self.models.values():
-            if m.state == "loaded" and m.keep_for is not None and not m.active:
+            if m.state == "loaded" and m.keep_for is not None and not m.active and not m.holds:
                 self._arm(m)
         for name in list(self._preloading):
             m = self.models[name]
@@ -240,7 +242,7 @@ class Fleet:
         finally:
             m._loading = None
         assert m.backend is not None
-        if m.keep_for is not None and not m.active:
+        if m.keep_for is not None and not m.active and not m.holds:
             self._arm(m)
         return m.backend
 
@@ -312,7 +314,30 @@ class Fleet:
         if m.unload_when_idle is not None:
             why, m.unload_when_idle = m.unload_when_idle, None
             asyncio.ensure_future(self.unload(m.name, why))
-        elif m.keep_for is not None:
+        elif m.keep_for is not None and not m.holds:
+            self._arm(m)
+
+    def hold(self, name: str) -> bool:
+        """Keep `name` loaded while a client holds it (a Responses WebSocket whose chain it serves, so that the
+        chain's KV stays in its engine): neither evicted nor unloaded by its keep_alive until unhold(); placement
+        still counts it. False when `name` is no loaded fleet model (nothing held)."""
+        m = self.models.get(name)
+        if m is None or m.state != "loaded":
+            return False
+        m.holds += 1
+        if m._timer is not None:
+            m._timer.cancel()
+            m._timer = None
+        return True
+
+    def unhold(self, name: str) -> None:
+        """One hold of `name` ended: its keep_alive counts from now once nothing holds or runs on it."""
+        m = self.models.get(name)
+        if m is None or m.holds == 0:
+            return
+        m.holds -= 1
+        m.last_used = time.monotonic()
+        if not m.holds and not m.active and m.keep_for is not None and m.state == "loaded":
             self._arm(m)
 
     def _keep(self, m: FleetModel, asked: Any) -> float | None:
@@ -342,7 +367,7 @@ class Fleet:
         if m._loading is None:
             m._loading = asyncio.ensure_future(self._load(m, why))
         await asyncio.shield(m._loading)
-        if m.state == "loaded" and m.keep_for is not None and not m.active:
+        if m.state == "loaded" and m.keep_for is not None and not m.active and not m.holds:
             self._arm(m)
         return m
 
@@ -359,7 +384,7 @@ class Fleet:
         if m._timer is not None:
             m._timer.cancel()
             m._timer = None
-        if m.keep_for is not None and not m.active:
+        if m.keep_for is not None and not m.active and not m.holds:
             self._arm(m)
         return "loaded"
 
