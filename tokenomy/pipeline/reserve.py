@@ -124,7 +124,9 @@ class Reserve:
             tokens = sum(len(x) if isinstance(x, list) else len(str(x).encode()) + 2 for x in gen.inputs or [])
             return float(tokens), self._usd(ctx, model, tokens, 0)
         prompt = self.prompt_bound(ctx, model)
-        out = gen.params.get("max_tokens") or self.default_max_tokens.get(model)
+        out = gen.params.get("max_tokens")
+        if out is None:
+            out = self.default_max_tokens.get(model)
         if out is None:
             window = self.window(model)
             if window is not None:
