@@ -55,6 +55,9 @@ class GenRequest:
     #                                                     session-affinity header)
     stream: bool = True     # False: the caller only wants the whole answer, which a backend may deliver in one piece
     token_routing: TokenRouting | None = field(default=None, repr=False)   # set by token-level routing only
+    # keep the conversation's KV (prompt and answer) pinned in an embedded engine this long after the answer, for
+    # its next turn (the Responses WebSocket sets it; SamplingParams.pin_s); other backends ignore it
+    pin_s: float = 0.0
     # A backend's count_tokens leaves its work here: (backend name, kind, messages, tools, prompt, token ids).
     # Generating on the same backend from the very same inputs (identical objects, as dataclasses.replace keeps
     # them) reuses the ids instead of rendering the template and tokenizing a second time; any new messages,

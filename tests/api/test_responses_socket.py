@@ -87,6 +87,20 @@ def test_several_turns_continue_from_the_sockets_memory_without_a_store(keyed):
         client_for(keyed).responses.retrieve(done.id)
 
 
+def test_the_chains_kv_is_pinned_so_other_traffic_in_between_does_not_evict_it():
+    engine = {**SMALL_ENGINE, "max_running": 2, "max_retired": 1, "kv_tier_ram_mb": 0}   # 3 streams, no RAM tier
+    with live_server({"engine": engine, "cache": NO_CACHE}) as s:
+        client = client_for(s)
+        with client.beta.responses.connect() as conn:
+            done = turn(conn, input="Name a color.", max_output_tokens=8, temperature=0, store=False)[-1].response
+            for word in ("apples", "rivers", "stones", "clouds"):     # more conversations than the free streams
+                client.responses.create(model=MODEL, input=f"Say {word}.", max_output_tokens=2, store=False)
+            last = turn(conn, input="Another.", max_output_tokens=4, temperature=0, store=False,
+                        previous_response_id=done.id)[-1].response
+        # the first turn's prompt and answer were still in the engine: more than its prompt was reused
+        assert last.usage.input_tokens_details.cached_tokens > done.usage.input_tokens
+
+
 def test_an_unknown_previous_response_is_an_error_event_and_the_socket_goes_on(keyed):
     before = len(rows(keyed, "a"))
     with client_for(keyed).beta.responses.connect() as conn:

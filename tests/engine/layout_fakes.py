@@ -62,8 +62,9 @@ def unified(**kw):
     return EngineConfig(kv_unified=True, **kw)
 
 
-def seq(tokens, max_tokens=8):
-    return Sequence(prompt=list(tokens), params=SamplingParams(max_tokens=max_tokens), on_event=lambda e: None)
+def seq(tokens, max_tokens=8, pin_s=0.0):
+    return Sequence(prompt=list(tokens), params=SamplingParams(max_tokens=max_tokens, pin_s=pin_s),
+                    on_event=lambda e: None)
 
 
 def bseq(tokens, max_tokens=8):

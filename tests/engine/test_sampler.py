@@ -94,7 +94,8 @@ def test_reported_logprobs_are_of_the_raw_distribution():
 
 @pytest.mark.parametrize("bad", [dict(temperature=3), dict(top_p=0), dict(top_k=-1), dict(min_p=2),
                                  dict(presence_penalty=3), dict(repetition_penalty=0), dict(top_logprobs=21),
-                                 dict(max_tokens=0), dict(stop=["a", "b", "c", "d", "e"])])
+                                 dict(max_tokens=0), dict(stop=["a", "b", "c", "d", "e"]), dict(pin_s=-1),
+                                 dict(pin_s=3601)])
 def test_out_of_range_settings_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)

@@ -18,10 +18,11 @@ reconnect only stored responses can be continued (OpenAI's reconnect semantics).
 
 Keeping the chain's KV warm: the model the chain's last turn ran on is held loaded in the fleet while the socket is
 open (Fleet.hold: neither evicted for another model nor unloaded by its keep_alive; placement still counts it), so
-the chain's KV stays in that engine. Each turn's prompt is the last turn's prompt and answer plus the new input, so
-the engine's prefix cache matches it, and a retired prefix matched for 128 tokens or more is *protected* (evicted
-after unprotected ones; tokenomy/engine/kv/prefix_cache.py); an evicted one goes to the RAM KV tier and is restored
-from there. Within the engine nothing pins the chain's KV against other traffic's.
+the chain's KV stays in that engine. Each turn asks the engine to keep its prompt's and answer's KV pinned for
+server.socket_pin_s after it ends (GenRequest.pin_s): the next turn's prompt is that plus the new input, so it
+continues in place; other traffic evicts every unpinned cached prefix before a pinned one
+(tokenomy/engine/kv/prefix_cache.py), so the pin never refuses live work, and an evicted one goes to the RAM KV
+tier and is restored from there. A pin lapses on its own after the socket closes.
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ async def _turn(websocket: WebSocket, socket: Socket, text: str) -> list[str]:
         body = _body(event)
         history = await _history(api, socket, body, tenant)
         gen = body.gen_request(history)
+        gen.pin_s = gateway.config.server.socket_pin_s
     except APIError as e:
         gateway.refused(API, e, socket.headers)
         if body is not None:

@@ -56,6 +56,7 @@ def sampling_params(params: dict[str, Any], default_max: int, n_vocab: int,
         signal=routing.signal if routing is not None else None,
         handover_below=routing.handover_below if routing is not None else None,
         handover_after=routing.handover_after if routing is not None else 0,
+        pin_s=req.pin_s if req is not None else 0.0,
     )
 
 

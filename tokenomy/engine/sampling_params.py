@@ -39,6 +39,9 @@ class SamplingParams:
     # the client's predicted output (OpenAI's Predicted Outputs), tokenized: the sequence drafts from it
     # (spec/prediction.py) instead of from its own tokens
     prediction: list[int] | None = None
+    # keep this sequence's KV (prompt and answer) as a cached prefix pinned for pin_s seconds after it ends: evicted
+    # only after every unpinned one, so a pin never refuses live work (a conversation's next turn finds it)
+    pin_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -63,6 +66,8 @@ class SamplingParams:
             raise ValueError(f"signal must be one of {', '.join(SIGNALS)}")
         if self.handover_below is not None and self.signal is None:
             raise ValueError("handover_below needs a signal")
+        if not 0.0 <= self.pin_s <= tuning.PIN_MAX_S:
+            raise ValueError(f"pin_s must be between 0 and {tuning.PIN_MAX_S:g}")
         if len(self.stop) > 4:
             raise ValueError("at most 4 stop sequences are allowed")
 

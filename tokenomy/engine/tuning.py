@@ -20,6 +20,7 @@ STATE_COPY_SHARE = 0.5      # KV streams: a stream holding at most this share of
                             # sequence state, cells in use only (cheaper up to about half)
 STATE_COPY_MAX_BYTES = 256 << 20   # ... and a state no larger than this (the runner keeps a buffer that size)
 FINGERPRINT_TOKENS = 128    # a prompt's identity for "seen before": its first tokens (past any shared template)
+PIN_MAX_S = 3600.0          # the longest a finished sequence's KV may be pinned (SamplingParams.pin_s)
 GHOSTS = 4096               # fingerprints of evicted prefixes remembered
 SINK_TOKENS = 4             # context shift keeps these first tokens' KV (StreamingLLM's attention sinks)
 

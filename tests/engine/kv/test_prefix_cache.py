@@ -52,3 +52,25 @@ def test_lru_retired_slot():
     assert pc.lru_retired() == 1
     pc.release(1)
     assert pc.lru_retired() == 0
+
+
+def test_a_pin_holds_until_its_deadline_and_orders_eviction_before_protection(monkeypatch):
+    import tokenomy.engine.kv.prefix_cache as module
+
+    now = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    pc = PrefixCache()
+    for slot, tokens in enumerate(([1, 2], [3, 4], [5, 6])):
+        pc.extend(slot, tokens)
+    pc.retire(0, pin_until=now[0] + 30)
+    now[0] += 1
+    pc.retire(1, protected=True)
+    now[0] += 1
+    pc.retire(2)
+    assert pc.pinned(0) and not pc.pinned(1)
+    assert [pc.lru_retired(exclude=x) for x in (None, 2)] == [2, 1]       # unprotected, protected, pinned last
+    assert pc.lru_retired(exclude=2, protected=True) == 1
+    now[0] += 60                                                          # the pin lapsed: oldest goes first
+    assert not pc.pinned(0) and pc.lru_retired() == 0
+    pc.release(0)
+    assert 0 not in pc.pins

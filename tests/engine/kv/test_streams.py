@@ -299,3 +299,53 @@ def test_a_shifted_sequence_preempted_and_readmitted_recomputes_what_it_kept():
     plan = step()                                # b comes back: the kept view is recomputed, not the dropped tokens
     assert plan[0][0] is b and b.kv_tokens(0, b.n_kv) == kept[:b.n_kv]
     assert kv.content[b.slot] == b.kv_tokens(0, b.n_kv)
+
+
+def test_a_pinned_prefix_outlives_newer_unpinned_ones_and_keeps_its_answer():
+    s, kv = streams(max_running=2, max_retired=1)          # three streams
+    pinned = seq(range(100, 150), pin_s=60)
+    serve(s, pinned)
+    pinned.output += [7, 8]
+    s.committed(pinned, [7])                               # its first answer token was fed back
+    slot = pinned.slot
+    s.finish(pinned)
+    for b in (200, 300, 400):
+        q = seq(range(b, b + 50))
+        serve(s, q)
+        s.finish(q)
+    held = {tuple(s.layout.prefix.paths[slot][0].tokens[:1]) for slot in s.layout.prefix.paths}
+    assert held == {(100,), (400,)}                        # unpinned 200 and 300 went first, though newer
+    assert s.layout.prefix.match(list(range(100, 150)) + [7, 9]) == (51, slot)   # prompt and answer kept
+    check_kv(s)
+
+
+def test_another_conversation_sharing_only_its_start_copies_a_pinned_prefix_and_its_own_continues_in_place():
+    s, kv = streams(max_running=2, max_retired=3)          # five streams
+    chain = list(range(100, 100 + 2 * MIN_COPY_TOKENS))
+    pinned = seq(chain, pin_s=60)
+    serve(s, pinned)
+    slot = pinned.slot
+    s.finish(pinned)
+    other = seq(chain[:MIN_COPY_TOKENS] + [1, 2, 3])
+    serve(s, other)
+    assert other.slot != slot and other.n_kv >= MIN_COPY_TOKENS          # copied from it, not cut
+    assert s.layout.prefix.match(chain + [5]) == (len(chain), slot)
+    s.finish(other)
+    nxt = seq(chain + [5, 6])
+    serve(s, nxt)
+    assert nxt.slot == slot and nxt.cached_tokens == len(chain)
+    check_kv(s)
+
+
+def test_a_pin_gives_way_when_every_stream_is_pinned_and_one_is_needed():
+    s, kv = streams(max_running=1, max_retired=1)          # two streams
+    for b in (100, 200):
+        q = seq(range(b, b + 50), pin_s=60)
+        serve(s, q)
+        s.finish(q)
+    late = seq(range(300, 350))
+    plan = serve(s, late)
+    assert plan and plan[0][0] is late                     # admitted: a pin never refuses live work
+    held = {tuple(s.layout.prefix.paths[slot][0].tokens[:1]) for slot in s.layout.prefix.retired}
+    assert held == {(200,)}                                # the older pin went
+    check_kv(s)

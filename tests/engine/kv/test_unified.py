@@ -105,3 +105,23 @@ def test_prompts_never_seen_again_stay_under_the_unprotected_cap():
         run_plan(s, s.schedule())
         s.finish(q)
         assert s.layout.retired_cells() <= 250 and not s.layout.prefix.protected
+
+
+def test_a_pinned_prefix_stays_under_the_unprotected_cap_and_goes_only_when_live_work_needs_its_cells():
+    s = Scheduler(unified(max_running=8, max_retired=0, max_batch_tokens=64, max_retired_cells=5), KVLog(),
+                  n_ctx=16)
+    a = seq(range(10, 15), pin_s=60)
+    s.waiting.append(a)
+    run_plan(s, s.schedule())
+    s.finish(a)
+    for base in (20, 30):                          # unpinned prompts fill and overflow the unprotected cap
+        q = seq(range(base, base + 5))
+        s.waiting.append(q)
+        run_plan(s, s.schedule())
+        s.finish(q)
+    assert s.layout.prefix.match(list(range(10, 15)) + [1])[0] == 5          # the pinned one is still there
+    big = seq(range(40, 52))                       # needs 12 of the 16 cells: the pin must go too
+    s.waiting.append(big)
+    plan = s.schedule()
+    assert plan and plan[0][0] is big
+    assert s.layout.prefix.match(list(range(10, 15)) + [1])[0] == 0

@@ -13,6 +13,7 @@ cells are there (`fits`), to place an arrival (`admit`), and tells it what was w
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Protocol
@@ -106,13 +107,16 @@ class KVLayout(ABC):
     def retire(self, seq: Sequence, keep_prefix: bool, keep_output: bool) -> bool:
         """The sequence ended: with `keep_prefix` its prompt's KV (and its answer's with `keep_output` or
         cfg.retire_outputs) stays as a cached prefix, retired as *protected* when the prompt was seen before
-        (seq.reused); else its slot is freed. Whether it was kept."""
+        (seq.reused) and pinned for the sequence's pin_s (its answer kept too); else its slot is freed. Whether it
+        was kept."""
         if seq.slot is None:
             return False
         if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
-            if not (keep_output or self.cfg.retire_outputs):
+            if not (keep_output or self.cfg.retire_outputs or seq.params.pin_s):
                 self.cut(seq.slot, len(seq.prompt))
-            self.prefix.retire(seq.slot, protected=seq.reused)
+            pin_s = seq.params.pin_s
+            self.prefix.retire(seq.slot, protected=seq.reused or pin_s > 0,
+                               pin_until=time.monotonic() + pin_s if pin_s else 0.0)
             self.io.finished(seq.slot)
             return True
         self.release(seq.slot)

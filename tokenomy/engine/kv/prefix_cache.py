@@ -10,7 +10,8 @@ when no slot's path passes through it, which is when llama.cpp frees the cells t
 Slots that finished but still hold their KV are *retired*: they stay matchable until evicted, least recently used
 first, when cells or slot ids are needed. A retired slot is *protected* when its prompt was seen before; the
 fingerprints (first FINGERPRINT_TOKENS tokens, tuning.py) of recently evicted prefixes are remembered so that a prompt
-coming back after its eviction counts as seen.
+coming back after its eviction counts as seen. A retired slot is *pinned* until a deadline its sequence asked for
+(SamplingParams.pin_s): pinned slots are evicted after every unpinned one, so a pin never refuses live work.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class PrefixCache:
         self.paths: dict[int, list[Node]] = {}   # slot -> nodes root..leaf (root excluded)
         self.retired: dict[int, float] = {}      # slot -> last use, for LRU eviction
         self.protected: set[int] = set()          # retired slots whose prompt was seen before
+        self.pins: dict[int, float] = {}          # retired slot -> monotonic time its pin ends
         self.ghosts: LRUCache[int, None] = LRUCache(tuning.GHOSTS)   # fingerprints of evicted retired prefixes
         self.used_cells = 0
 
@@ -114,6 +116,7 @@ class PrefixCache:
         """The slot's KV was removed (llama_memory_seq_rm): free the cells no other slot shares."""
         if self.retired.pop(slot, None) is not None:
             self.protected.discard(slot)
+            self.pins.pop(slot, None)
             held: list[int] = []
             for node in self.paths.get(slot, []):
                 held += node.tokens[:tuning.FINGERPRINT_TOKENS - len(held)]
@@ -156,11 +159,19 @@ class PrefixCache:
         """A retired slot runs again (a sequence continues from its prefix in place)."""
         self.retired.pop(slot, None)
         self.protected.discard(slot)
+        self.pins.pop(slot, None)
 
-    def retire(self, slot: int, protected: bool = False) -> None:
+    def retire(self, slot: int, protected: bool = False, pin_until: float = 0.0) -> None:
+        """The slot's sequence ended and its KV stays cached; `pin_until` (time.monotonic()) pins it till then."""
         self.retired[slot] = time.monotonic()
         if protected:
             self.protected.add(slot)
+        if pin_until > self.retired[slot]:
+            self.pins[slot] = pin_until
+
+    def pinned(self, slot: int) -> bool:
+        """Whether the retired slot's pin still holds."""
+        return self.pins.get(slot, 0.0) > time.monotonic()
 
     def evicted_recently(self, tokens: list[int]) -> bool:
         """Whether a prefix starting like `tokens` was retired here and evicted since (among the last GHOSTS)."""
@@ -171,11 +182,12 @@ class PrefixCache:
             self.retired[slot] = time.monotonic()
 
     def lru_retired(self, exclude: int | None = None, protected: bool | None = None) -> int | None:
-        """The least recently used retired slot other than `exclude`, unprotected ones first (only those of
-        `protected`'s kind when it is set), or None."""
+        """The least recently used retired slot other than `exclude`, unpinned then unprotected ones first (only
+        those of `protected`'s kind when it is set), or None."""
         candidates = [s for s in self.retired if s != exclude
                       and (protected is None or (s in self.protected) == protected)]
-        return min(candidates, key=lambda s: (s in self.protected, self.retired[s])) if candidates else None
+        return min(candidates, key=lambda s: (self.pinned(s), s in self.protected, self.retired[s]),
+                   default=None)
 
     def exclusive_cells(self, slot: int) -> int:
         """Cells freed if this slot were released now."""

@@ -68,7 +68,9 @@ class KVStreams(KVLayout):
             length, holders = 0, set()
         tier_len, entry = self.io.match(tokens[:-1], length)
         slots = {s.slot for s in running}
-        idle = sorted(h for h in holders if h not in slots)
+        # a pinned stream runs in place only for its own conversation going on (little of it cut off)
+        idle = sorted(h for h in holders if h not in slots and not (
+            self.prefix.pinned(h) and self.prefix.resident(h) - length >= tuning.MIN_COPY_TOKENS))
         here = sorted((h for h in idle if _adjacent(h, slots)), key=lambda h: (_runs(slots | {h}), h))
         in_place = self.cfg.in_place_tokens
         if not here and in_place is not None and length >= in_place:
@@ -125,11 +127,11 @@ class KVStreams(KVLayout):
             slot = min(near, key=lambda s: (_runs(running | {s}), s in self.prefix.paths, s))
             if slot in self.prefix.paths:
                 self.release(slot)
-        elif (lru := self._lru_cached(exclude=keep, near=running)) is not None:
+        elif (lru := self._lru_cached(exclude=keep | self._pinned(), near=running)) is not None:
             self._evict(lru)
             slot = lru
         else:
-            if len(empty) <= 1 and (lru := self._lru_cached(exclude=keep)) is not None:
+            if len(empty) <= 1 and (lru := self._lru_cached(exclude=keep | self._pinned())) is not None:
                 self._evict(lru)
             if not self.free_slots and (lru := self._lru_cached(exclude=set())) is not None:
                 self._evict(lru)         # every stream not running is one of `keep`: one of them goes after all
@@ -140,22 +142,26 @@ class KVStreams(KVLayout):
 
     def _lru_cached(self, exclude: set[int | None], near: set[int] | None = None) -> int | None:
         """The stream whose cached prefix was used least recently, outside `exclude` and, given `near`, next to
-        those streams (protection aside: with KV streams a cached prefix slows nothing, so only its last use
-        counts)."""
+        those streams, unpinned ones first (protection aside: with KV streams a cached prefix slows nothing, so
+        only its pin and its last use count)."""
         return min((s for s in self.prefix.retired if s not in exclude and (near is None or _adjacent(s, near))),
-                   key=lambda s: self.prefix.retired[s], default=None)
+                   key=lambda s: (self.prefix.pinned(s), self.prefix.retired[s]), default=None)
+
+    def _pinned(self) -> set[int | None]:
+        """The streams whose cached prefix is pinned now."""
+        return {s for s in self.prefix.pins if self.prefix.pinned(s)}
 
     def _duplicate(self, slot: int, keep: int | None, spare: bool = False) -> bool:
         """Copy the cached prefix in `slot` to an empty stream (a high one, away from the running; the spare one
-        only with `spare`), else over the least recently used cached prefix (never `keep`'s) when that one was
-        used less recently; whether it was copied."""
+        only with `spare`), else over the least recently used unpinned cached prefix (never `keep`'s) when that
+        one was used less recently; whether it was copied."""
         empty = [s for s in self.free_slots if s != slot]
         target = max(empty) if len(empty) > (0 if spare else 1) else None
         if target is None and spare:
             return False
         if target is None:
             last_use = self.prefix.retired.get(slot, float("inf"))
-            lru = self._lru_cached(exclude={slot, keep})
+            lru = self._lru_cached(exclude={slot, keep} | self._pinned())
             if lru is None or self.prefix.retired[lru] >= last_use:
                 return False
             self._evict(lru)
@@ -163,7 +169,7 @@ class KVStreams(KVLayout):
         self.free_slots.remove(target)
         self.kv.copy_stream(slot, target)
         self.prefix.clone(slot, target)
-        self.prefix.retire(target, protected=slot in self.prefix.protected)
+        self.prefix.retire(target, protected=slot in self.prefix.protected, pin_until=self.prefix.pins.get(slot, 0.0))
         self.prefix.retired[target] = self.prefix.retired.get(slot, self.prefix.retired[target])
         return True
 
@@ -188,7 +194,8 @@ class KVStreams(KVLayout):
         if hole is None or _shape(others | {hole}) >= _shape(slots):
             return
         if hole in self.prefix.paths:
-            if self.io.holds(hole) or self._duplicate(hole, keep=top.slot, spare=True):
+            if (self.io.holds(hole) and not self.prefix.pinned(hole)) or self._duplicate(hole, keep=top.slot,
+                                                                                         spare=True):
                 self.release(hole)
             else:
                 return
