@@ -163,13 +163,14 @@ def test_a_handover_ends_before_the_unsure_token_and_keeps_the_answer_cached(pat
         # the tokens so far, resumed: prompt and answer come from the cache, only the last token is computed
         evs = submit_wait(engine, prompt + out, SamplingParams(max_tokens=4, temperature=0))
         assert evs[-1].cached_tokens == len(prompt) + len(out) - 1
-        # an ordinary finish keeps only the prompt
+        # an ordinary finish keeps its answer where the layout keeps answers (KV streams), else only its prompt
         other = engine.tokenizer.encode_chat([{"role": "user", "content": "Name three fruits."}])
         evs = submit_wait(engine, other, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
         ans = [t for e in evs for t in e.token_ids]
         assert len(ans) == 6                    # an answer to leave out of the cache, however the model would end
         evs = submit_wait(engine, other + ans, SamplingParams(max_tokens=2, temperature=0))
-        assert evs[-1].cached_tokens == len(other)
+        kept = len(ans) - 1 if engine.cfg.keeps_outputs else 0        # the last answer token was never fed back
+        assert evs[-1].cached_tokens == len(other) + kept and engine.cfg.keeps_outputs is not kv_unified
     finally:
         engine.stop()
 
@@ -195,7 +196,7 @@ def test_with_a_kv_stream_per_sequence_a_prefix_in_place_or_copied_gives_the_sam
     the state saved there (a restore is cheaper than a stream copy); and sequences batched together answer as
     they do alone."""
     engine = Engine(path, EngineConfig(n_ctx=4096, max_running=4, max_retired=4, max_batch_tokens=256,
-                                       kv_unified=False, kv_tier_ram_mb=tier_mb)).start()
+                                       kv_unified=False, kv_tier_ram_mb=tier_mb, retire_outputs=False)).start()
     log = engine.scheduler.layout.kv = CopyLog(engine.runner)
     try:
         assert engine.max_model_len == engine.runner.n_ctx_seq == 512      # 8 streams of 512 cells

@@ -46,8 +46,11 @@ class EngineConfig(BaseModel):
                                           "(None: a quarter of n_ctx) in the unified buffer; more slows every "
                                           "decode step, fewer makes prompts that share a long prefix recompute it "
                                           "(docs/engine.md)")
-    retire_outputs: bool = Field(False, description="keep a finished answer's own tokens as a prefix too, for the "
-                                 "next turn of a conversation; off: only its prompt stays cached")
+    retire_outputs: bool | None = Field(None, description="keep a finished answer's own tokens as a prefix too, for "
+                                        "the next turn of a conversation; off: only its prompt stays cached; "
+                                        "none: on with KV streams (a finished stream's cells slow no other "
+                                        "sequence's step), off with kv_unified true (every cached cell is scanned "
+                                        "by every step: docs/engine.md)")
     max_batch_tokens: int = Field(512, ge=1, description="tokens per llama_decode step (chunked prefill)")
     max_waiting: int = Field(256, ge=1, description="requests queued for a place among max_running; one more is "
                              "refused (429) rather than queued")
@@ -127,6 +130,11 @@ class EngineConfig(BaseModel):
         if self.n_ctx is not None:
             return self.n_ctx
         return self.n_seqs * self.max_model_len if self.max_model_len is not None else DEFAULT_N_CTX
+
+    @property
+    def keeps_outputs(self) -> bool:
+        """Whether a finished answer's tokens stay cached with its prompt: retire_outputs, by layout when unset."""
+        return (not self.kv_unified) if self.retire_outputs is None else self.retire_outputs
 
     @property
     def stream_cells(self) -> int:

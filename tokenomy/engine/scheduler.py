@@ -201,7 +201,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence, keep_prefix: bool = True, keep_output: bool = False) -> None:
         """End the sequence. With `keep_prefix` its prompt's KV stays as a cached prefix (and its answer's too
-        with `keep_output` or cfg.retire_outputs): KVLayout.retire."""
+        with `keep_output` or cfg.keeps_outputs): KVLayout.retire."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

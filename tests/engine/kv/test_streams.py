@@ -12,6 +12,9 @@ from tokenomy.engine.tuning import MIN_COPY_TOKENS
 
 
 def streams(max_running=4, max_retired=4, **cfg):
+    """A scheduler on KV streams; finished answers are not kept (placement is what these tests are about) unless
+    `retire_outputs` says so."""
+    cfg.setdefault("retire_outputs", False)
     kv = KVLog()
     return Scheduler(EngineConfig(max_running=max_running, max_retired=max_retired, max_batch_tokens=512,
                                   kv_unified=False, **cfg), kv, n_ctx=8 * 512), kv
@@ -59,8 +62,8 @@ def test_a_gap_closes_with_one_move_into_it_not_by_shifting_the_block_down(cache
     """Once moved the top sequence to the lowest stream next to the block: with room below, the gap stayed and
     every step paid one more stream copy (11-25 ms each on the grounded bench) while the block crept down."""
     kv = KVShadow()
-    s = Scheduler(EngineConfig(max_running=8, max_retired=8, max_batch_tokens=512, kv_unified=False), kv,
-                  n_ctx=16 * 512, tiers=KVTiers(1 << 20))
+    s = Scheduler(EngineConfig(max_running=8, max_retired=8, max_batch_tokens=512, kv_unified=False,
+                               retire_outputs=False), kv, n_ctx=16 * 512, tiers=KVTiers(1 << 20))
     qs = block_of(s, 6, length=80, kv=kv)
     s.finish(qs[0], keep_prefix=False)
     s.finish(qs[1], keep_prefix=False)            # the running 2..5 have room below them
@@ -83,8 +86,8 @@ def test_a_gap_closes_with_one_move_into_it_not_by_shifting_the_block_down(cache
 
 def test_an_arrival_fills_a_gap_in_the_block_before_a_stream_at_its_edge():
     kv = KVShadow()
-    s = Scheduler(EngineConfig(max_running=8, max_retired=8, max_batch_tokens=512, kv_unified=False), kv,
-                  n_ctx=16 * 512, tiers=KVTiers(1 << 20))
+    s = Scheduler(EngineConfig(max_running=8, max_retired=8, max_batch_tokens=512, kv_unified=False,
+                               retire_outputs=False), kv, n_ctx=16 * 512, tiers=KVTiers(1 << 20))
     qs = block_of(s, 6, length=80, kv=kv)
     s.finish(qs[0], keep_prefix=False)            # empty below the block: 0
     s.finish(qs[4], keep_prefix=False)            # an empty gap: 4
@@ -349,3 +352,17 @@ def test_a_pin_gives_way_when_every_stream_is_pinned_and_one_is_needed():
     held = {tuple(s.layout.prefix.paths[slot][0].tokens[:1]) for slot in s.layout.prefix.retired}
     assert held == {(200,)}                                # the older pin went
     check_kv(s)
+
+
+def test_with_kv_streams_a_finished_answer_stays_cached_with_its_prompt_by_default():
+    kv = KVLog()
+    s = Scheduler(EngineConfig(max_running=2, max_retired=2, max_batch_tokens=512, kv_unified=False), kv,
+                  n_ctx=4 * 512)
+    q = seq(range(100, 140))
+    serve(s, q)
+    q.output += [7, 8, 9]
+    s.committed(q, [7])
+    s.committed(q, [8])                                    # the last token (9) was sampled, never fed back
+    s.finish(q)
+    assert s.layout.prefix.match(list(range(100, 140)) + [7, 8, 5])[0] == 42    # the next turn reuses the answer
+    assert EngineConfig(kv_unified=True).keeps_outputs is False and EngineConfig().keeps_outputs is True

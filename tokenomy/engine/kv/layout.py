@@ -106,13 +106,13 @@ class KVLayout(ABC):
 
     def retire(self, seq: Sequence, keep_prefix: bool, keep_output: bool) -> bool:
         """The sequence ended: with `keep_prefix` its prompt's KV (and its answer's with `keep_output` or
-        cfg.retire_outputs) stays as a cached prefix, retired as *protected* when the prompt was seen before
+        cfg.keeps_outputs) stays as a cached prefix, retired as *protected* when the prompt was seen before
         (seq.reused) and pinned for the sequence's pin_s (its answer kept too); else its slot is freed. Whether it
         was kept."""
         if seq.slot is None:
             return False
         if keep_prefix and self.cfg.prefix_caching and self.prefix.resident(seq.slot) > 0:
-            if not (keep_output or self.cfg.retire_outputs or seq.params.pin_s):
+            if not (keep_output or self.cfg.keeps_outputs or seq.params.pin_s):
                 self.cut(seq.slot, len(seq.prompt))
             pin_s = seq.params.pin_s
             self.prefix.retire(seq.slot, protected=seq.reused or pin_s > 0,
