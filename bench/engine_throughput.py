@@ -127,6 +127,7 @@ LAYOUTS = {   # tokenomy's KV layouts (docs/engine.md, "KV streams"); llama-serv
     "streams": "engine: {kv_unified: false, max_running: 16, max_retired: 16, n_ctx: 65536}\n",
     "default": "engine: {}\n",
     "full": "engine: {kv_start_cells: null}\n",
+    "prompts": "engine: {retire_outputs: false}\n",     # finished answers not kept (the default before 2026-12-06)
 }
 
 
