@@ -189,6 +189,51 @@ def test_a_model_that_does_not_fit_at_all_gets_a_503_with_its_figures() -> None:
         assert ps(s.root)["b"]["state"] == "available"
 
 
+def on_gpu_0(monkeypatch: pytest.MonkeyPatch, free_bytes: int) -> None:
+    """Models with engine.main_gpu 0 are sized as if all their layers were on a GPU 0 with `free_bytes` free (this
+    machine has none: the engines still run on the CPU); main_gpu 1 stays in RAM."""
+    import tokenomy.models.memory as memory
+
+    monkeypatch.setattr(memory, "_on_gpu", lambda name, layers, n_layers, main_gpu:
+                        (free_bytes, "free VRAM of GPU 0, NVML (simulated)") if main_gpu == 0 else None)
+
+
+def test_models_on_a_gpu_are_placed_in_its_memory_and_only_a_model_there_is_evicted_for_one(monkeypatch) -> None:
+    on_gpu_0(monkeypatch, 64 * GIB)
+    config = Config.model_validate({"models": models("x", x={"engine": {**ENGINE, "main_gpu": 0}})})
+    fits: dict[str, Any] = {}
+    engine_settings(config.models[0], config, fits=fits)                   # type: ignore[arg-type]
+    vram = fits["x"].weight_bytes + fits["x"].kv_bytes
+    gpu, ram = {"engine": {**ENGINE, "main_gpu": 0}}, {"engine": {**ENGINE, "main_gpu": 1}}
+    cfg = {"models": models("g1", "g2", "g3", "r", g1=gpu, g2=gpu, g3=gpu, r=ram), "cache": NO_CACHE,
+           "fleet": {"gpu_memory_limit_gb": 2.5 * vram / GIB, "memory_limit_gb": 8}}
+    with live_server(cfg) as s:
+        for name in ("g1", "g2", "g1", "g2", "g1", "g2", "r"):      # r, asked least, is the cheapest to reload
+            assert chat(s.root, name).status_code == 200
+        view = httpx.get(f"{s.root}/admin/models", timeout=30).json()
+        assert view["gpus"]["GPU 0"]["memory_limit_source"] == "fleet.gpu_memory_limit_gb"
+        assert view["gpus"]["GPU 0"]["memory_held_bytes"] == 2 * vram
+        lines = ps(s.root)
+        assert (lines["g1"]["device"], lines["g1"]["vram_bytes"], lines["r"]["device"]) == ("GPU 0", vram, "RAM")
+        r = chat(s.root, "g3")                                      # GPU 0 is full, RAM is not
+        assert r.status_code == 200, r.text
+        lines = ps(s.root)
+        assert lines["r"]["state"] == "loaded" and lines["r"]["evictions"] == 0     # evicting r frees no VRAM
+        assert sorted(lines[n]["state"] for n in ("g1", "g2")) == ["available", "loaded"]
+        shown = CliRunner().invoke(app, ["ps", "--base-url", s.base_url])
+        assert shown.exit_code == 0 and "GPU 0: " in shown.output and "fleet.gpu_memory_limit_gb" in shown.output
+    pinned = {"engine": {**ENGINE, "main_gpu": 0}, "pin": True}
+    cfg = {"models": models("g1", "g2", "g3", g1=pinned, g2=pinned, g3=gpu), "cache": NO_CACHE,
+           "fleet": {"memory_share": 0.5}}
+    on_gpu_0(monkeypatch, int(4.5 * vram))                          # a 50% share holds two
+    with live_server(cfg) as s:
+        assert chat(s.root, "g2").status_code == 200
+        r = chat(s.root, "g3")
+        assert r.status_code == 503, r.text
+        message = r.json()["error"]["message"]
+        assert "GiB of GPU 0" in message and "50% of the free VRAM of GPU 0" in message and "pinned" in message
+
+
 def held_engines(gate: str) -> list[psutil.Process]:
     """The engine processes started under the gate (other live servers' engines, a session fixture's, are not)."""
     found = []

@@ -268,18 +268,18 @@ async def ps(request: Request) -> JSONResponse:
         if isinstance(backend, FleetModel):
             if backend.state != "loaded":
                 continue
-            held, on_gpu = backend.memory_bytes, backend.fit.on_gpu
+            held, vram = backend.memory_bytes, backend.vram_bytes
             left = backend.keep_alive_left(now)
             expires = FOREVER if left is None else _in(left)
         elif isinstance(backend, EmbeddedBackend) and await backend.health():
             fit = gateway.fits.get(name)
             held = fit.weight_bytes + fit.kv_bytes if fit is not None else 0
-            on_gpu, expires = fit is not None and fit.on_gpu, FOREVER
+            vram, expires = held if fit is not None and fit.on_gpu else 0, FOREVER
         else:
             continue
         entry = await asyncio.to_thread(_entry, gateway, name)
         entry.pop("modified_at", None)
-        models.append({**entry, "size": held or entry["size"], "size_vram": held if on_gpu else 0,
+        models.append({**entry, "size": held or entry["size"], "size_vram": vram,
                        "expires_at": expires, "context_length": gateway.window(name) or 0})
     return JSONResponse({"models": models})
 

@@ -4,7 +4,9 @@ Every embedded model is *available*; its engine process starts on its first requ
 Requests that arrive while it loads wait for that one load, at most `fleet.max_waiting` of them and for
 `fleet.load_wait_s`; the rest get a 503 with Retry-After. Before a load, the model's planned bytes (weights, KV at
 its window and the KV tier: models/memory.py, the planner's arithmetic) must fit beside the loaded and loading
-models' within the limit; when they do not, idle models are evicted cheapest first, where
+models' within the limits: RAM (fleet.memory_limit_gb) and, for a model whose layers are all on a GPU, that GPU's
+memory (fleet.gpu_memory_limit_gb; its weights and KV go there, its KV tier and engine process stay in RAM). When
+they do not, idle models that would free memory where it is short are evicted cheapest first, where
 
     cost = seconds its last load took x its requests per second over fleet.rate_window_s
 
@@ -27,7 +29,7 @@ import shutil
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +57,21 @@ class FleetFull(BackendError):
 
 
 @dataclass
-class Placement:
-    """The memory the fleet places models in, and where the figure comes from (for /health)."""
+class Pool:
+    """One GPU's memory the fleet places fully offloaded models in, and where the figure comes from."""
 
     limit_bytes: int
     source: str
+
+
+@dataclass
+class Placement:
+    """The memory the fleet places models in, and where the figures come from (for /health): RAM, and each GPU's
+    (by device name, "GPU 0", or "GPUs" for models split over every GPU), added as its first model is."""
+
+    limit_bytes: int
+    source: str
+    gpus: dict[str, Pool] = field(default_factory=dict)
 
 
 class FleetModel:
@@ -96,9 +108,26 @@ class FleetModel:
     # ---- figures ---------------------------------------------------------------------------------------------
     @property
     def memory_bytes(self) -> int:
-        """The bytes placement counts for it: weights, KV at its window and its KV tier (Fit.need), and the engine
-        process's own (fleet.engine_overhead_mb)."""
-        return self.fit.need + self.fleet.overhead_bytes
+        """All the bytes placement counts for it: weights, KV at its window, its KV tier, and the engine process's
+        own (fleet.engine_overhead_mb); `ram_bytes` + `vram_bytes`."""
+        return self.ram_bytes + self.vram_bytes
+
+    @property
+    def device(self) -> str | None:
+        """The GPU whose memory holds its weights and KV ("GPU 0"; "GPUs" split over all), None: RAM."""
+        if not self.fit.on_gpu:
+            return None
+        return "GPUs" if self.cfg.main_gpu is None else f"GPU {self.cfg.main_gpu}"
+
+    @property
+    def vram_bytes(self) -> int:
+        """Its weights and KV when they are on a GPU, else 0."""
+        return self.fit.weight_bytes + self.fit.kv_bytes if self.fit.on_gpu else 0
+
+    @property
+    def ram_bytes(self) -> int:
+        """What it holds in RAM: the engine process, and its KV tier (with weights and KV, off a GPU)."""
+        return self.fleet.overhead_bytes + (self.fit.tier_bytes if self.fit.on_gpu else self.fit.need)
 
     @property
     def engine(self) -> EngineClient | None:
@@ -131,7 +160,8 @@ class FleetModel:
     def describe(self, now: float) -> dict[str, Any]:
         """Its line of the ps view (/health, the dashboard, `tokenomy ps`)."""
         return {"name": self.name, "state": self.state, "context_window": self.fit.window,
-                "memory_bytes": self.memory_bytes, "start_bytes": self.start_bytes, "rss_bytes": self.rss_bytes,
+                "memory_bytes": self.memory_bytes, "device": self.device or "RAM", "vram_bytes": self.vram_bytes,
+                "start_bytes": self.start_bytes, "rss_bytes": self.rss_bytes,
                 "running": self.active,
                 "waiting": self.waiting, "held": self.holds, "idle_s": round(now - self.last_used, 1)
                 if self.state == "loaded" and not self.active else 0.0,
@@ -198,6 +228,7 @@ class Fleet:
         self.kv_dir = kv_dir
         self.max_waiting, self.load_wait_s, self.rate_window_s = s.max_waiting, s.load_wait_s, s.rate_window_s
         self.eviction, self.max_loaded = s.eviction, s.max_loaded
+        self.share, self.gpu_limit_gb = s.memory_share, s.gpu_memory_limit_gb
         self.metrics = metrics                   # metrics.prometheus.Metrics, or None
         self.models: dict[str, FleetModel] = {}
         self.on_loaded: list[Callable[[str, EngineClient], None]] = []
@@ -208,6 +239,13 @@ class Fleet:
             make: Callable[[], EmbeddedBackend]) -> FleetModel:
         """Make `spec` available; `make` starts its engine (blocking until it is ready)."""
         m = FleetModel(self, spec, path, cfg, fit, make)
+        if m.device is not None and m.device not in self.placement.gpus:
+            if self.gpu_limit_gb is not None:
+                pool = Pool(int(self.gpu_limit_gb * GIB), "fleet.gpu_memory_limit_gb")
+            else:
+                pool = Pool(int(fit.available * self.share), f"{self.share:.0%} of the {fit.available_source} when "
+                            f"its first model was placed ({fit.available / GIB:.2f} GiB)")
+            self.placement.gpus[m.device] = pool
         m.keep_for = self._keep(m, None)
         self.models[spec.name] = m
         return m
@@ -263,16 +301,20 @@ class Fleet:
         self._loaded(m, time.perf_counter() - t0, "preload: true")
 
     # ---- figures -------------------------------------------------------------------------------------------
-    def held_bytes(self, but: FleetModel | None = None) -> int:
-        """The planned bytes of the loaded and loading models (`but` left out)."""
-        return sum(m.memory_bytes for m in self.models.values()
-                   if m is not but and m.state in ("loaded", "loading", "unloading"))
+    def held_bytes(self, but: FleetModel | None = None, device: str | None = None) -> int:
+        """The planned RAM bytes of the loaded and loading models (`but` left out); with `device`, their bytes on
+        that GPU."""
+        return sum(m.ram_bytes if device is None else m.vram_bytes for m in self.models.values()
+                   if m is not but and m.state in ("loaded", "loading", "unloading")
+                   and (device is None or m.device == device))
 
     def ps(self) -> dict[str, Any]:
-        """The ps view: the memory limit and where it comes from, what is held, and each model's line."""
+        """The ps view: the memory limits and where they come from, what is held, and each model's line."""
         now = time.monotonic()
         return {"memory_limit_bytes": self.placement.limit_bytes, "memory_limit_source": self.placement.source,
                 "memory_held_bytes": self.held_bytes(),
+                "gpus": {d: {"memory_limit_bytes": p.limit_bytes, "memory_limit_source": p.source,
+                             "memory_held_bytes": self.held_bytes(device=d)} for d, p in self.placement.gpus.items()},
                 "models": [m.describe(now) for m in self.models.values() if not m.removed]}
 
     # ---- acquire and release, per request ---------------------------------------------------------------------
@@ -433,27 +475,42 @@ class Fleet:
                 hook(m.name, engine)
 
     async def _make_room(self, m: FleetModel) -> None:
-        """Evict idle models, cheapest reload first, until `m` fits; FleetFull naming the figures when it cannot."""
-        limit = self.placement.limit_bytes
-        need = m.memory_bytes
-        if need > limit:
-            raise FleetFull(f"model {m.name!r} does not fit at all: it needs {need / GIB:.2f} GiB (weights "
-                            f"{m.fit.weight_bytes / GIB:.2f} + KV {m.fit.kv_bytes / GIB:.2f} at a {m.fit.window}-token "
-                            f"window + KV tier {m.fit.tier_bytes / GIB:.2f} + engine {self.overhead_bytes / GIB:.2f}), "
-                            f"over the fleet's "
-                            f"{limit / GIB:.2f} GiB ({self.placement.source})", retry_after=60.0)
+        """Evict idle models, cheapest reload first, until `m` fits in RAM and on its GPU; FleetFull naming the
+        figures when it cannot. Only a model that frees memory where it is short (or a place, under max_loaded) is
+        evicted: a model in RAM makes no room on a GPU."""
+        gpu = self.placement.gpus.get(m.device) if m.device is not None else None
+        pools = [("RAM", self.placement.limit_bytes, self.placement.source, m.ram_bytes, None)]
+        if gpu is not None:
+            pools.append((m.device, gpu.limit_bytes, gpu.source, m.vram_bytes, m.device))
+        for where, limit, source, need, device in pools:
+            if need > limit:
+                parts = (f"weights {m.fit.weight_bytes / GIB:.2f} + KV {m.fit.kv_bytes / GIB:.2f} at a "
+                         f"{m.fit.window}-token window") if m.device == device else \
+                    (f"KV tier {m.fit.tier_bytes / GIB:.2f} + engine {self.overhead_bytes / GIB:.2f}"
+                     if m.device is not None else
+                     f"weights {m.fit.weight_bytes / GIB:.2f} + KV {m.fit.kv_bytes / GIB:.2f} at a "
+                     f"{m.fit.window}-token window + KV tier {m.fit.tier_bytes / GIB:.2f} + engine "
+                     f"{self.overhead_bytes / GIB:.2f}")
+                raise FleetFull(f"model {m.name!r} does not fit at all: it needs {need / GIB:.2f} GiB of {where} "
+                                f"({parts}), over the fleet's {limit / GIB:.2f} GiB ({source})", retry_after=60.0)
         now = time.monotonic()
-        while need > limit - self.held_bytes(m) or self._too_many(m):
+        while True:
+            short = [(where, limit, source, need, device) for where, limit, source, need, device in pools
+                     if need > limit - self.held_bytes(m, device)]
+            if not short and not self._too_many(m):
+                return
             order = (lambda v: v.last_used) if self.eviction == "lru" else \
                 (lambda v: (v.eviction_cost(now), v.last_used))
-            victims = sorted((v for v in self.models.values() if v is not m and v.evictable()), key=order)
+            victims = sorted((v for v in self.models.values() if v is not m and v.evictable()
+                              and (not short or any(d is None or v.device == d for *_, d in short))), key=order)
             if not victims:
-                held = [f"{v.name} {v.memory_bytes / GIB:.2f} GiB ({self._why_kept(v)})"
+                held = [f"{v.name} {v.memory_bytes / GIB:.2f} GiB on {v.device or 'RAM'} ({self._why_kept(v)})"
                         for v in self.models.values() if v is not m and v.state != "available"]
-                free = limit - self.held_bytes(m)
-                room = f"fleet.max_loaded ({self.max_loaded}) models are loaded" if need <= free else \
-                    f"it needs {need / GIB:.2f} GiB, {max(free, 0) / GIB:.2f} GiB of the fleet's {limit / GIB:.2f} " \
-                    f"GiB ({self.placement.source}) is free"
+                room = "; ".join(
+                    f"it needs {need / GIB:.2f} GiB of {where}, {max(limit - self.held_bytes(m, device), 0) / GIB:.2f}"
+                    f" GiB of the fleet's {limit / GIB:.2f} GiB ({source}) is free"
+                    for where, limit, source, need, device in short) or \
+                    f"fleet.max_loaded ({self.max_loaded}) models are loaded"
                 raise FleetFull(f"model {m.name!r} cannot load: {room}, held by {', '.join(held) or 'nothing'}; "
                                 "nothing can be evicted now", retry_after=5.0)
             v = victims[0]

@@ -43,12 +43,15 @@ class FleetSettings(Section):
     """Embedded models are available, and loaded on their first request (docs/fleet.md): within `memory_limit_gb`,
     evicting idle models by what their reload would cost, and unloaded after their keep_alive."""
 
-    memory_limit_gb: float | None = Field(None, gt=0, description="GiB the loaded models' weights, KV and KV tier "
-                                          "may take together (their planned figures, models/memory.py); null: "
-                                          "`memory_share` of the memory free when tokenomy starts (RAM, or the "
-                                          "GPU's free VRAM for fully offloaded models)")
+    memory_limit_gb: float | None = Field(None, gt=0, description="GiB of RAM the loaded models may take together "
+                                          "(their planned figures, models/memory.py: weights, KV and KV tier, or "
+                                          "only the KV tier for a model whose layers are all on a GPU); null: "
+                                          "`memory_share` of the RAM free when tokenomy starts")
+    gpu_memory_limit_gb: float | None = Field(None, gt=0, description="GiB of each GPU's memory the weights and KV "
+                                              "of the models fully offloaded to it may take together; null: "
+                                              "`memory_share` of its free VRAM when its first model is placed")
     memory_share: float = Field(0.8, gt=0, le=1, description="the share of the free memory at start that "
-                                "memory_limit_gb defaults to")
+                                "memory_limit_gb and gpu_memory_limit_gb default to")
     engine_overhead_mb: int = Field(96, ge=0, description="MiB placement adds to each model's weights, KV and KV "
                                     "tier for its engine process itself (the interpreter, llama.cpp's compute "
                                     "buffers; about 90 MiB measured beside SmolLM2-135M)")

@@ -41,6 +41,9 @@ def table(view: dict[str, Any]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.append(f"memory: {view['memory_held_bytes'] / GIB:.2f} of {view['memory_limit_bytes'] / GIB:.2f} GiB held "
                  f"({view['memory_limit_source']})")
+    for device, pool in (view.get("gpus") or {}).items():
+        lines.append(f"{device}: {pool['memory_held_bytes'] / GIB:.2f} of {pool['memory_limit_bytes'] / GIB:.2f} GiB "
+                     f"held ({pool['memory_limit_source']})")
     return "\n".join(lines)
 
 
