@@ -57,7 +57,7 @@ class FleetFull(BackendError):
 
 
 @dataclass
-class Pool:
+class GpuLimit:
     """One GPU's memory the fleet places fully offloaded models in, and where the figure comes from."""
 
     limit_bytes: int
@@ -71,7 +71,7 @@ class Placement:
 
     limit_bytes: int
     source: str
-    gpus: dict[str, Pool] = field(default_factory=dict)
+    gpus: dict[str, GpuLimit] = field(default_factory=dict)
 
 
 class FleetModel:
@@ -241,9 +241,9 @@ class Fleet:
         m = FleetModel(self, spec, path, cfg, fit, make)
         if m.device is not None and m.device not in self.placement.gpus:
             if self.gpu_limit_gb is not None:
-                pool = Pool(int(self.gpu_limit_gb * GIB), "fleet.gpu_memory_limit_gb")
+                pool = GpuLimit(int(self.gpu_limit_gb * GIB), "fleet.gpu_memory_limit_gb")
             else:
-                pool = Pool(int(fit.available * self.share), f"{self.share:.0%} of the {fit.available_source} when "
+                pool = GpuLimit(int(fit.available * self.share), f"{self.share:.0%} of the {fit.available_source} when "
                             f"its first model was placed ({fit.available / GIB:.2f} GiB)")
             self.placement.gpus[m.device] = pool
         m.keep_for = self._keep(m, None)
