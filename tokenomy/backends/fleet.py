@@ -478,24 +478,22 @@ class Fleet:
         """Evict idle models, cheapest reload first, until `m` fits in RAM and on its GPU; FleetFull naming the
         figures when it cannot. Only a model that frees memory where it is short (or a place, under max_loaded) is
         evicted: a model in RAM makes no room on a GPU."""
+        weights_kv = f"weights {m.fit.weight_bytes / GIB:.2f} + KV {m.fit.kv_bytes / GIB:.2f} at a " \
+            f"{m.fit.window}-token window"
+        tier_engine = f"KV tier {m.fit.tier_bytes / GIB:.2f} + engine {self.overhead_bytes / GIB:.2f}"
+        # (where, its limit, the limit's source, what m needs there, of what, the device held_bytes counts)
+        pools = [("RAM", self.placement.limit_bytes, self.placement.source, m.ram_bytes,
+                  tier_engine if m.device is not None else f"{weights_kv} + {tier_engine}", None)]
         gpu = self.placement.gpus.get(m.device) if m.device is not None else None
-        pools = [("RAM", self.placement.limit_bytes, self.placement.source, m.ram_bytes, None)]
         if gpu is not None:
-            pools.append((m.device, gpu.limit_bytes, gpu.source, m.vram_bytes, m.device))
-        for where, limit, source, need, device in pools:
+            pools.append((m.device, gpu.limit_bytes, gpu.source, m.vram_bytes, weights_kv, m.device))
+        for where, limit, source, need, parts, _ in pools:
             if need > limit:
-                parts = (f"weights {m.fit.weight_bytes / GIB:.2f} + KV {m.fit.kv_bytes / GIB:.2f} at a "
-                         f"{m.fit.window}-token window") if m.device == device else \
-                    (f"KV tier {m.fit.tier_bytes / GIB:.2f} + engine {self.overhead_bytes / GIB:.2f}"
-                     if m.device is not None else
-                     f"weights {m.fit.weight_bytes / GIB:.2f} + KV {m.fit.kv_bytes / GIB:.2f} at a "
-                     f"{m.fit.window}-token window + KV tier {m.fit.tier_bytes / GIB:.2f} + engine "
-                     f"{self.overhead_bytes / GIB:.2f}")
                 raise FleetFull(f"model {m.name!r} does not fit at all: it needs {need / GIB:.2f} GiB of {where} "
                                 f"({parts}), over the fleet's {limit / GIB:.2f} GiB ({source})", retry_after=60.0)
         now = time.monotonic()
         while True:
-            short = [(where, limit, source, need, device) for where, limit, source, need, device in pools
+            short = [(where, limit, source, need, device) for where, limit, source, need, _, device in pools
                      if need > limit - self.held_bytes(m, device)]
             if not short and not self._too_many(m):
                 return

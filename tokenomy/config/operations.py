@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from tokenomy.config.section import Section
+from tokenomy.engine import tuning
 
 
 class EnergySettings(Section):
@@ -108,10 +109,10 @@ class ServerSettings(Section):
                                     "on it, e.g. 11434, Ollama's, where Ollama clients look by default "
                                     "(docs/ollama.md); `tokenomy serve --ollama-port`")
     max_body_bytes: int = Field(4 << 20, ge=1024, description="the largest request body, in bytes (413 above)")
-    socket_pin_s: float = Field(300.0, ge=0, le=3600, description="a Responses WebSocket's conversation keeps its "
-                                "KV pinned in an embedded engine this many seconds after each turn, for the next "
-                                "(evicted after every unpinned prefix, so it never refuses other work; 0: not "
-                                "pinned; docs/api.md)")
+    socket_pin_s: float = Field(300.0, ge=0, le=tuning.PIN_MAX_S, description="a Responses WebSocket's "
+                                "conversation keeps its KV pinned in an embedded engine this many seconds after "
+                                "each turn, for the next (evicted after every unpinned prefix, so it never refuses "
+                                "other work; 0: not pinned; docs/api.md)")
     public: list[str] = Field(default_factory=lambda: ["/health"], description="with keys configured, these paths "
                               "answer without one; /metrics, /docs and /openapi.json need any valid key unless "
                               "listed (a Prometheus scrape can send one as a bearer token)")
