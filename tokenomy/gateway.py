@@ -118,7 +118,12 @@ def fleet_member(spec: EmbeddedModelSpec, config: Config, fleet: Fleet, fits: di
                  launched: dict[str, Launched] | None) -> FleetModel | None:
     """`spec` made available in `fleet`, sized alone (placement weighs it against the others when it loads); a
     preloaded model's engine is started now (or taken over from `launched`) and finishes in Fleet.start or
-    Gateway.wait_ready. None for a discovered model memory cannot hold at all (logged)."""
+    Gateway.wait_ready. None for a discovered model memory cannot hold at all (logged). A model the fleet has
+    already (the supervisor's, server.workers) is that member."""
+    if spec.name in fleet.models:
+        if fits is not None:
+            fits[spec.name] = fleet.models[spec.name].fit
+        return fleet.models[spec.name]
     early = (launched or {}).pop(spec.name, None)
     if early is not None:
         path, cfg, fit = early.path, early.cfg, early.fit
@@ -201,13 +206,14 @@ class Parts:
 
 
 def build_parts(config: Config, gateway: Gateway, before: Parts | None = None, *,
-                engines: dict[str, EngineAddress] | None = None,
-                launched: dict[str, Launched] | None = None, stored: Snapshot | None = None) -> Parts:
+                engines: dict[str, EngineAddress] | None = None, launched: dict[str, Launched] | None = None,
+                fleet: Fleet | None = None, stored: Snapshot | None = None) -> Parts:
     """Every part of `gateway` from `config`: the Running ones from `before` when given (a reload), else built (the
-    engine processes then load their models while the rest is built: `engines`, `launched`: build_backend). The
+    engine processes then load their models while the rest is built: `engines`, `launched`: build_backend; `fleet`:
+    the supervisor's, under server.workers, else one is made here). The
     stages call back into `gateway` for what reads its current parts (token counts, prices, windows, summaries).
     The keyring holds the config's keys and those of `stored` (else of a snapshot of the key store taken here)."""
-    run = before.running if before is not None else _running(config, gateway, engines, launched)
+    run = before.running if before is not None else _running(config, gateway, engines, launched, fleet)
     if stored is None and run.key_store is not None:
         stored = run.key_store.snapshot()
     keyring = keyring_of(config.keys, config.tenants, stored)
@@ -240,7 +246,7 @@ def build_parts(config: Config, gateway: Gateway, before: Parts | None = None, *
 
 
 def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress] | None,
-             launched: dict[str, Launched] | None) -> Running:
+             launched: dict[str, Launched] | None, fleet: Fleet | None) -> Running:
     metrics = Metrics()
     # the packaged embedding models a configured model or route does not shadow: served without config
     packaged = [n for n in PACKAGED_EMBEDDINGS if n not in {m.name for m in config.models} and n not in config.routes]
@@ -250,9 +256,9 @@ def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress]
         if isinstance(spec, AnthropicModelSpec):
             spec.api_key()
     fits: dict[str, Fit] = {}
-    fleet = Fleet(config, default_placement(config), metrics,
-                  kv_dir=data_dir() / "fleet-kv" if config.fleet.keep_conversations else None) \
-        if engines is None else None
+    if fleet is None and engines is None:
+        fleet = Fleet(config, default_placement(config), metrics.fleet,
+                      kv_dir=data_dir() / "fleet-kv" if config.fleet.keep_conversations else None)
     for spec in config.models:
         backend = build_backend(spec, config, metrics=metrics, fits=fits, engines=engines, launched=launched,
                                 wait=False, fleet=fleet)
@@ -468,12 +474,13 @@ KEYS_POLL_S = 0.5       # how often each gateway asks the key store's version (d
 class Gateway:
     def __init__(self, config: Config, config_path: str | None = None, models: list[str] | None = None,
                  engines: dict[str, EngineAddress] | None = None, worker: int | None = None,
-                 wait: bool = True, launched: dict[str, Launched] | None = None) -> None:
+                 wait: bool = True, launched: dict[str, Launched] | None = None, fleet: Fleet | None = None) -> None:
         """Start every model and build the pipeline (build_parts). The engine processes load their models while the
         rest is built (the semantic cache's embedder among it); `wait`: return once they have passed their
         self-checks (raising EngineStartError for one that failed), else the caller calls wait_ready() before
-        serving. `engines` and `worker`: an API worker of `server.workers` (server/workers.py) uses the engine
-        processes its supervisor runs, and keeps its semantic index apart from the other workers'. `launched`: engine
+        serving. `engines`, `fleet` and `worker`: an API worker of `server.workers` (server/workers.py) uses the engine
+        processes of token routes and the fleet (a FleetProxy: backends/fleet_proxy.py) that its supervisor runs, and
+        keeps its semantic index apart from the other workers'. `launched`: engine
         processes started before the gateway (embedded_launch.launch_engines), taken over (and taken out of the
         dict) by the embedded backends of their models."""
         self.worker = worker
@@ -483,7 +490,7 @@ class Gateway:
         self.keys_poll_s = KEYS_POLL_S
         self._keys_lock = threading.Lock()      # one swap of the keyring at a time, never to an older version
         self._keys_watch: asyncio.Task[None] | None = None
-        self.parts = build_parts(config, self, engines=engines, launched=launched)
+        self.parts = build_parts(config, self, engines=engines, launched=launched, fleet=fleet)
         if wait:
             self.wait_ready()
 
@@ -724,8 +731,8 @@ class Gateway:
         its first request, listed everywhere the configured models are, and kept by a reload. APIError 400 without
         a fleet (server.workers > 1) or when memory cannot hold it at all."""
         fleet = self.fleet
-        if fleet is None:
-            raise APIError(400, f"tokenomy runs {self.config.server.workers} API workers, each with its own engines: "
+        if fleet is None or self.worker is not None:
+            raise APIError(400, f"tokenomy runs {self.config.server.workers} API workers: "
                            f"add model {spec.name!r} to the config and restart", code="restart_needed")
         with self._keys_lock:
             if spec.name in self.model_names():

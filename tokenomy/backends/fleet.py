@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenomy.backends.base import BackendError
 from tokenomy.backends.embedded import EmbeddedBackend
@@ -41,6 +41,9 @@ from tokenomy.engine.client import EngineClient
 from tokenomy.engine.config import EngineConfig
 from tokenomy.generation import Delta, GenRequest
 from tokenomy.models.memory import Fit, engine_memory
+
+if TYPE_CHECKING:
+    from tokenomy.metrics.prometheus import FleetCounters
 
 log = logging.getLogger("tokenomy.fleet")
 
@@ -217,7 +220,7 @@ class FleetModel:
 class Fleet:
     """The embedded models of one gateway, and the memory they are placed in."""
 
-    def __init__(self, config: Config, placement: Placement, metrics: Any = None,
+    def __init__(self, config: Config, placement: Placement, counters: FleetCounters | None = None,
                  kv_dir: Path | None = None) -> None:
         """`kv_dir`: where unloaded models' saved prefixes wait for their next load (fleet.keep_conversations);
         None: they are dropped with the engine."""
@@ -229,7 +232,7 @@ class Fleet:
         self.max_waiting, self.load_wait_s, self.rate_window_s = s.max_waiting, s.load_wait_s, s.rate_window_s
         self.eviction, self.max_loaded = s.eviction, s.max_loaded
         self.share, self.gpu_limit_gb = s.memory_share, s.gpu_memory_limit_gb
-        self.metrics = metrics                   # metrics.prometheus.Metrics, or None
+        self.counters = counters
         self.models: dict[str, FleetModel] = {}
         self.on_loaded: list[Callable[[str, EngineClient], None]] = []
         self._placing: asyncio.Lock | None = None
@@ -321,10 +324,7 @@ class Fleet:
     async def acquire(self, m: FleetModel) -> EmbeddedBackend:
         """The loaded backend of `m`, loading it first (or waiting for the load under way), with one request
         counted as running on it until release(). FleetFull when it cannot be loaded now."""
-        m.recent.append(time.monotonic())
-        if m._timer is not None:
-            m._timer.cancel()
-            m._timer = None
+        self.arrive(m)
         while m.state != "loaded":
             if m.waiting >= self.max_waiting:
                 raise FleetFull(f"model {m.name!r} is loading and {m.waiting} requests already wait for it "
@@ -342,7 +342,18 @@ class Fleet:
                                 f"({self.load_wait_s:g} s); retry shortly") from None
             finally:
                 m.waiting -= 1
-        assert m.backend is not None
+        return self.take(m)
+
+    def arrive(self, m: FleetModel) -> None:
+        """A request for `m` arrived: counted in its rate, and its keep_alive stopped."""
+        m.recent.append(time.monotonic())
+        if m._timer is not None:
+            m._timer.cancel()
+            m._timer = None
+
+    def take(self, m: FleetModel) -> EmbeddedBackend:
+        """One more request running on `m`, which is loaded, until release()."""
+        assert m.backend is not None and m.state == "loaded"
         m.active += 1
         return m.backend
 
@@ -466,9 +477,9 @@ class Fleet:
             log.warning("fleet: %s's engine RSS %.2f GiB is %+.0f%% off its estimate at load %.2f GiB "
                         "(models/memory.py engine_memory)", m.name, m.rss_bytes / GIB,
                         100 * (m.rss_bytes - est) / est, est / GIB)
-        if self.metrics is not None:
-            self.metrics.model_loads.labels(m.name).inc()
-            self.metrics.model_load_seconds.labels(m.name).observe(load_s)
+        if self.counters is not None:
+            self.counters.loads.labels(m.name).inc()
+            self.counters.load_seconds.labels(m.name).observe(load_s)
         engine = m.engine
         if engine is not None:
             for hook in self.on_loaded:
@@ -562,8 +573,8 @@ class Fleet:
             done.set_result(backend)  # type: ignore[arg-type]
         if eviction:
             m.evictions += 1
-            if self.metrics is not None:
-                self.metrics.model_evictions.labels(m.name).inc()
+            if self.counters is not None:
+                self.counters.evictions.labels(m.name).inc()
         log.info("fleet: unloaded %s (why: %s); %.2f of %.2f GiB held", m.name, why, self.held_bytes() / GIB,
                  self.placement.limit_bytes / GIB)
         return "unloaded"

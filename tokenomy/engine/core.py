@@ -251,11 +251,7 @@ class Core:
                     self._cancelled_early.add(key)
             elif kind == "call":
                 try:
-                    reply = ("reply", msg[1], self._call(msg[2], *msg[3:]), None)
-                except Exception as e:       # a failed call fails that call, not the process
-                    reply = ("reply", msg[1], None, f"{type(e).__name__}: {e}")
-                try:
-                    peer.send(reply)
+                    peer.send(self.answer(msg))
                 except (OSError, ValueError):    # the peer went away (a closed pipe raises either)
                     return
             elif kind == "stop":
@@ -349,6 +345,14 @@ class Core:
                 r = self.engine.runner
                 self._compiler = GrammarCompiler(tokenizer_from_vocab(r.vocab, n_vocab=r.n_vocab))
             return self._compiler
+
+    def answer(self, msg: tuple) -> tuple:
+        """The ("reply", id, result, error) to a ("call", id, name, *args): a failed call fails that call, not the
+        process."""
+        try:
+            return ("reply", msg[1], self._call(msg[2], *msg[3:]), None)
+        except Exception as e:
+            return ("reply", msg[1], None, f"{type(e).__name__}: {e}")
 
     def _call(self, name: str, *args: Any) -> Any:
         """Introspection and maintenance for tests and operators ("state", "clear_cache"; runs beside the loop, so
@@ -463,7 +467,9 @@ def main(fd: int, address: str | None = None) -> None:
 
 
 def serve_socket(core: Core, parent: Connection, address: str) -> None:
-    """Accept peers on `address` until the parent's pipe closes, each served on a thread of its own."""
+    """Accept peers on `address` until the parent's pipe closes or says stop, each served on a thread of its own;
+    the parent's calls (Core._call: the fleet's persist_tiers and adopt_tiers, server/fleet_host.py) are answered on
+    its pipe."""
     from multiprocessing.connection import Listener
 
     listener = Listener(address, family="AF_UNIX", backlog=64)
@@ -487,6 +493,8 @@ def serve_socket(core: Core, parent: Connection, address: str) -> None:
             msg = parent.recv()             # EOFError when the parent goes away
             if msg[0] == "stop":
                 return
+            if msg[0] == "call":
+                parent.send(core.answer(msg))
     except (EOFError, OSError):
         return
     finally:

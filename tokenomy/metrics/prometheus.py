@@ -235,6 +235,19 @@ def multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
+class FleetCounters:
+    """The fleet's loads, evictions and load seconds by model (backends/fleet.py): a gateway's, or those of the
+    supervisor of `server.workers`, which owns the fleet there and counts into the workers' multiprocess files."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.loads = Counter("tokenomy_model_loads_total", "Models loaded (on demand, asked, or preloaded)",
+                             ["model"], registry=registry)
+        self.evictions = Counter("tokenomy_model_evictions_total", "Models unloaded to make room for another",
+                                 ["model"], registry=registry)
+        self.load_seconds = Histogram("tokenomy_model_load_seconds", "Seconds from a load's start to its engine "
+                                      "passing its self-check", ["model"], buckets=LATENCY_BUCKETS, registry=registry)
+
+
 class Metrics:
     def __init__(self) -> None:
         # Configured model and route names: the only values a client's request may put in a label (label()).
@@ -322,13 +335,7 @@ class Metrics:
         self.budget_warnings = Counter("tokenomy_budget_warnings_total", "Budgets that crossed their warning "
                                        "threshold", ["scope", "period", "unit"], registry=r)
         # engine: the fleet's loads and evictions (backends/fleet.py)
-        self.model_loads = Counter("tokenomy_model_loads_total", "Models loaded (on demand, asked, or preloaded)",
-                                   ["model"], registry=r)
-        self.model_evictions = Counter("tokenomy_model_evictions_total", "Models unloaded to make room for another",
-                                       ["model"], registry=r)
-        self.model_load_seconds = Histogram("tokenomy_model_load_seconds", "Seconds from a load's start to its "
-                                            "engine passing its self-check", ["model"], buckets=LATENCY_BUCKETS,
-                                            registry=r)
+        self.fleet = FleetCounters(r)
         # hardware: joules attributed to requests (shares of engine steps), by source
         self.request_energy = Counter("tokenomy_request_energy_joules_total", "Energy attributed to requests",
                                       ["model", "source"], registry=r)
