@@ -1,7 +1,8 @@
 """`tokenomy serve --workers 2`, run as a user runs it (the CLI, in its own process), on two embedded models
 (the real SmolLM2), with rate limits and budgets in the Redis of tests/helpers/services.py: one engine process per model
-whatever the number of workers, both workers answer, a rate limit and a budget hold across them, /metrics sums
-them, and a worker killed mid-request is replaced while its request fails and the rest serve on.
+whatever the number of workers (each loaded when first asked for), both workers answer, a rate limit and a budget
+hold across them, /metrics sums them, and a worker killed mid-request is replaced while its request fails and the
+rest serve on.
 
 Which worker answers is the kernel's choice (they share one listening socket); a test that needs a given worker
 keeps a connection to it open (`pinned`), learnt from /health's `worker.pid` on that connection."""
@@ -46,10 +47,18 @@ class Served:
         return psutil.Process(self.proc.pid).children(recursive=True)
 
     def engines(self) -> list[psutil.Process]:
-        return [p for p in self.tree() if "tokenomy.engine.core" in " ".join(p.cmdline())]
+        return [p for p in self.tree() if "tokenomy.engine.core" in command(p)]
 
     def workers(self) -> list[psutil.Process]:
-        return [p for p in self.tree() if "worker_main" in " ".join(p.cmdline())]
+        return [p for p in self.tree() if "worker_main" in command(p)]
+
+
+def command(p: psutil.Process) -> str:
+    """A live process's command line; "" for one that ended (a zombie not yet reaped included)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +133,16 @@ def samples(text: str, name: str) -> float:
 def test_one_engine_process_per_model_whatever_the_workers(served: Served) -> None:
     engines, workers = served.engines(), served.workers()
     assert len(workers) == 2
+    # model a preloads; b loads on its first request (the supervisor's fleet: tests/server/test_fleet_host.py)
+    assert len(engines) == 1, [p.cmdline() for p in served.tree()]
+    conns = pinned(served)
+    for c in conns.values():
+        for model in ("a", "b"):
+            assert chat(c, OPEN_KEY, model=model).status_code == 200
+    engines = served.engines()
     assert len(engines) == 2, [p.cmdline() for p in served.tree()]        # models a and b: one each
     assert all(p.ppid() == served.proc.pid for p in engines + workers)     # the supervisor's, not a worker's
     # each worker is connected to those two engines
-    conns = pinned(served)
     for c in conns.values():
         health = c.get("/health").json()
         assert {e["pid"] for e in health["engines"].values()} == {p.pid for p in engines}
@@ -233,7 +248,7 @@ def test_a_worker_killed_mid_request_is_replaced_and_only_its_request_fails(serv
 
 
 def test_an_engine_killed_is_started_again_and_every_worker_reconnects(served: Served) -> None:
-    engine_a = next(p for p in served.engines() if "engine-0.sock" in " ".join(p.cmdline()))
+    engine_a = next(p for p in served.engines() if "engine-0.sock" in command(p))
     conns = pinned(served)
     engine_a.kill()
     for c in conns.values():      # model b is untouched; model a answers 503 (engine_died) or, restarted, 200

@@ -59,6 +59,7 @@ class FleetHost:
         self.holding: dict[Link, Counter[str]] = {}     # each worker's holds, by model
         self._start_engine = start_engine
         self._view: dict[str, Any] | None = None
+        self._pushing = False
         self.loop = asyncio.new_event_loop()
         fleet.on_loaded.append(lambda name, engine: self.generation.update([name]))
         threading.Thread(target=self.loop.run_forever, name="fleet", daemon=True).start()
@@ -95,13 +96,25 @@ class FleetHost:
                 "models": {n: {**{f: getattr(m, f) for f in MIRRORED}, "rate_now": round(m.rate(now), 4)}
                            for n, m in self.fleet.models.items()}}
 
+    def _changed(self) -> None:
+        """Something a worker did may have changed the fleet: bring the workers' view up to date (once this turn of
+        the loop is done)."""
+        if not self._pushing:
+            self._pushing = True
+            self.loop.call_soon(self._push)
+
+    def _push(self) -> None:
+        self._pushing = False
+        view = self.view()
+        if view != self._view:
+            self._view = view
+            for link in list(self.running):
+                link.tell(("mirror", view))
+
     async def _mirror_forever(self) -> None:
+        """What changes on its own (a keep_alive's end, a load finishing, request rates) reaches the workers too."""
         while True:
-            view = self.view()
-            if view != self._view:
-                self._view = view
-                for link in list(self.running):
-                    link.tell(("mirror", view))
+            self._push()
             await asyncio.sleep(MIRROR_S)
 
     # ---- a worker's pipe (called on its reading thread) ----------------------------------------------------------
@@ -121,6 +134,7 @@ class FleetHost:
         link.tell(("mirror", self.view()))      # what changed since its hello
 
     def _forget(self, link: Link) -> None:
+        self._changed()
         link.close()
         for name, n in self.running.pop(link, Counter()).items():
             for _ in range(n):
@@ -130,6 +144,7 @@ class FleetHost:
                 self.fleet.unhold(name)
 
     def _handle(self, link: Link, msg: tuple) -> None:
+        self._changed()
         kind = msg[0]
         if kind == "reply":
             link.settle(*msg[1:])
@@ -185,6 +200,7 @@ class FleetHost:
             log.exception("fleet: %s %s failed", what, name)
             error = (f"{what} {name!r} failed: {type(e).__name__}: {e}", 5.0)
         link.answer(cid, value, error)
+        self._changed()
 
     async def drop(self, name: str) -> None:
         """Ask every worker to close its connection to `name`'s engine; wait for their answers, at most DROP_S."""
