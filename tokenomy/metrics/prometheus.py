@@ -247,6 +247,17 @@ class FleetCounters:
         self.load_seconds = Histogram("tokenomy_model_load_seconds", "Seconds from a load's start to its engine "
                                       "passing its self-check", ["model"], buckets=LATENCY_BUCKETS, registry=registry)
 
+    @classmethod
+    def in_files(cls, directory: str) -> FleetCounters:
+        """Counters that this process writes into the multiprocess files in `directory`, which the API workers'
+        /metrics sum (the supervisor's: server/workers.py). prometheus-client reads PROMETHEUS_MULTIPROC_DIR as it
+        makes a value's storage: set here, the class chosen again for the case it was imported before."""
+        from prometheus_client import values
+
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        values.ValueClass = values.get_value_class()
+        return cls(CollectorRegistry())
+
 
 class Metrics:
     def __init__(self) -> None:

@@ -235,15 +235,10 @@ class Supervisor:
         return lambda: (self.config, self.config_path, self.models, self.addresses, self.fleet.hello(), fds, index)
 
     def _counters(self) -> Any:
-        """The fleet's counters (loads, evictions, load seconds), written into the workers' multiprocess files so that
-        every worker's /metrics has them: prometheus-client reads PROMETHEUS_MULTIPROC_DIR as it makes a value."""
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
-        from prometheus_client import CollectorRegistry, values
-
-        values.ValueClass = values.get_value_class()      # imported with the gateway, before the variable was set
+        """The fleet's counters, in the workers' multiprocess files so that every worker's /metrics has them."""
         from tokenomy.metrics.prometheus import FleetCounters
 
-        return FleetCounters(CollectorRegistry())
+        return FleetCounters.in_files(str(self.metrics_dir))
 
     def _start_fleet_engine(self, name: str, engine: EngineAddress) -> Child:
         """A fleet model's engine process, started (blocking) on its socket and kept running until retired."""
