@@ -181,3 +181,22 @@ def test_an_unloaded_models_next_engine_is_connected_to_without_taking_the_last_
         c.close()
     log = served.log.read_text()
     assert "closed its connection" not in log and "could not restart" not in log, log[-3000:]
+
+
+def test_a_responses_socket_on_one_worker_holds_its_model_against_eviction_by_another(served: Served) -> None:
+    from openai import OpenAI
+
+    (_, c0), (_, c1) = pinned(served).items()
+    client = OpenAI(base_url=served.root + "/v1", api_key=ADMIN, max_retries=0)
+    with client.beta.responses.connect() as conn:      # whichever worker the kernel hands the socket to
+        conn.response.create(model="a", input="Name a color.", max_output_tokens=4, store=False)
+        ends = {"response.completed", "response.incomplete", "response.failed", "error"}
+        assert next(e for e in conn if e.type in ends).type in ("response.completed", "response.incomplete")
+        for c in (c0, c1):
+            wait_until(lambda c=c: ps(c)["a"]["held"] == 1, timeout=10, what="every worker to see a held")
+        for model in ("b", "c"):      # a third model needs a place: b, not the held a, gives it
+            assert chat(c1, model).status_code == 200
+        assert {n: m["state"] for n, m in ps(c1).items()} == {"a": "loaded", "b": "available", "c": "loaded"}
+    wait_until(lambda: ps(c0)["a"]["held"] == 0, timeout=30, what="the closed socket to let a go")
+    c0.close()
+    c1.close()
