@@ -163,7 +163,7 @@ class Supervisor:
         self.engines: dict[str, Child] = {}         # the engines of token routes' models, started at start
         self.addresses: dict[str, EngineAddress] = {}
         self.hosted: dict[str, Child] = {}          # the fleet's engines, by model, the latest of each
-        self.fleet: FleetHost
+        self.fleet: FleetHost | None = None          # made by start()
         self.workers: list[Child] = []
         self.socks: list[socket.socket] = []      # the port's, and server.ollama_port's when set
 
@@ -178,9 +178,10 @@ class Supervisor:
         from tokenomy.models.memory import DoesNotFit, Fit
 
         c = self.config
-        self.fleet = FleetHost(Fleet(c, default_placement(c), self._counters(),
-                                     kv_dir=data_dir() / "fleet-kv" if c.fleet.keep_conversations else None),
-                               self._start_fleet_engine)
+        fleet = FleetHost(Fleet(c, default_placement(c), self._counters(),
+                                             kv_dir=data_dir() / "fleet-kv" if c.fleet.keep_conversations else None),
+                                       self._start_fleet_engine)
+        self.fleet = fleet
         fits: dict[str, Fit] = {}
         routed, left_out = token_routed(c), set()
         embedded = [spec for spec in c.models if isinstance(spec, EmbeddedModelSpec)]
@@ -203,22 +204,22 @@ class Supervisor:
                 log.warning("fleet: %s (found by fleet.discover) is left out: %s", spec.name, e)
                 left_out.add(spec.name)
                 continue
-            self.fleet.add(spec, EngineAddress(address, path, cfg, sized[spec.name]))
+            fleet.add(spec, EngineAddress(address, path, cfg, sized[spec.name]))
         self.config = c = c.model_copy(update={"models": [m for m in c.models if m.name not in left_out]})
-        preloading = {spec.name: self.fleet.preload(spec.name) for spec in embedded
-                      if spec.name in self.fleet.engines and preloads(c, spec)}
+        preloading = {spec.name: fleet.preload(spec.name) for spec in embedded
+                      if spec.name in fleet.engines and preloads(c, spec)}
         ports = [self.port] + ([c.server.ollama_port] if c.server.ollama_port else [])
         self.socks = [listen(self.host, port) for port in ports]
         fds = [sock.fileno() for sock in self.socks]
         for i in range(self.n):
             child = Child(f"API worker {i}", [WORKER_ENTRY], self._hello(fds, i), self.env, WORKER_START_S,
-                          pass_fds=tuple(fds), new_session=True, on_message=self.fleet.receive)
+                          pass_fds=tuple(fds), new_session=True, on_message=fleet.receive)
             try:
                 child.launch()
             except RuntimeError as e:
                 raise WorkerStartError(str(e)) from None
             assert child.link is not None
-            self.fleet.attach(child.link)
+            fleet.attach(child.link)
             self.workers.append(child)
         for child in self.engines.values():
             threading.Thread(target=self._keep, args=(child, True), name=f"keep-{child.name}", daemon=True).start()
@@ -232,7 +233,9 @@ class Supervisor:
 
     def _hello(self, fds: list[int], index: int) -> Callable[[], tuple]:
         """What worker `index` starts with, made at each start (the fleet's state is then's)."""
-        return lambda: (self.config, self.config_path, self.models, self.addresses, self.fleet.hello(), fds, index)
+        fleet = self.fleet
+        assert fleet is not None
+        return lambda: (self.config, self.config_path, self.models, self.addresses, fleet.hello(), fds, index)
 
     def _counters(self) -> Any:
         """The fleet's counters, in the workers' multiprocess files so that every worker's /metrics has them."""
@@ -262,7 +265,7 @@ class Supervisor:
         while True:
             link = child.link
             how = child.wait_exit()
-            if not engine and link is not None:
+            if not engine and link is not None and self.fleet is not None:
                 self.fleet.detach(link)
             if self.stopping.is_set() or child.retired:
                 return
@@ -283,7 +286,7 @@ class Supervisor:
                         self._launch_engine(child, child.argv[1])
                     else:
                         child.launch()
-                        assert child.link is not None
+                        assert child.link is not None and self.fleet is not None
                         self.fleet.attach(child.link)
                     child.restarts += 1
                     log.warning("%s started again (pid %d)", child.name, child.pid or -1)
@@ -303,7 +306,8 @@ class Supervisor:
             t.join()
         for child in self.engines.values():
             child.stop(None)
-        self.fleet.close()
+        if self.fleet is not None:
+            self.fleet.close()
         for sock in self.socks:
             sock.close()
         shutil.rmtree(self.dir, ignore_errors=True)
