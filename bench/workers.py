@@ -12,7 +12,11 @@ Timings on a shared or 2-core machine say little (the load generator and the wor
 the figures); the lead reruns it on a quiet machine:
 
     .venv/bin/python bench/workers.py [--workers 1,2] [--levels 1,16,64] [--requests 3000]
-        [--engine-levels 1,8] [--tokens 64] [--skip-engine] [--skip-stub] [--json]
+        [--engine-levels 1,8] [--tokens 64] [--engine-requests 4] [--rounds 1] [--baseline DIR]
+        [--skip-engine] [--skip-stub] [--json]
+
+`--baseline DIR` runs the engine half on another source tree too (an earlier commit), the two taking turns each
+round, and prints this tree's tok/s over the baseline's.
 """
 
 from __future__ import annotations
@@ -41,9 +45,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 BODY = {"model": "up", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
-def serve(port: int, config: str, workers: int, home: str) -> subprocess.Popen:
+def serve(port: int, config: str, workers: int, home: str, tree: str = ROOT) -> subprocess.Popen:
+    """`tokenomy serve` of the source tree `tree` (its `tokenomy` package: the server's and its children's cwd)."""
     proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "--config", config,
-                             "--workers", str(workers)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             "--workers", str(workers)], cwd=tree, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "TOKENOMY_HOME": home})
     wait_up(f"http://127.0.0.1:{port}/health", [proc], 600)
     return proc
@@ -129,28 +134,35 @@ def stub_rows(workers: list[int], levels: list[int], n: int, console: Console) -
     return rows
 
 
-def engine_rows(workers: list[int], levels: list[int], tokens: int, console: Console) -> list[dict[str, Any]]:
+def engine_rows(workers: list[int], levels: list[int], tokens: int, console: Console, baseline: str | None = None,
+                rounds: int = 1, requests: int = 4) -> list[dict[str, Any]]:
+    """Each worker count's tok/s and TTFT at each level (`requests` a level at concurrency 1, twice the level
+    above), `rounds` times; with `baseline` (a source tree), its server too, the two taking turns to go first."""
     import engine_throughput as et
 
     bias = et.eog_bias()
     rows = []
+    trees = [("this", ROOT)] + ([("baseline", os.path.abspath(baseline))] if baseline else [])
     with tempfile.TemporaryDirectory() as tmp:
         config = os.path.join(tmp, "engine.yaml")
         with open(config, "w") as f:
             f.write("ledger: null\ncache: {exact: {enabled: false}, semantic: {enabled: false}}\n")
-        for w in workers:
-            console.print(f"engine: {w} worker(s)")
-            port = free_port()
-            proc = serve(port, config, w, tempfile.mkdtemp(dir=tmp))
-            try:
-                url = f"http://127.0.0.1:{port}/v1"
-                asyncio.run(et.level_http(url, 2, 2, 8, bias))           # warm-up
-                for c in levels:
-                    n_req = 4 if c == 1 else 2 * c
-                    r = asyncio.run(et.level_http(url, c, n_req, tokens, bias))
-                    rows.append({"workers": w, "concurrency": c, "requests": n_req, **r})
-            finally:
-                stop(proc)
+        for i in range(rounds):
+            for tree, path in trees[i % 2:] + trees[:i % 2]:
+                for w in workers:
+                    console.print(f"round {i + 1}: {tree}, engine: {w} worker(s)")
+                    port = free_port()
+                    proc = serve(port, config, w, tempfile.mkdtemp(dir=tmp), path)
+                    try:
+                        url = f"http://127.0.0.1:{port}/v1"
+                        asyncio.run(et.level_http(url, 2, 2, 8, bias))           # warm-up
+                        for c in levels:
+                            n_req = requests if c == 1 else 2 * c
+                            r = asyncio.run(et.level_http(url, c, n_req, tokens, bias))
+                            rows.append({"tree": tree, "round": i + 1, "workers": w, "concurrency": c,
+                                         "requests": n_req, **r})
+                    finally:
+                        stop(proc)
     return rows
 
 
@@ -161,6 +173,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000, help="requests per level against the stub")
     ap.add_argument("--engine-levels", default="1,8", help="concurrency levels on the embedded engine")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per answer on the embedded engine")
+    ap.add_argument("--engine-requests", type=int, default=4, help="requests at concurrency 1 on the engine")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the engine half")
+    ap.add_argument("--baseline", default=None, help="a tokenomy source tree (e.g. an older commit: `git archive "
+                    "COMMIT | tar -x -C /tmp/base`) whose server the engine half runs too, rounds alternating")
     ap.add_argument("--skip-stub", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--json", action="store_true")
@@ -174,7 +190,8 @@ def main() -> None:
         if not args.json:
             stub_table(out["stub"], args.requests, out["cores"])
     if not args.skip_engine:
-        out["engine"] = engine_rows(workers, [int(x) for x in args.engine_levels.split(",")], args.tokens, console)
+        out["engine"] = engine_rows(workers, [int(x) for x in args.engine_levels.split(",")], args.tokens, console,
+                                    args.baseline, args.rounds, args.engine_requests)
         if not args.json:
             engine_table(out["engine"], args.tokens)
     if args.json:
@@ -194,11 +211,25 @@ def stub_table(rows: list[dict[str, Any]], requests: int, cores: int | None) -> 
 
 
 def engine_table(rows: list[dict[str, Any]], tokens: int) -> None:
-    t = Table(title=f"embedded SmolLM2, {tokens}-token answers: one engine process behind the workers")
-    for col in ("workers", "concurrency", "tok/s", "TTFT p50 s"):
+    """The median over rounds of each (tree, workers, concurrency), and this tree's ratio to the baseline's."""
+    t = Table(title=f"embedded SmolLM2, {tokens}-token answers: one engine process behind the workers (median of "
+                    f"{max(r['round'] for r in rows)} rounds)")
+    for col in ("tree", "workers", "concurrency", "tok/s", "TTFT p50 s", "tok/s vs baseline"):
         t.add_column(col, justify="right")
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for r in rows:
-        t.add_row(str(r["workers"]), str(r["concurrency"]), f"{r['tok_s']:.1f}", f"{r['ttft_p50']:.2f}")
+        groups.setdefault((r["tree"], r["workers"], r["concurrency"]), []).append(r)
+
+    def median(key: tuple[str, int, int], field: str) -> float:
+        values = sorted(r[field] for r in groups[key])
+        return values[len(values) // 2] if len(values) % 2 else sum(values[len(values) // 2 - 1:][:2]) / 2
+
+    for (tree, w, c) in groups:
+        base = ("baseline", w, c)
+        ratio = f"{median((tree, w, c), 'tok_s') / median(base, 'tok_s'):.2f}x" \
+            if tree == "this" and base in groups else ""
+        t.add_row(tree, str(w), str(c), f"{median((tree, w, c), 'tok_s'):.1f}",
+                  f"{median((tree, w, c), 'ttft_p50'):.2f}", ratio)
     Console().print(t)
 
 

@@ -4,6 +4,7 @@ loaded on its first request, placed within a memory limit, evicted by reload cos
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -189,17 +190,22 @@ def test_a_model_that_does_not_fit_at_all_gets_a_503_with_its_figures() -> None:
         assert ps(s.root)["b"]["state"] == "available"
 
 
-def on_gpu_0(monkeypatch: pytest.MonkeyPatch, free_bytes: int) -> None:
+def on_gpu_0(monkeypatch: pytest.MonkeyPatch, free_bytes: int, measured: int | None = None) -> None:
     """Models with engine.main_gpu 0 are sized as if all their layers were on a GPU 0 with `free_bytes` free (this
-    machine has none: the engines still run on the CPU); main_gpu 1 stays in RAM."""
+    machine has none: the engines still run on the CPU); main_gpu 1 stays in RAM. NVML says each engine process
+    holds `measured` bytes of GPU memory."""
+    import tokenomy.hardware.gpu as nvml
     import tokenomy.models.memory as memory
 
     monkeypatch.setattr(memory, "_on_gpu", lambda name, layers, n_layers, main_gpu:
                         (free_bytes, "free VRAM of GPU 0, NVML (simulated)") if main_gpu == 0 else None)
+    monkeypatch.setattr(nvml, "process_memory", lambda pid: measured)
 
 
-def test_models_on_a_gpu_are_placed_in_its_memory_and_only_a_model_there_is_evicted_for_one(monkeypatch) -> None:
-    on_gpu_0(monkeypatch, 64 * GIB)
+def test_models_on_a_gpu_are_placed_in_its_memory_and_only_a_model_there_is_evicted_for_one(monkeypatch,
+                                                                                            caplog) -> None:
+    on_gpu_0(monkeypatch, 64 * GIB, measured=5 * GIB)
+    caplog.set_level(logging.INFO, logger="tokenomy.fleet")
     config = Config.model_validate({"models": models("x", x={"engine": {**ENGINE, "main_gpu": 0}})})
     fits: dict[str, Any] = {}
     engine_settings(config.models[0], config, fits=fits)                   # type: ignore[arg-type]
@@ -215,6 +221,10 @@ def test_models_on_a_gpu_are_placed_in_its_memory_and_only_a_model_there_is_evic
         assert view["gpus"]["GPU 0"]["memory_held_bytes"] == 2 * vram
         lines = ps(s.root)
         assert (lines["g1"]["device"], lines["g1"]["vram_bytes"], lines["r"]["device"]) == ("GPU 0", vram, "RAM")
+        # what NVML says the engine holds there is shown, and logged when it is off the estimate by over 20%
+        assert (lines["g1"]["vram_measured_bytes"], lines["r"]["vram_measured_bytes"]) == (5 * GIB, None)
+        assert any("g1's memory on GPU 0 5.00 GiB is" in r.getMessage() for r in caplog.records)
+        assert not any("r's memory on" in r.getMessage() for r in caplog.records)
         r = chat(s.root, "g3")                                      # GPU 0 is full, RAM is not
         assert r.status_code == 200, r.text
         lines = ps(s.root)

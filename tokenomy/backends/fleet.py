@@ -40,6 +40,7 @@ from tokenomy.context.tokens import TokenCount
 from tokenomy.engine.client import EngineClient
 from tokenomy.engine.config import EngineConfig
 from tokenomy.generation import Delta, GenRequest
+from tokenomy.hardware import gpu
 from tokenomy.models.memory import Fit, engine_memory
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tokenomy.fleet")
 
 GIB = 1 << 30
-RSS_TOLERANCE = 0.2        # a measured engine RSS further than this from the estimate at load is logged
+RSS_TOLERANCE = 0.2        # a measured engine RSS (or GPU memory) further than this from the estimate is logged
 
 
 class FleetFull(BackendError):
@@ -87,7 +88,9 @@ class FleetModel:
         self.name = spec.name
         self.spec = spec
         self.path, self.cfg, self.fit = path, cfg, fit
-        self.start_bytes = engine_memory(path, cfg, cfg.draft_model).at_start   # what its engine holds once loaded
+        start = engine_memory(path, cfg, cfg.draft_model)      # what its engine holds once loaded
+        self.start_vram_bytes = start.weight_bytes + start.kv_start_bytes if fit.on_gpu else 0
+        self.start_bytes = start.at_start           # in RAM, start_vram_bytes of it on its GPU
         self._make = make
         self.state = "available"
         self.backend: EmbeddedBackend | None = None
@@ -97,6 +100,7 @@ class FleetModel:
         self.load_s: float | None = None        # seconds its last load took
         self.load_s_total = 0.0
         self.rss_bytes: int | None = None       # its engine process's RSS, measured after the load
+        self.vram_measured_bytes: int | None = None     # and the GPU memory it holds (NVML), on a GPU
         self.last_used = 0.0                    # monotonic time its last request ended (or it loaded)
         self.keep_for: float | None = 0.0       # the keep_alive its last request left (None: keep)
         self.unload_when_idle: str | None = None   # an unload asked while a request ran: why
@@ -165,6 +169,7 @@ class FleetModel:
         return {"name": self.name, "state": self.state, "context_window": self.fit.window,
                 "memory_bytes": self.memory_bytes, "device": self.device or "RAM", "vram_bytes": self.vram_bytes,
                 "start_bytes": self.start_bytes, "rss_bytes": self.rss_bytes,
+                "vram_measured_bytes": self.vram_measured_bytes,
                 "running": self.active,
                 "waiting": self.waiting, "held": self.holds, "idle_s": round(now - self.last_used, 1)
                 if self.state == "loaded" and not self.active else 0.0,
@@ -467,16 +472,21 @@ class Fleet:
         m.load_s = load_s
         m.load_s_total += load_s
         m.last_used = time.monotonic()
-        m.rss_bytes = _rss(m.engine.pid if m.engine is not None else None)
-        est = m.start_bytes
-        log.info("fleet: loaded %s in %.2f s (why: %s); engine RSS %s, estimated %.2f GiB at load and %.2f GiB as "
+        pid = m.engine.pid if m.engine is not None else None
+        m.rss_bytes = _rss(pid)
+        m.vram_measured_bytes = gpu.process_memory(pid) if m.device is not None and pid is not None else None
+        ram = m.start_bytes - m.start_vram_bytes
+        log.info("fleet: loaded %s in %.2f s (why: %s); engine RSS %s, estimated %.2f GiB at load%s and %.2f GiB as "
                  "placed (KV grown to the window, its tier full); %.2f of %.2f GiB held", m.name, load_s, why,
-                 "unknown" if m.rss_bytes is None else f"{m.rss_bytes / GIB:.2f} GiB", est / GIB,
+                 _gib(m.rss_bytes), ram / GIB, "" if m.device is None else
+                 f"; on {m.device} {_gib(m.vram_measured_bytes)}, estimated {m.start_vram_bytes / GIB:.2f} GiB",
                  m.memory_bytes / GIB, self.held_bytes() / GIB, self.placement.limit_bytes / GIB)
-        if m.rss_bytes is not None and est and abs(m.rss_bytes - est) > RSS_TOLERANCE * est:
-            log.warning("fleet: %s's engine RSS %.2f GiB is %+.0f%% off its estimate at load %.2f GiB "
-                        "(models/memory.py engine_memory)", m.name, m.rss_bytes / GIB,
-                        100 * (m.rss_bytes - est) / est, est / GIB)
+        for what, measured, est in (("engine RSS", m.rss_bytes, ram),
+                                    (f"memory on {m.device}", m.vram_measured_bytes, m.start_vram_bytes)):
+            if measured is not None and est and abs(measured - est) > RSS_TOLERANCE * est:
+                log.warning("fleet: %s's %s %.2f GiB is %+.0f%% off its estimate at load %.2f GiB "
+                            "(models/memory.py engine_memory)", m.name, what, measured / GIB,
+                            100 * (measured - est) / est, est / GIB)
         if self.counters is not None:
             self.counters.loads.labels(m.name).inc()
             self.counters.load_seconds.labels(m.name).observe(load_s)
@@ -629,6 +639,10 @@ class Fleet:
     async def close(self) -> None:
         for m in self.models.values():
             await m.close()
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / GIB:.2f} GiB"
 
 
 def _rss(pid: int | None) -> int | None:

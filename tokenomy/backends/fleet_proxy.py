@@ -41,7 +41,7 @@ log = logging.getLogger("tokenomy.fleet")
 # What the supervisor's FleetModels tell the workers' (FleetHost.view): their state and figures. `last_used` is a
 # time.monotonic() reading, the same clock in every process of the machine.
 MIRRORED = ("state", "active", "waiting", "holds", "loads", "evictions", "load_s", "load_s_total", "rss_bytes",
-            "last_used", "keep_for", "error", "adopted_prefixes")
+            "vram_measured_bytes", "last_used", "keep_for", "error", "adopted_prefixes")
 
 
 class Link:

@@ -65,3 +65,23 @@ def memory() -> list[GpuMemory] | None:
         out.append(GpuMemory(i, name.decode() if isinstance(name, bytes) else str(name), int(info.used),
                              int(info.total), int(info.free)))
     return out
+
+
+def process_memory(pid: int) -> int | None:
+    """The GPU memory process `pid` holds, summed over the GPUs (NVML's running compute processes); None where NVML
+    cannot say: no GPU, no such process on one, or a driver or container that does not show it (NVML lists the
+    host's pids, which a container's pid namespace renumbers)."""
+    state = nvml()
+    if state is None:
+        return None
+    lib, handles = state
+    held: int | None = None
+    for handle in handles:
+        try:
+            running = lib.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:
+            return None
+        for proc in running:
+            if proc.pid == pid and proc.usedGpuMemory is not None:
+                held = (held or 0) + int(proc.usedGpuMemory)
+    return held

@@ -79,7 +79,8 @@ class FleetCollector:
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         memory = GaugeMetricFamily("tokenomy_model_memory_bytes", "A model's memory: estimated (weights, KV, KV "
-                                   "tier; counted by placement) and measured (its engine's RSS after loading)",
+                                   "tier; counted by placement) and measured (its engine's RSS after loading, and "
+                                   "on a GPU what NVML says it holds there)",
                                    labels=["model", "kind"])
         loaded = GaugeMetricFamily("tokenomy_model_loaded", "1 while a model is loaded, 0 while it is not",
                                    labels=["model"])
@@ -91,6 +92,8 @@ class FleetCollector:
             memory.add_metric([m["name"], "estimated"], m["memory_bytes"] if on else 0)
             if on and m["rss_bytes"] is not None:
                 memory.add_metric([m["name"], "measured"], m["rss_bytes"])
+            if on and m["vram_measured_bytes"] is not None:
+                memory.add_metric([m["name"], "measured_gpu"], m["vram_measured_bytes"])
             loaded.add_metric([m["name"]], 1.0 if on else 0.0)
         yield memory
         yield loaded
