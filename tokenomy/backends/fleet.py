@@ -18,6 +18,10 @@ running request: an unload asked meanwhile happens when the last one ends.
 
 Ollama's scheduler (server/sched.go) evicts the idle runner with the shortest keep-alive; llama.cpp's router mode by
 count. Neither weighs what the reload costs, which is what an eviction spends.
+
+With `server.workers` > 1 the supervisor runs the one Fleet (server/fleet_host.py), its loaded models' backends
+the engine processes it hosts (HostedEngine: `engine`, `close()`), and each API worker sees it through a
+FleetProxy (backends/fleet_proxy.py).
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ class Placement:
 
 class FleetModel:
     """One embedded model of the fleet, as a backend: its state (available, loading, loaded, unloading), its engine
-    while loaded (an EmbeddedBackend), its planned bytes, and what its loads and requests have measured."""
+    while loaded (an EmbeddedBackend; the supervisor's HostedEngine under server.workers), its planned bytes, and
+    what its loads and requests have measured."""
 
     def __init__(self, fleet: Fleet, spec: EmbeddedModelSpec, path: str, cfg: EngineConfig, fit: Fit,
                  make: Callable[[], EmbeddedBackend]) -> None:
