@@ -200,3 +200,32 @@ def test_a_responses_socket_on_one_worker_holds_its_model_against_eviction_by_an
     wait_until(lambda: ps(c0)["a"]["held"] == 0, timeout=30, what="the closed socket to let a go")
     c0.close()
     c1.close()
+
+
+def test_a_model_that_cannot_be_placed_while_the_loaded_ones_run_gets_a_503_naming_them(served: Served) -> None:
+    conns = list(pinned(served).values())
+    for c in conns:
+        chat(c, "a")
+    streams, readers = [], []
+    try:
+        for c, model in zip(conns, ("a", "c"), strict=True):      # the two places, each running a request
+            s = c.stream("POST", "/v1/chat/completions", json={"model": model, **LONG}, headers=AUTH)
+            r = s.__enter__()
+            streams.append(s)
+            assert r.status_code == 200
+            readers.append(r.iter_lines())      # kept: a reader let go of closes its connection
+            next(line for line in readers[-1] if line.startswith("data: {"))
+        with httpx.Client(base_url=served.root, timeout=60) as c:
+            wait_until(lambda: (ps(c)["a"]["running"], ps(c)["c"]["running"]) == (1, 1), timeout=30,
+                       what="both requests to count")
+            r = chat(c, "b")
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+        message = r.json()["error"]["message"]
+        assert "fleet.max_loaded (2)" in message and "a " in message and "1 running" in message, message
+    finally:
+        for s in streams:
+            s.__exit__(None, None, None)
+    wait_until(lambda: all(ps(conns[0])[m]["running"] == 0 for m in "abc"), timeout=60,
+               what="the cancelled requests to be released")
+    for c in conns:
+        c.close()
