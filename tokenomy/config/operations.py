@@ -121,5 +121,5 @@ class ServerSettings(Section):
                                             "tokenomy_budget_used_ratio) to every key that may read it; off: "
                                             "to admin keys only")
     workers: int = Field(1, ge=1, le=256, description="API processes on the port, each running the whole pipeline, "
-                         "in front of one engine process per embedded model (docs/workers.md); more than 1 needs "
-                         "limits.store on Redis when keys or tenants have limits or budgets")
+                         "in front of one engine process per loaded embedded model (docs/workers.md); more than 1 "
+                         "needs limits.store on Redis when keys or tenants have limits or budgets")

@@ -57,12 +57,12 @@ def run(host: str | None = None, port: int | None = None, config_path: Path | No
             names = ", ".join(m.name for m in config.models)
             pids = sup.pids()
             console.print(f"[bold green]tokenomy[/] serving {names} on http://{host}:{port}/v1 with {workers} "
-                          f"API workers (pids {pids['workers']}), one engine process per embedded model "
-                          f"{pids['engines']}")
+                          f"API workers (pids {pids['workers']}); engine processes of the loaded models "
+                          f"{pids['engines']}, the others loaded when asked for")
             console.print(state_line(config), markup=False, highlight=False)
 
-        console.print(f"loading {', '.join(m.name for m in config.models)} and starting {workers} API workers",
-                      markup=False, highlight=False)
+        console.print(f"starting {workers} API workers for {', '.join(m.name for m in config.models)} (the preloaded "
+                      "models load meanwhile)", markup=False, highlight=False)
         supervisor.serve(config, str(config_path) if config_path else None, models or [], host, port, workers,
                          ready=ready)
         return

@@ -1,12 +1,13 @@
-"""`server.workers: N`: N API processes on one port, in front of one engine process per embedded model.
+"""`server.workers: N`: N API processes on one port, in front of one engine process per loaded embedded model.
 
-The supervisor (`serve`, in the process `tokenomy serve` started) sizes and starts one engine process per
-embedded model, each accepting the workers on a Unix socket (engine/core.py, serve_socket); binds the port once;
-and starts N workers that share the listening socket (the kernel hands each connection to one of them, as
-uvicorn's and gunicorn's workers do). Each worker builds the whole Gateway, its embedded backends connected to
-the engines' sockets (engine/client.py), and serves it with uvicorn, so the pipeline is the same as with one
-process. A worker that dies is started again at once (its connections fail; the others serve on); an engine
-that dies is started again with backoff and the workers reconnect to it. SIGTERM or SIGINT stops the workers
+The supervisor (`serve`, in the process `tokenomy serve` started) sizes every embedded model and owns the fleet
+(fleet_host.py), which starts a model's engine process when it loads, accepting the workers on a Unix socket
+(engine/core.py, serve_socket), and stops it when it unloads (a token route's models start at once and stay); binds
+the port once; and starts N workers that share the listening socket (the kernel hands each connection to one of
+them, as uvicorn's and gunicorn's workers do). Each worker builds the whole Gateway, its embedded backends
+connected to the engines' sockets (engine/client.py), and serves it with uvicorn, so the pipeline is the same as
+with one process. A worker that dies is started again at once (its connections fail; the others serve on); an
+engine that dies is started again with backoff and the workers reconnect to it. SIGTERM or SIGINT stops the workers
 (uvicorn's graceful shutdown closes each gateway), then the engines.
 
 Every child is a fresh interpreter (`python -c`), as the engine process already was, on one end of a socket
