@@ -141,3 +141,31 @@ def test_a_model_added_while_serving_is_routed_kept_by_a_reload_and_removed(tmp_
                 await gw.close()
 
         asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_discovered_model_memory_cannot_hold_is_not_served_and_a_reload_keeps_it_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    from tests.conftest import live_server
+    from tokenomy.models.catalog import resolve_gguf
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "big.gguf").symlink_to(resolve_gguf("gemma3-270m"))      # its weights alone pass the limit below
+    monkeypatch.setenv("TOKENOMY_MEMORY_LIMIT", "220M")
+    path = tmp_path / "tokenomy.yaml"
+    path.write_text(yaml.safe_dump({
+        "models": [{"name": "small", "gguf": "smollm2-135m-instruct"}],
+        "engine": {"max_running": 2, "max_retired": 1, "kv_tier_ram_mb": 0, "n_threads": 1},
+        "fleet": {"discover": True, "models_dir": str(folder), "memory_limit_gb": 4},
+        "cache": {**NO_CACHE, "path": str(tmp_path / "cache")}, "ledger": f"sqlite:///{tmp_path}/ledger.db"}))
+    with live_server(config_path=str(path)) as s:
+        root = f"http://127.0.0.1:{s.port}"
+        assert "big" not in [m["id"] for m in httpx.get(f"{root}/v1/models").json()["data"]]
+        r = httpx.post(f"{root}/v1/chat/completions", timeout=60, json={
+            "model": "big", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert s.gateway.reload()["reloaded"] is True        # the file still finds it: still left out, not a change
+        assert "big" not in s.gateway.model_names()

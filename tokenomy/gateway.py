@@ -157,7 +157,7 @@ class Running:
 
     metrics: Metrics
     registry: Registry
-    fleet: Fleet | None                    # the embedded models, loaded on demand (None under server.workers)
+    fleet: Fleet | None                    # the embedded models, loaded on demand (a FleetProxy under server.workers)
     fits: dict[str, Fit]                   # each embedded model's window and bytes, checked before it loads
     packaged_embedders: list[str]          # the packaged embedding models no configured name shadows
     prices: dict[str, PriceLike]
@@ -180,6 +180,7 @@ class Running:
     responses: ResponseStore | None
     conversations: ConversationStore | None
     key_store: KeyStore | None             # keys and tenants in the ledger's database (the admin API's)
+    left_out: frozenset[str] = frozenset()  # models found by fleet.discover that memory cannot hold: not served
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,7 @@ def build_parts(config: Config, gateway: Gateway, before: Parts | None = None, *
     stages call back into `gateway` for what reads its current parts (token counts, prices, windows, summaries).
     The keyring holds the config's keys and those of `stored` (else of a snapshot of the key store taken here)."""
     run = before.running if before is not None else _running(config, gateway, engines, launched, fleet)
+    config = served(config, run.left_out)
     if stored is None and run.key_store is not None:
         stored = run.key_store.snapshot()
     keyring = keyring_of(config.keys, config.tenants, stored)
@@ -256,6 +258,7 @@ def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress]
         if isinstance(spec, AnthropicModelSpec):
             spec.api_key()
     fits: dict[str, Fit] = {}
+    left_out: set[str] = set()
     if fleet is None and engines is None:
         fleet = Fleet(config, default_placement(config), metrics.fleet,
                       kv_dir=data_dir() / "fleet-kv" if config.fleet.keep_conversations else None)
@@ -264,6 +267,8 @@ def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress]
                                 wait=False, fleet=fleet)
         if backend is not None:     # None: a discovered model that does not fit (fleet_member)
             registry.add(backend)
+        else:
+            left_out.add(spec.name)
     metrics.watch_engines(lambda: engines_of(registry),
                           {**{n: e.max_model_len for n, e in engines_of(registry)},
                            **{n: m.fit.window for n, m in fleet.models.items()}} if fleet is not None else None)
@@ -318,7 +323,15 @@ def _running(config: Config, gateway: Gateway, engines: dict[str, EngineAddress]
     return Running(metrics, registry, fleet, fits, packaged, config.prices(), ledger, energy_meter, energy, shared,
                    budgets, windows, exact, semantic, _embedders(config, registry, packaged), _tracer(config, gateway),
                    _otel_metrics(config, metrics), cache, reserve, generate, batches, runner, responses, conversations,
-                   key_store)
+                   key_store, frozenset(left_out))
+
+
+def served(config: Config, left_out: frozenset[str]) -> Config:
+    """`config` without the models left out at start (found by fleet.discover, too large for memory): not listed,
+    and a request for one is a 404 like any unknown name's."""
+    if not left_out:
+        return config
+    return config.model_copy(update={"models": [m for m in config.models if m.name not in left_out]})
 
 
 def model_names(config: Config, packaged: list[str]) -> set[str]:
@@ -708,7 +721,7 @@ class Gateway:
             raise APIError(400, f"tokenomy runs {self.config.server.workers} API workers; a reload would reach only "
                            "the one that answered. Restart tokenomy to load the new config.", code="restart_needed")
         try:
-            new = load_config(self.config_path, self.cli_models)
+            new = served(load_config(self.config_path, self.cli_models), self.parts.running.left_out)
         except ConfigError as e:
             raise APIError(400, str(e), code="invalid_config") from e
         new = new.model_copy(update={"models": [*new.models, *(a for a in self.added
