@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tokenomy.backends.base import EmbeddingBackend
 from tokenomy.backends.deployments import Registry
 from tokenomy.backends.embedded import EmbeddedBackend
-from tokenomy.backends.embedded_launch import engine_settings, preloads
+from tokenomy.backends.embedded_launch import engine_settings, preloads, sized_alone, token_routed
 from tokenomy.backends.fleet import Fleet, FleetModel, default_placement
 from tokenomy.config import (
     AnthropicModelSpec,
@@ -108,12 +108,6 @@ def build_backend(spec: ModelSpec, config: Config, *, metrics: Metrics | None = 
     return OpenAIBackend(spec, metrics=metrics)
 
 
-def token_routed(config: Config) -> set[str]:
-    """The models of token routes: their router drives the engines step by step (router/token_routing.py), so they
-    are loaded at start and stay loaded, outside the fleet."""
-    return {m for r in config.routes.values() if "token" in r.strategies for m in r.models}
-
-
 def fleet_member(spec: EmbeddedModelSpec, config: Config, fleet: Fleet, fits: dict[str, Fit] | None,
                  launched: dict[str, Launched] | None) -> FleetModel | None:
     """`spec` made available in `fleet`, sized alone (placement weighs it against the others when it loads); a
@@ -128,15 +122,10 @@ def fleet_member(spec: EmbeddedModelSpec, config: Config, fleet: Fleet, fits: di
     if early is not None:
         path, cfg, fit = early.path, early.cfg, early.fit
     else:
-        sized: dict[str, Fit] = {}
-        try:
-            path, cfg = engine_settings(spec, config, fits=sized)
-        except DoesNotFit as e:
-            if not spec.discovered:
-                raise
-            log.warning("fleet: %s (found by fleet.discover) is left out: %s", spec.name, e)
+        settings = sized_alone(spec, config)
+        if settings is None:
             return None
-        fit = sized[spec.name]
+        path, cfg, fit = settings
     if fits is not None:
         fits[spec.name] = fit
     member = fleet.add(spec, path, cfg, fit, lambda: EmbeddedBackend(spec.name, path, cfg, structured=spec.structured))

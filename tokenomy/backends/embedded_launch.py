@@ -14,7 +14,7 @@ from tokenomy.config import AnthropicModelSpec, Config, EmbeddedModelSpec
 from tokenomy.engine.config import EngineConfig
 from tokenomy.engine.launch import Launched, launch
 from tokenomy.models.catalog import resolve_gguf
-from tokenomy.models.memory import Fit, engine_memory, size
+from tokenomy.models.memory import DoesNotFit, Fit, engine_memory, size
 
 log = logging.getLogger("tokenomy")
 
@@ -48,12 +48,33 @@ def engine_settings(spec: EmbeddedModelSpec, config: Config, *, n_threads: int |
     return path, cfg
 
 
+def token_routed(config: Config) -> set[str]:
+    """The models of token routes: their router drives the engines step by step (router/token_routing.py), so they
+    are loaded at start and stay loaded, outside the fleet."""
+    return {m for r in config.routes.values() if "token" in r.strategies for m in r.models}
+
+
+def sized_alone(spec: EmbeddedModelSpec, config: Config) -> tuple[str, EngineConfig, Fit] | None:
+    """A fleet model's GGUF path, engine config and Fit, sized alone (placement weighs it against the others when
+    it loads); None, logged, for a model fleet.discover found that memory cannot hold at all (DoesNotFit for a
+    configured one)."""
+    sized: dict[str, Fit] = {}
+    try:
+        path, cfg = engine_settings(spec, config, fits=sized)
+    except DoesNotFit as e:
+        if not spec.discovered:
+            raise
+        log.warning("fleet: %s (found by fleet.discover) is left out: %s", spec.name, e)
+        return None
+    return path, cfg, sized[spec.name]
+
+
 def preloads(config: Config, spec: EmbeddedModelSpec) -> bool:
     """Whether `spec` loads when tokenomy starts: its `preload`, else true for the first embedded model only (the
     others load on their first request: backends/fleet.py)."""
     if spec.preload is not None:
         return spec.preload
-    if any(spec.name in r.models for r in config.routes.values() if "token" in r.strategies):
+    if spec.name in token_routed(config):
         return True      # a token route drives its engines itself: loaded at start, outside the fleet
     return next((m for m in config.models if isinstance(m, EmbeddedModelSpec)), None) is spec
 

@@ -68,25 +68,25 @@ class FleetHost:
     def add(self, spec: EmbeddedModelSpec, engine: EngineAddress) -> None:
         """Make `spec` available: its engine starts at `engine.address` when it loads."""
         self.engines[spec.name] = engine
-        self.run(self._add(spec, engine)).result()
-
-    async def _add(self, spec: EmbeddedModelSpec, engine: EngineAddress) -> None:
-        self.fleet.add(spec, engine.path, engine.cfg, engine.fit,
-                       lambda: HostedEngine(self, spec.name, self._start_engine(spec.name, engine)))
+        self.on_loop(self.fleet.add, spec, engine.path, engine.cfg, engine.fit,
+                     lambda: HostedEngine(self, spec.name, self._start_engine(spec.name, engine)))
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Future[Any]:
         """Run `coro` on the fleet's loop (from any other thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def on_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` run on the fleet's loop (from any other thread), and its result."""
+        async def call() -> Any:
+            return fn(*args)
+        return self.run(call()).result()
 
     def preload(self, name: str) -> Future[Any]:
         return self.run(self.fleet.load(name, "preload: true"))
 
     def hello(self) -> dict[str, Any]:
         """What a worker starts with (FleetProxy): each model's engine socket and settings, and the fleet's state."""
-        return {"models": dict(self.engines), "view": self.run(self._now()).result()}
-
-    async def _now(self) -> dict[str, Any]:
-        return self.view()
+        return {"models": dict(self.engines), "view": self.on_loop(self.view)}
 
     def view(self) -> dict[str, Any]:
         """The fleet's state as the workers mirror it (on the loop)."""

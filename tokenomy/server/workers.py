@@ -172,16 +172,15 @@ class Supervisor:
     def start(self) -> None:
         """The fleet and the engines of token routes, then the port, then the workers; each ready before the next,
         and the preloaded models loading meanwhile. Raises what stops a start."""
-        from tokenomy.backends.embedded_launch import engine_settings, preloads
+        from tokenomy.backends.embedded_launch import engine_settings, preloads, sized_alone, token_routed
         from tokenomy.backends.fleet import Fleet, default_placement
         from tokenomy.config.home import data_dir
-        from tokenomy.gateway import token_routed
-        from tokenomy.models.memory import DoesNotFit, Fit
+        from tokenomy.models.memory import Fit
 
         c = self.config
         fleet = FleetHost(Fleet(c, default_placement(c), self._counters(),
-                                             kv_dir=data_dir() / "fleet-kv" if c.fleet.keep_conversations else None),
-                                       self._start_fleet_engine)
+                                kv_dir=data_dir() / "fleet-kv" if c.fleet.keep_conversations else None),
+                          self._start_fleet_engine)
         self.fleet = fleet
         fits: dict[str, Fit] = {}
         routed, left_out = token_routed(c), set()
@@ -196,16 +195,11 @@ class Supervisor:
                 self.engines[spec.name] = child
                 self.addresses[spec.name] = EngineAddress(address, path, cfg, fits[spec.name])
                 continue
-            sized: dict[str, Fit] = {}      # sized alone: placement weighs it against the others as it loads
-            try:
-                path, cfg = engine_settings(spec, c, fits=sized)
-            except DoesNotFit as e:
-                if not spec.discovered:
-                    raise
-                log.warning("fleet: %s (found by fleet.discover) is left out: %s", spec.name, e)
+            settings = sized_alone(spec, c)
+            if settings is None:
                 left_out.add(spec.name)
                 continue
-            fleet.add(spec, EngineAddress(address, path, cfg, sized[spec.name]))
+            fleet.add(spec, EngineAddress(address, *settings))
         self.config = c = c.model_copy(update={"models": [m for m in c.models if m.name not in left_out]})
         preloading = {spec.name: fleet.preload(spec.name) for spec in embedded
                       if spec.name in fleet.engines and preloads(c, spec)}
