@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -20,12 +18,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import NO_CACHE, free_port
+from tests.conftest import NO_CACHE
 from tests.helpers.wait import wait_until
-from tests.server.test_workers import ENGINE, Served, command, pinned
+from tests.server.test_workers import ENGINE, Served, command, pinned, serve_cli
 
 pytestmark = pytest.mark.slow       # a real engine, client or process (docs/testing.md)
 
@@ -45,32 +42,8 @@ def served() -> Iterator[Served]:
         "fleet": {"max_loaded": 2},
         "server": {"workers": 2, "public": ["/health", "/metrics"]},
     }
-    path = home / "tokenomy.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = home / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "-c", str(path)],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TOKENOMY_HOME": str(home)})
-    s = Served(proc, port, log, 0)
-
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            return httpx.get(s.root + "/health", timeout=5).status_code == 200 and len(s.workers()) == 2
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, timeout=300, interval=0.2, what="tokenomy serve --workers 2 to answer")
+    with serve_cli(home, config) as s:
         yield s
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def chat(c: httpx.Client, model: str, content: str = "Say hi.") -> httpx.Response:

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,19 +62,10 @@ def command(p: psutil.Process) -> str:
         return ""
 
 
-@pytest.fixture(scope="module")
-def served(redis_url: str) -> Iterator[Served]:
-    home = Path(tempfile.mkdtemp(prefix="tokenomy-workers-test-"))
-    config = {
-        "models": [{"name": "a", "gguf": "smollm2-135m-instruct"}, {"name": "b", "gguf": "smollm2-135m-instruct"}],
-        "engine": ENGINE, "cache": NO_CACHE, "ledger": f"sqlite:///{home}/ledger.db",
-        "limits": {"store": redis_url},
-        "keys": [{"key": RPM_KEY, "name": "rpm", "rpm": 3},
-                 {"key": BUDGET_KEY, "name": "budget", "tenant": f"t-{uuid.uuid4().hex[:8]}",
-                  "budget": {"tokens_per_day": BUDGET_TOKENS}},
-                 {"key": OPEN_KEY, "name": "open"}],
-        "server": {"workers": 2, "public": ["/health", "/metrics"], "ollama_port": free_port()},
-    }
+@contextmanager
+def serve_cli(home: Path, config: dict[str, Any]) -> Iterator[Served]:
+    """`tokenomy serve -c` on `config` (its server.workers: 2) in its own process, TOKENOMY_HOME `home`, once
+    /health answers and both workers run; stopped with SIGTERM after."""
     path = home / "tokenomy.yaml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
@@ -81,7 +73,7 @@ def served(redis_url: str) -> Iterator[Served]:
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "tokenomy.cli", "serve", "--port", str(port), "-c", str(path)],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TOKENOMY_HOME": str(home)})
-    s = Served(proc, port, log, config["server"]["ollama_port"])
+    s = Served(proc, port, log, config["server"].get("ollama_port") or 0)
 
     def up() -> bool:
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -100,6 +92,23 @@ def served(redis_url: str) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served(redis_url: str) -> Iterator[Served]:
+    home = Path(tempfile.mkdtemp(prefix="tokenomy-workers-test-"))
+    config = {
+        "models": [{"name": "a", "gguf": "smollm2-135m-instruct"}, {"name": "b", "gguf": "smollm2-135m-instruct"}],
+        "engine": ENGINE, "cache": NO_CACHE, "ledger": f"sqlite:///{home}/ledger.db",
+        "limits": {"store": redis_url},
+        "keys": [{"key": RPM_KEY, "name": "rpm", "rpm": 3},
+                 {"key": BUDGET_KEY, "name": "budget", "tenant": f"t-{uuid.uuid4().hex[:8]}",
+                  "budget": {"tokens_per_day": BUDGET_TOKENS}},
+                 {"key": OPEN_KEY, "name": "open"}],
+        "server": {"workers": 2, "public": ["/health", "/metrics"], "ollama_port": free_port()},
+    }
+    with serve_cli(home, config) as s:
+        yield s
 
 
 def pinned(s: Served, count: int = 2) -> dict[int, httpx.Client]:
